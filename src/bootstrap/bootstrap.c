@@ -1,0 +1,677 @@
+/* Rank side of the bootstrap: check-in with the root, the ring, tagged
+ * point-to-point messages over persistent authenticated connections, and the
+ * allgather / barrier / broadcast built on them. Progress is made by whoever
+ * is waiting (no extra thread): a send that would block also reads incoming
+ * messages, so two ranks sending large messages to each other cannot deadlock.
+ * Talks to root.c (check-in protocol) and socket.c / conn.c (I/O). */
+#include "bootstrap.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "../core.h"
+#include "conn.h"
+
+#define TAG_ALLGATHER (BOOTSTRAP_TAG_INTERNAL | 0x1000000u)
+#define TAG_BARRIER (BOOTSTRAP_TAG_INTERNAL | 0x2000000u)
+#define TAG_BCAST (BOOTSTRAP_TAG_INTERNAL | 0x3000000u)
+#define POLL_SLICE_MS 100
+
+_Static_assert(sizeof(struct bootstrap_id) <= NCCL_UNIQUE_ID_BYTES, "bootstrap_id must fit a ncclUniqueId");
+
+/* What every rank learns about every other at bootstrap: where it listens. */
+struct peer_rec {
+  union sock_addr addr;
+  char host[64];
+};
+
+struct bs_msg {
+  struct bs_msg* next;
+  int32_t rank;
+  uint32_t tag;
+  uint32_t len;
+  uint8_t* data;
+};
+
+struct bootstrap {
+  int rank, nranks;
+  uint8_t secret[FRAME_SECRET_BYTES];
+  uint64_t nonce;
+  volatile uint32_t* abort_flag;
+  int64_t timeout_ms, handshake_ms;
+  int listen_fd;
+  union sock_addr listen_addr;
+  struct peer_rec* peers;
+  int* out_fd;
+  uint8_t* in_closed; /* the peer's connection to us ended */
+  struct conn_reader* in;
+  int nin, cap_in;
+  struct pollfd* pfds;
+  int cap_pfds;
+  struct bs_msg *qhead, *qtail;
+  pthread_mutex_t lock;
+};
+
+static uint64_t dropped_count;
+
+uint64_t bootstrap_dropped_count(void) { return __atomic_load_n(&dropped_count, __ATOMIC_RELAXED); }
+
+void bootstrap_note_dropped(const union sock_addr* from, const char* where, const char* why) {
+  char a[SOCK_ADDR_STRLEN];
+  __atomic_add_fetch(&dropped_count, 1, __ATOMIC_RELAXED);
+  WARN("bootstrap %s: dropped a connection from %s: %s", where, sock_addr_str(from, a, sizeof(a)), why);
+}
+
+int bootstrap_rank(const struct bootstrap* bs) { return bs->rank; }
+int bootstrap_nranks(const struct bootstrap* bs) { return bs->nranks; }
+uint64_t bootstrap_nonce(const struct bootstrap* bs) { return bs->nonce; }
+const char* bootstrap_peer_host(const struct bootstrap* bs, int peer) {
+  if (!bs || peer < 0 || peer >= bs->nranks || !bs->peers[peer].host[0]) return "unknown host";
+  return bs->peers[peer].host;
+}
+
+/* ---------------------------------------------------------------- IDs */
+
+static uint64_t fnv1a(uint64_t h, const char* s) {
+  for (; s && *s; s++) {
+    h ^= (uint8_t)*s;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+static int parse_hex_secret(const char* s, uint8_t out[FRAME_SECRET_BYTES]) {
+  if (!s || strlen(s) != 2 * FRAME_SECRET_BYTES) return -1;
+  for (int i = 0; i < FRAME_SECRET_BYTES; i++) {
+    unsigned v;
+    char pair[3] = {s[2 * i], s[2 * i + 1], 0};
+    char* end;
+    v = (unsigned)strtoul(pair, &end, 16);
+    if (*end) return -1;
+    out[i] = (uint8_t)v;
+  }
+  return 0;
+}
+
+static ncclResult_t random_bytes(void* buf, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t rc = getrandom((char*)buf + got, n - got, 0);
+    if (rc < 0) {
+      if (errno == EINTR) continue;
+      return err_set(ncclSystemError, "getrandom failed: %s", strerror(errno));
+    }
+    got += (size_t)rc;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t bootstrap_id_decode(const ncclUniqueId* uid, struct bootstrap_id* out) {
+  memcpy(out, uid, sizeof(*out));
+  if (out->magic != BOOTSTRAP_ID_MAGIC)
+    return err_set(ncclInvalidArgument,
+                   "the ncclUniqueId was not produced by collie's ncclGetUniqueId (bad magic 0x%08x); "
+                   "every rank must receive the same ID, created by one process",
+                   out->magic);
+  if (out->version != BOOTSTRAP_ID_VERSION)
+    return err_set(ncclInvalidArgument, "the ncclUniqueId has version %u; this collie speaks version %d",
+                   out->version, BOOTSTRAP_ID_VERSION);
+  if (!sock_addr_valid(&out->root))
+    return err_set(ncclInvalidArgument, "the ncclUniqueId holds no valid root address");
+  return ncclSuccess;
+}
+
+ncclResult_t bootstrap_id_from_addr(const union sock_addr* addr, ncclUniqueId* uid) {
+  struct bootstrap_id id;
+  memset(&id, 0, sizeof(id));
+  id.magic = BOOTSTRAP_ID_MAGIC;
+  id.version = BOOTSTRAP_ID_VERSION;
+  id.flags = BOOTSTRAP_ID_EXTERNAL_ROOT;
+  id.root = *addr;
+  char a[SOCK_ADDR_STRLEN];
+  sock_addr_str(addr, a, sizeof(a));
+  const char* hex = param_str(P_COLLIE_BOOTSTRAP_SECRET);
+  if (hex) {
+    if (parse_hex_secret(hex, id.secret) != 0)
+      return err_set(ncclInvalidArgument, "COLLIE_BOOTSTRAP_SECRET must be %d hex digits", 2 * FRAME_SECRET_BYTES);
+  } else {
+    /* Every process of a job can compute this, and a stranger who guesses it
+     * still only gets past the frame check, not into the ring unnoticed. */
+    static const char* job_vars[] = {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID",
+                                     "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID", "PBS_JOBID", "LSB_JOBID"};
+    uint64_t h1 = fnv1a(0xcbf29ce484222325ULL, a), h2 = fnv1a(0x84222325cbf29ce4ULL, a);
+    for (size_t i = 0; i < sizeof(job_vars) / sizeof(job_vars[0]); i++) {
+      h1 = fnv1a(fnv1a(h1, job_vars[i]), getenv(job_vars[i]));
+      h2 = fnv1a(fnv1a(h2, getenv(job_vars[i])), job_vars[i]);
+    }
+    memcpy(id.secret, &h1, 8);
+    memcpy(id.secret + 8, &h2, 8);
+    INFO(LOG_BOOTSTRAP, "COLLIE_BOOTSTRAP_SECRET unset: bootstrap secret derived from %s and the job id", a);
+  }
+  uint64_t n = 0x9e3779b97f4a7c15ULL;
+  for (int i = 0; i < FRAME_SECRET_BYTES; i++) n = (n ^ id.secret[i]) * 0x100000001b3ULL;
+  id.nonce = fnv1a(n, a);
+  memset(uid, 0, sizeof(*uid));
+  memcpy(uid, &id, sizeof(id));
+  return ncclSuccess;
+}
+
+ncclResult_t bootstrap_create_id(ncclUniqueId* uid) {
+  const char* env = param_str(P_NCCL_COMM_ID);
+  if (env) {
+    union sock_addr addr;
+    NCCLCHECK(sock_parse_addr(env, "NCCL_COMM_ID", &addr));
+    return bootstrap_id_from_addr(&addr, uid);
+  }
+  struct bootstrap_id id;
+  memset(&id, 0, sizeof(id));
+  id.magic = BOOTSTRAP_ID_MAGIC;
+  id.version = BOOTSTRAP_ID_VERSION;
+  NCCLCHECK(random_bytes(id.secret, sizeof(id.secret)));
+  NCCLCHECK(random_bytes(&id.nonce, sizeof(id.nonce)));
+  char ifname[64];
+  NCCLCHECK(sock_pick_interface(NULL, &id.root, ifname, sizeof(ifname)));
+  NCCLCHECK(root_start(&id, 0));
+  root_reap();
+  memset(uid, 0, sizeof(*uid));
+  memcpy(uid, &id, sizeof(id));
+  return ncclSuccess;
+}
+
+/* ---------------------------------------------------------------- progress */
+
+static void enqueue(struct bootstrap* bs, int32_t rank, uint32_t tag, uint32_t len, uint8_t* data) {
+  struct bs_msg* m = malloc(sizeof(*m));
+  if (!m) {
+    free(data);
+    return;
+  }
+  *m = (struct bs_msg){NULL, rank, tag, len, data};
+  if (bs->qtail) bs->qtail->next = m;
+  else bs->qhead = m;
+  bs->qtail = m;
+}
+
+static void in_remove(struct bootstrap* bs, int i) {
+  conn_close(&bs->in[i]);
+  bs->in[i] = bs->in[--bs->nin];
+}
+
+/* Reads everything available on inbound connection i. Returns 1 if removed. */
+static int in_service(struct bootstrap* bs, int i, int64_t now) {
+  struct conn_reader* c = &bs->in[i];
+  char why[256];
+  for (;;) {
+    int authed = c->rank >= 0;
+    int ev = conn_progress(c, bs->secret, authed ? FRAME_MAX_PAYLOAD : 0, bs->nranks, why, sizeof(why));
+    if (ev == CONN_AGAIN) break;
+    if (ev == CONN_MSG) {
+      uint8_t* payload = conn_take(c);
+      if (!authed) {
+        if (c->hdr.type != FRAME_HELLO || c->hdr.tag != (uint32_t)bs->rank || c->hdr.rank < 0) {
+          free(payload);
+          bootstrap_note_dropped(&c->from, "listener", "first frame is not a hello addressed to this rank");
+          in_remove(bs, i);
+          return 1;
+        }
+        c->rank = c->hdr.rank;
+        c->deadline_ms = -1;
+        continue;
+      }
+      if (c->hdr.type != FRAME_MSG || c->hdr.rank != c->rank) {
+        free(payload);
+        WARN("bootstrap: rank %d sent a malformed message (type %u, rank %d); closing its connection", c->rank,
+             c->hdr.type, c->hdr.rank);
+        bs->in_closed[c->rank] = 1;
+        in_remove(bs, i);
+        return 1;
+      }
+      enqueue(bs, c->rank, c->hdr.tag, c->hdr.len, payload);
+      continue;
+    }
+    if (authed) {
+      if (ev == CONN_BAD) WARN("bootstrap: connection from rank %d failed: %s", c->rank, why);
+      bs->in_closed[c->rank] = 1;
+    } else {
+      bootstrap_note_dropped(&c->from, "listener", ev == CONN_BAD ? why : "closed before its hello");
+    }
+    in_remove(bs, i);
+    return 1;
+  }
+  if (c->rank < 0 && now >= c->deadline_ms) {
+    bootstrap_note_dropped(&c->from, "listener", "no hello before the handshake deadline");
+    in_remove(bs, i);
+    return 1;
+  }
+  return 0;
+}
+
+/* One round of waiting: accepts, reads, and (with want_fd >= 0) waits for
+ * that fd to become writable. Sleeps at most `wait_ms` (capped at a slice). */
+static ncclResult_t progress(struct bootstrap* bs, int64_t wait_ms, int want_fd) {
+  int n = 1 + bs->nin + (want_fd >= 0);
+  if (n > bs->cap_pfds) {
+    int cap = n * 2;
+    struct pollfd* np = realloc(bs->pfds, sizeof(*np) * (size_t)cap);
+    if (!np) return err_set(ncclSystemError, "out of memory in bootstrap");
+    bs->pfds = np;
+    bs->cap_pfds = cap;
+  }
+  int64_t now = time_ms();
+  if (wait_ms > POLL_SLICE_MS) wait_ms = POLL_SLICE_MS;
+  bs->pfds[0] = (struct pollfd){.fd = bs->listen_fd, .events = POLLIN};
+  int nin = bs->nin;
+  for (int i = 0; i < nin; i++) {
+    bs->pfds[1 + i] = (struct pollfd){.fd = bs->in[i].fd, .events = POLLIN};
+    if (bs->in[i].rank < 0) wait_ms = COLLIE_MIN(wait_ms, bs->in[i].deadline_ms - now);
+  }
+  if (want_fd >= 0) bs->pfds[1 + nin] = (struct pollfd){.fd = want_fd, .events = POLLOUT};
+  if (wait_ms < 0) wait_ms = 0;
+  int rc = poll(bs->pfds, (nfds_t)n, (int)wait_ms);
+  if (rc < 0) {
+    if (errno == EINTR) return ncclSuccess;
+    return err_set(ncclSystemError, "bootstrap poll failed: %s", strerror(errno));
+  }
+  now = time_ms();
+  /* Walk backwards: in_service may swap the last entry into slot i. */
+  for (int i = nin - 1; i >= 0; i--) {
+    if (rc > 0 && (bs->pfds[1 + i].revents & (POLLIN | POLLHUP | POLLERR))) in_service(bs, i, now);
+    else if (bs->in[i].rank < 0 && now >= bs->in[i].deadline_ms) in_service(bs, i, now);
+  }
+  if (rc > 0 && (bs->pfds[0].revents & POLLIN)) {
+    for (;;) {
+      int fd;
+      union sock_addr from;
+      if (sock_accept(bs->listen_fd, &fd, &from) != SOCK_OK) break;
+      if (bs->nin == bs->cap_in) {
+        int cap = bs->cap_in ? bs->cap_in * 2 : 16;
+        struct conn_reader* np = realloc(bs->in, sizeof(*np) * (size_t)cap);
+        if (!np) {
+          close(fd);
+          break;
+        }
+        bs->in = np;
+        bs->cap_in = cap;
+      }
+      conn_reader_init(&bs->in[bs->nin], fd, &from, now + bs->handshake_ms);
+      /* Data often arrives with the connection: read it now. */
+      in_service(bs, bs->nin++, now);
+    }
+  }
+  return ncclSuccess;
+}
+
+static int aborted(struct bootstrap* bs) {
+  return bs->abort_flag && __atomic_load_n(bs->abort_flag, __ATOMIC_RELAXED);
+}
+
+/* Sends n bytes on a nonblocking fd while servicing inbound traffic. */
+static ncclResult_t send_bytes(struct bootstrap* bs, int peer, int fd, const void* buf, size_t n, int64_t deadline) {
+  const char* p = buf;
+  size_t done = 0;
+  while (done < n) {
+    ssize_t rc = send(fd, p + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (rc > 0) {
+      done += (size_t)rc;
+      continue;
+    }
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+      return err_set(ncclRemoteError, "bootstrap: rank %d cannot send to rank %d (%s): %s", bs->rank, peer,
+                     bootstrap_peer_host(bs, peer), strerror(errno));
+    if (aborted(bs)) return err_set(ncclSystemError, "bootstrap: send to rank %d aborted", peer);
+    int64_t now = time_ms();
+    if (now >= deadline)
+      return err_set(ncclRemoteError, "bootstrap: rank %d timed out after %lld s sending to rank %d (%s)", bs->rank,
+                     (long long)(bs->timeout_ms / 1000), peer, bootstrap_peer_host(bs, peer));
+    NCCLCHECK(progress(bs, deadline - now, fd));
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t send_frame(struct bootstrap* bs, int peer, int fd, int type, uint32_t tag, const void* data,
+                               size_t size, int64_t deadline) {
+  struct frame_hdr h;
+  uint8_t hdr[FRAME_HDR_BYTES];
+  frame_init(&h, type, (uint32_t)size, bs->rank, tag, bs->secret);
+  frame_encode(&h, hdr);
+  NCCLCHECK(send_bytes(bs, peer, fd, hdr, sizeof(hdr), deadline));
+  if (size) NCCLCHECK(send_bytes(bs, peer, fd, data, size, deadline));
+  return ncclSuccess;
+}
+
+static ncclResult_t connect_peer(struct bootstrap* bs, int peer, int64_t deadline) {
+  if (bs->out_fd[peer] >= 0) return ncclSuccess;
+  int fd;
+  int st = sock_connect(&bs->peers[peer].addr, deadline, bs->abort_flag, &fd);
+  if (st != SOCK_OK) {
+    char a[SOCK_ADDR_STRLEN];
+    return err_set(st == SOCK_ABORTED ? ncclSystemError : ncclRemoteError,
+                   "bootstrap: rank %d cannot connect to rank %d at %s (%s): %s", bs->rank, peer,
+                   sock_addr_str(&bs->peers[peer].addr, a, sizeof(a)), bootstrap_peer_host(bs, peer),
+                   st == SOCK_ERROR ? strerror(errno) : sock_status_str(st));
+  }
+  bs->out_fd[peer] = fd;
+  ncclResult_t res = send_frame(bs, peer, fd, FRAME_HELLO, (uint32_t)peer, NULL, 0, deadline);
+  if (res != ncclSuccess) {
+    close(fd);
+    bs->out_fd[peer] = -1;
+  }
+  return res;
+}
+
+static ncclResult_t send_locked(struct bootstrap* bs, int peer, uint32_t tag, const void* data, size_t size) {
+  if (size > FRAME_MAX_PAYLOAD)
+    return err_set(ncclInvalidArgument, "bootstrap: message of %zu bytes exceeds the %u-byte limit", size,
+                   FRAME_MAX_PAYLOAD);
+  if (peer == bs->rank) {
+    uint8_t* copy = size ? malloc(size) : NULL;
+    if (size && !copy) return err_set(ncclSystemError, "out of memory in bootstrap");
+    if (size) memcpy(copy, data, size);
+    enqueue(bs, peer, tag, (uint32_t)size, copy);
+    return ncclSuccess;
+  }
+  int64_t deadline = time_ms() + bs->timeout_ms;
+  NCCLCHECK(connect_peer(bs, peer, deadline));
+  ncclResult_t res = send_frame(bs, peer, bs->out_fd[peer], FRAME_MSG, tag, data, size, deadline);
+  if (res != ncclSuccess) {
+    /* The stream may hold half a frame: never reuse it. */
+    close(bs->out_fd[peer]);
+    bs->out_fd[peer] = -1;
+  }
+  return res;
+}
+
+static ncclResult_t recv_locked(struct bootstrap* bs, int peer, uint32_t tag, void* data, size_t size) {
+  int64_t deadline = time_ms() + bs->timeout_ms;
+  for (;;) {
+    struct bs_msg** pp = &bs->qhead;
+    struct bs_msg* prev = NULL;
+    for (; *pp; prev = *pp, pp = &(*pp)->next) {
+      struct bs_msg* m = *pp;
+      if (m->rank != peer || m->tag != tag) continue;
+      *pp = m->next;
+      if (bs->qtail == m) bs->qtail = prev;
+      ncclResult_t res = ncclSuccess;
+      if (m->len != size)
+        res = err_set(ncclInternalError,
+                      "bootstrap: rank %d expected %zu bytes from rank %d (tag 0x%x) but received %u "
+                      "(ranks disagree on the message size)",
+                      bs->rank, size, peer, tag, m->len);
+      else if (size)
+        memcpy(data, m->data, size);
+      free(m->data);
+      free(m);
+      return res;
+    }
+    if (bs->in_closed[peer])
+      return err_set(ncclRemoteError,
+                     "bootstrap: rank %d (%s) closed its connection to rank %d while a message (tag 0x%x) "
+                     "was awaited: did that process exit or fail?",
+                     peer, bootstrap_peer_host(bs, peer), bs->rank, tag);
+    if (aborted(bs)) return err_set(ncclSystemError, "bootstrap: receive from rank %d aborted", peer);
+    int64_t now = time_ms();
+    if (now >= deadline)
+      return err_set(ncclRemoteError,
+                     "bootstrap: rank %d timed out after %lld s waiting for rank %d (%s), tag 0x%x "
+                     "(COLLIE_BOOTSTRAP_TIMEOUT)",
+                     bs->rank, (long long)(bs->timeout_ms / 1000), peer, bootstrap_peer_host(bs, peer), tag);
+    NCCLCHECK(progress(bs, deadline - now, -1));
+  }
+}
+
+static ncclResult_t check_peer(struct bootstrap* bs, int peer, const char* what) {
+  if (peer < 0 || peer >= bs->nranks)
+    return err_set(ncclInvalidArgument, "bootstrap %s: peer %d outside [0, %d)", what, peer, bs->nranks);
+  return ncclSuccess;
+}
+
+ncclResult_t bootstrap_send(struct bootstrap* bs, int peer, uint32_t tag, const void* data, size_t size) {
+  NCCLCHECK(check_peer(bs, peer, "send"));
+  pthread_mutex_lock(&bs->lock);
+  ncclResult_t res = send_locked(bs, peer, tag, data, size);
+  pthread_mutex_unlock(&bs->lock);
+  return res;
+}
+
+ncclResult_t bootstrap_recv(struct bootstrap* bs, int peer, uint32_t tag, void* data, size_t size) {
+  NCCLCHECK(check_peer(bs, peer, "recv"));
+  pthread_mutex_lock(&bs->lock);
+  ncclResult_t res = recv_locked(bs, peer, tag, data, size);
+  pthread_mutex_unlock(&bs->lock);
+  return res;
+}
+
+static ncclResult_t allgather_locked(struct bootstrap* bs, void* all, size_t size) {
+  int n = bs->nranks, r = bs->rank;
+  int next = (r + 1) % n, prev = (r + n - 1) % n;
+  char* base = all;
+  /* Step s forwards the block that arrived at step s-1 (ours at s = 0). */
+  for (int s = 0; s < n - 1; s++) {
+    int send_block = (r - s + n) % n;
+    int recv_block = (r - s - 1 + 2 * n) % n;
+    NCCLCHECK(send_locked(bs, next, TAG_ALLGATHER, base + (size_t)send_block * size, size));
+    NCCLCHECK(recv_locked(bs, prev, TAG_ALLGATHER, base + (size_t)recv_block * size, size));
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t bootstrap_allgather(struct bootstrap* bs, void* all, size_t size) {
+  pthread_mutex_lock(&bs->lock);
+  ncclResult_t res = allgather_locked(bs, all, size);
+  pthread_mutex_unlock(&bs->lock);
+  return res;
+}
+
+ncclResult_t bootstrap_barrier(struct bootstrap* bs) {
+  /* Dissemination barrier: ceil(log2 n) rounds of one empty message. */
+  ncclResult_t res = ncclSuccess;
+  pthread_mutex_lock(&bs->lock);
+  int n = bs->nranks, r = bs->rank;
+  for (int k = 0, d = 1; d < n && res == ncclSuccess; k++, d <<= 1) {
+    res = send_locked(bs, (r + d) % n, TAG_BARRIER | (uint32_t)k, NULL, 0);
+    if (res == ncclSuccess) res = recv_locked(bs, (r - d % n + n) % n, TAG_BARRIER | (uint32_t)k, NULL, 0);
+  }
+  pthread_mutex_unlock(&bs->lock);
+  return res;
+}
+
+ncclResult_t bootstrap_bcast(struct bootstrap* bs, int root, void* data, size_t size) {
+  NCCLCHECK(check_peer(bs, root, "bcast"));
+  ncclResult_t res = ncclSuccess;
+  pthread_mutex_lock(&bs->lock);
+  int n = bs->nranks;
+  int vr = (bs->rank - root + n) % n;
+  /* Binomial tree: receive from the parent (vr without its lowest set bit),
+   * then send to children vr + 2^k for every 2^k below that bit. */
+  int mask = 1;
+  while (mask < n && !(vr & mask)) mask <<= 1;
+  if (vr != 0) res = recv_locked(bs, ((vr & ~mask) + root) % n, TAG_BCAST, data, size);
+  for (mask >>= 1; res == ncclSuccess && mask > 0; mask >>= 1)
+    if (vr + mask < n) res = send_locked(bs, (vr + mask + root) % n, TAG_BCAST, data, size);
+  pthread_mutex_unlock(&bs->lock);
+  return res;
+}
+
+/* ---------------------------------------------------------------- init */
+
+static int block_first(int k, int nranks, int nroots) { return (int)((int64_t)k * nranks / nroots); }
+
+void bootstrap_destroy(struct bootstrap* bs) {
+  if (!bs) return;
+  for (int i = 0; i < bs->nranks; i++)
+    if (bs->out_fd && bs->out_fd[i] >= 0) close(bs->out_fd[i]);
+  for (int i = 0; i < bs->nin; i++) conn_close(&bs->in[i]);
+  if (bs->listen_fd >= 0) close(bs->listen_fd);
+  while (bs->qhead) {
+    struct bs_msg* m = bs->qhead;
+    bs->qhead = m->next;
+    free(m->data);
+    free(m);
+  }
+  pthread_mutex_destroy(&bs->lock);
+  free(bs->in);
+  free(bs->pfds);
+  free(bs->peers);
+  free(bs->out_fd);
+  free(bs->in_closed);
+  free(bs);
+}
+
+/* Sends one check-in frame to a root; returns the open fd. */
+static ncclResult_t checkin_send(struct bootstrap* bs, const struct bootstrap_id* id, int nroots, int root_index,
+                                 int neighbor, int64_t deadline, int* out_fd) {
+  char a[SOCK_ADDR_STRLEN];
+  int fd;
+  int st = sock_connect(&id->root, deadline, bs->abort_flag, &fd);
+  if (st != SOCK_OK)
+    return err_set(st == SOCK_ABORTED ? ncclSystemError : ncclRemoteError,
+                   "bootstrap: rank %d cannot reach the root at %s: %s (is the process that called "
+                   "ncclGetUniqueId still running?)",
+                   bs->rank, sock_addr_str(&id->root, a, sizeof(a)),
+                   st == SOCK_ERROR ? strerror(errno) : sock_status_str(st));
+  struct checkin ci = {.rank = bs->rank, .nranks = bs->nranks, .nroots = nroots, .root_index = root_index,
+                       .neighbor = neighbor, .nonce = id->nonce};
+  memcpy(ci.addr, &bs->listen_addr, sizeof(ci.addr));
+  uint8_t payload[CHECKIN_BYTES], hdr[FRAME_HDR_BYTES];
+  checkin_encode(&ci, payload);
+  struct frame_hdr h;
+  frame_init(&h, FRAME_CHECKIN, CHECKIN_BYTES, bs->rank, 0, id->secret);
+  frame_encode(&h, hdr);
+  st = sock_send_all(fd, hdr, sizeof(hdr), deadline, bs->abort_flag);
+  if (st == SOCK_OK) st = sock_send_all(fd, payload, sizeof(payload), deadline, bs->abort_flag);
+  if (st != SOCK_OK) {
+    close(fd);
+    return err_set(ncclRemoteError, "bootstrap: rank %d failed to check in with the root at %s: %s", bs->rank,
+                   sock_addr_str(&id->root, a, sizeof(a)), sock_status_str(st));
+  }
+  *out_fd = fd;
+  return ncclSuccess;
+}
+
+/* Waits for the root's answer: the ring successor's address, or an error. */
+static ncclResult_t checkin_wait(struct bootstrap* bs, const struct bootstrap_id* id, int fd, int64_t deadline,
+                                 union sock_addr* succ) {
+  char a[SOCK_ADDR_STRLEN];
+  uint8_t hdr[FRAME_HDR_BYTES];
+  struct frame_hdr h;
+  int st = sock_recv_all(fd, hdr, sizeof(hdr), deadline, bs->abort_flag);
+  if (st == SOCK_TIMEOUT)
+    return err_set(ncclRemoteError,
+                   "bootstrap: rank %d got no answer from the root at %s within %lld s: not all %d ranks "
+                   "checked in and the root did not say which (is it still running?)",
+                   bs->rank, sock_addr_str(&id->root, a, sizeof(a)), (long long)(bs->timeout_ms / 1000),
+                   bs->nranks);
+  if (st != SOCK_OK)
+    return err_set(st == SOCK_ABORTED ? ncclSystemError : ncclRemoteError,
+                   "bootstrap: rank %d lost the root at %s while waiting for the other ranks: %s", bs->rank,
+                   sock_addr_str(&id->root, a, sizeof(a)), sock_status_str(st));
+  int v = frame_decode(hdr, sizeof(hdr), id->secret, 4096, 1, &h);
+  if (v != FRAME_OK)
+    return err_set(ncclRemoteError, "bootstrap: rank %d received a bad reply from the root: %s", bs->rank,
+                   frame_verdict_str(v));
+  char buf[4097];
+  if (h.len && sock_recv_all(fd, buf, h.len, deadline, bs->abort_flag) != SOCK_OK)
+    return err_set(ncclRemoteError, "bootstrap: rank %d: truncated reply from the root", bs->rank);
+  buf[h.len] = '\0';
+  if (h.type == FRAME_ROOT_ERROR) return err_set(ncclRemoteError, "%s (seen by rank %d)", buf, bs->rank);
+  if (h.type != FRAME_ROOT_REPLY || h.len != sizeof(*succ))
+    return err_set(ncclRemoteError, "bootstrap: rank %d: unexpected reply type %u from the root", bs->rank, h.type);
+  memcpy(succ, buf, sizeof(*succ));
+  if (!sock_addr_valid(succ))
+    return err_set(ncclRemoteError, "bootstrap: rank %d: the root sent an invalid successor address", bs->rank);
+  return ncclSuccess;
+}
+
+ncclResult_t bootstrap_init(const ncclUniqueId* ids, int nids, int rank, int nranks, volatile uint32_t* abort_flag,
+                            struct bootstrap** out) {
+  if (nids < 1 || nids > nranks)
+    return err_set(ncclInvalidArgument, "bootstrap: %d unique IDs for %d ranks (need 1..nranks)", nids, nranks);
+  int k = 0;
+  while (k + 1 < nids && block_first(k + 1, nranks, nids) <= rank) k++;
+  struct bootstrap_id id, id0;
+  NCCLCHECK(bootstrap_id_decode(&ids[k], &id));
+  NCCLCHECK(bootstrap_id_decode(&ids[0], &id0));
+
+  ncclResult_t res = ncclSuccess;
+  int root_fd = -1;
+  struct bootstrap* bs = calloc(1, sizeof(*bs));
+  if (!bs) return err_set(ncclSystemError, "out of memory in bootstrap");
+  bs->rank = rank;
+  bs->nranks = nranks;
+  bs->listen_fd = -1;
+  bs->abort_flag = abort_flag;
+  memcpy(bs->secret, id0.secret, sizeof(bs->secret));
+  bs->nonce = id0.nonce;
+  bs->timeout_ms = param_int(P_COLLIE_BOOTSTRAP_TIMEOUT, 1, 86400) * 1000;
+  bs->handshake_ms = param_int(P_COLLIE_BOOTSTRAP_HANDSHAKE_TIMEOUT, 10, 3600000);
+  pthread_mutex_init(&bs->lock, NULL);
+  bs->peers = calloc((size_t)nranks, sizeof(*bs->peers));
+  bs->out_fd = malloc(sizeof(int) * (size_t)nranks);
+  bs->in_closed = calloc((size_t)nranks, 1);
+  if (!bs->peers || !bs->out_fd || !bs->in_closed) {
+    res = err_set(ncclSystemError, "out of memory in bootstrap (%d ranks)", nranks);
+    goto fail;
+  }
+  for (int i = 0; i < nranks; i++) bs->out_fd[i] = -1;
+
+  /* NCCL_COMM_ID mode: the first rank of each block serves that block's root. */
+  if ((id.flags & BOOTSTRAP_ID_EXTERNAL_ROOT) && rank == block_first(k, nranks, nids)) {
+    struct bootstrap_id rid = id;
+    NCCLCHECKGOTO(root_start(&rid, 1), res, fail);
+  }
+  char ifname[64];
+  NCCLCHECKGOTO(sock_pick_interface(&id.root, &bs->listen_addr, ifname, sizeof(ifname)), res, fail);
+  NCCLCHECKGOTO(sock_listen(&bs->listen_addr, &bs->listen_fd), res, fail);
+  {
+    char a[SOCK_ADDR_STRLEN];
+    TRACE(LOG_BOOTSTRAP, "rank %d listening on %s (%s)", rank, sock_addr_str(&bs->listen_addr, a, sizeof(a)),
+          ifname);
+  }
+
+  int64_t deadline = time_ms() + bs->timeout_ms;
+  NCCLCHECKGOTO(checkin_send(bs, &id, nids, k, 0, deadline, &root_fd), res, fail);
+  if (nids > 1 && rank == block_first(k, nranks, nids)) {
+    int prev = (k + nids - 1) % nids, nfd;
+    struct bootstrap_id pid;
+    NCCLCHECKGOTO(bootstrap_id_decode(&ids[prev], &pid), res, fail);
+    NCCLCHECKGOTO(checkin_send(bs, &pid, nids, prev, 1, deadline, &nfd), res, fail);
+    close(nfd); /* the root reads it from the socket buffer; no reply */
+  }
+  /* The root's own deadline runs from the first check-in; allow it time to
+   * tell us who is missing before we give up on it. */
+  union sock_addr succ;
+  NCCLCHECKGOTO(checkin_wait(bs, &id, root_fd, time_ms() + bs->timeout_ms + 3000, &succ), res, fail);
+  close(root_fd);
+  root_fd = -1;
+  root_reap();
+
+  int next = (rank + 1) % nranks;
+  bs->peers[next].addr = succ;
+  struct peer_rec* recs = calloc((size_t)nranks, sizeof(*recs));
+  if (!recs) {
+    res = err_set(ncclSystemError, "out of memory in bootstrap");
+    goto fail;
+  }
+  recs[rank].addr = bs->listen_addr;
+  gethostname(recs[rank].host, sizeof(recs[rank].host) - 1);
+  pthread_mutex_lock(&bs->lock);
+  res = allgather_locked(bs, recs, sizeof(*recs));
+  pthread_mutex_unlock(&bs->lock);
+  if (res == ncclSuccess) memcpy(bs->peers, recs, sizeof(*recs) * (size_t)nranks);
+  free(recs);
+  if (res != ncclSuccess) goto fail;
+  *out = bs;
+  return ncclSuccess;
+fail:
+  if (root_fd >= 0) close(root_fd);
+  bootstrap_destroy(bs);
+  root_reap();
+  return res;
+}

@@ -1,0 +1,78 @@
+/* Unique-ID bootstrap: the root (root.c) hands each rank the address of its
+ * ring successor; ranks then talk over persistent, authenticated TCP
+ * connections (one per ordered pair, opened on first use), which gives FIFO
+ * order per (peer, tag). Used by init.c for peer-info exchange and by later
+ * transports for connection setup. Calls on one bootstrap are serialised. */
+#ifndef COLLIE_BOOTSTRAP_H
+#define COLLIE_BOOTSTRAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "frame.h"
+#include "nccl.h"
+#include "socket.h"
+
+#define BOOTSTRAP_ID_MAGIC 0x44494c43u /* "CLID" */
+#define BOOTSTRAP_ID_VERSION 1
+/* The root address in this ID is served by rank 0 during init (NCCL_COMM_ID
+ * mode) rather than by a thread that ncclGetUniqueId started. */
+#define BOOTSTRAP_ID_EXTERNAL_ROOT 0x1
+
+/* What a ncclUniqueId carries (fits its 128 bytes). */
+struct bootstrap_id {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t flags;
+  uint8_t secret[FRAME_SECRET_BYTES];
+  uint64_t nonce; /* identifies this root / job; also seeds the comm hash */
+  union sock_addr root;
+};
+
+/* User tags must stay below this; higher values are the bootstrap's own. */
+#define BOOTSTRAP_TAG_INTERNAL 0x80000000u
+
+struct bootstrap;
+
+/* ncclGetUniqueId: a fresh secret and nonce; starts a root thread on a local
+ * interface unless NCCL_COMM_ID names the root address. */
+ncclResult_t bootstrap_create_id(ncclUniqueId* out);
+/* An ID for a root at `addr` (NCCL_COMM_ID mode). The secret comes from
+ * COLLIE_BOOTSTRAP_SECRET, else from the job identity in the environment. */
+ncclResult_t bootstrap_id_from_addr(const union sock_addr* addr, ncclUniqueId* out);
+/* Checks an ID's header; fills `out`. */
+ncclResult_t bootstrap_id_decode(const ncclUniqueId* id, struct bootstrap_id* out);
+
+/* Brings `nranks` ranks together using `nids` IDs (one root each; rank r
+ * checks in with root r*nids/nranks's block owner). Blocking; bounded by
+ * COLLIE_BOOTSTRAP_TIMEOUT; returns early with ncclSystemError if *abort_flag. */
+ncclResult_t bootstrap_init(const ncclUniqueId* ids, int nids, int rank, int nranks,
+                            volatile uint32_t* abort_flag, struct bootstrap** out);
+void bootstrap_destroy(struct bootstrap* bs);
+
+int bootstrap_rank(const struct bootstrap* bs);
+int bootstrap_nranks(const struct bootstrap* bs);
+uint64_t bootstrap_nonce(const struct bootstrap* bs);
+/* Host name a peer reported (for error messages). */
+const char* bootstrap_peer_host(const struct bootstrap* bs, int peer);
+
+/* Tagged point-to-point; the sizes on both sides must agree. */
+ncclResult_t bootstrap_send(struct bootstrap* bs, int peer, uint32_t tag, const void* data, size_t size);
+ncclResult_t bootstrap_recv(struct bootstrap* bs, int peer, uint32_t tag, void* data, size_t size);
+/* Ring allgather: `all` holds nranks blocks of `size` bytes; block `rank` is ours. */
+ncclResult_t bootstrap_allgather(struct bootstrap* bs, void* all, size_t size);
+ncclResult_t bootstrap_barrier(struct bootstrap* bs);
+ncclResult_t bootstrap_bcast(struct bootstrap* bs, int root, void* data, size_t size);
+
+/* Root threads (root.c). Starts one listening at id->root (port 0: any; the
+ * bound address is written back). */
+ncclResult_t root_start(struct bootstrap_id* id, int started_by_init);
+/* Joins root threads of this process that have finished. */
+void root_reap(void);
+
+/* Connections dropped by listeners since process start (strangers, bad
+ * frames, stalls); for tests and logs. */
+uint64_t bootstrap_dropped_count(void);
+void bootstrap_note_dropped(const union sock_addr* from, const char* where, const char* why);
+
+#endif

@@ -1,0 +1,31 @@
+/* The communicator object behind ncclComm_t and the checks every entry point
+ * applies to it. Created by init.c; later milestones hang transports,
+ * channels and the engine off it. */
+#ifndef COLLIE_COMM_H
+#define COLLIE_COMM_H
+
+#include "bootstrap/bootstrap.h"
+#include "core.h"
+
+#define COMM_MAGIC 0x436f6c6c6965436dULL /* "CollieCm" */
+
+struct ncclComm {
+  uint64_t magic;
+  int rank;
+  int nranks;
+  uint64_t comm_hash;
+  int cuda_dev; /* -1: no device */
+  struct bootstrap* bs;
+  collie_peer_info_t* peers; /* nranks entries */
+  int local_rank, local_size, nhosts;
+  ncclConfig_t config;
+  uint32_t abort_flag;
+  ncclResult_t async_error;
+  int finalized;
+};
+
+/* NULL or a handle that is not a live communicator -> ncclInvalidArgument
+ * with a message naming `fn`. */
+ncclResult_t comm_check(ncclComm_t comm, const char* fn);
+
+#endif

@@ -1,0 +1,19 @@
+/* Where this process runs: NUMA node and allowed CPUs (hwloc when built with
+ * it, sched_getaffinity + sysfs otherwise), and the host identity. Feeds the
+ * peer info that init.c exchanges. */
+#ifndef COLLIE_TOPO_H
+#define COLLIE_TOPO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nccl.h"
+
+/* Hostname + boot id (or NCCL_HOSTID), hashed; `name` gets the printable form. */
+uint64_t topo_host_hash(char* name, size_t name_len);
+/* NUMA node (-1 unknown) and CPU list of the calling process. */
+void topo_local_placement(int* numa_node, char* cpuset, size_t cpuset_len);
+/* "hwloc <version>" or "sched_getaffinity" (for the init INFO line). */
+const char* topo_backend(void);
+
+#endif

@@ -1,0 +1,362 @@
+/* Communicator lifecycle: unique IDs, init (single and scalable roots, config
+ * validation, one-process ncclCommInitAll), peer-info exchange, queries,
+ * finalize / destroy / abort, last-error and async-error reporting.
+ * Talks to bootstrap/ (rank rendezvous), graph/topo.c and device/device.h. */
+#include <errno.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "device/device.h"
+#include "graph/topo.h"
+
+#define CONFIG_MAGIC 0xcafebeefu
+
+COLLIE_EXPORT int collie_version(void) { return COLLIE_VERSION_CODE; }
+
+ncclResult_t comm_check(ncclComm_t comm, const char* fn) {
+  if (comm == NULL) return err_set(ncclInvalidArgument, "%s: comm is NULL", fn);
+  if (comm->magic != COMM_MAGIC)
+    return err_set(ncclInvalidArgument, "%s: comm %p is not a live collie communicator (destroyed, or not from ncclCommInit*)",
+                   fn, (void*)comm);
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclGetVersion, int* version);
+ncclResult_t ncclGetVersion(int* version) {
+  if (version == NULL) return err_set(ncclInvalidArgument, "ncclGetVersion: version is NULL");
+  *version = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclGetUniqueId, ncclUniqueId* uniqueId);
+ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
+  if (uniqueId == NULL) return err_set(ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
+  return bootstrap_create_id(uniqueId);
+}
+
+NCCL_API(const char*, ncclGetLastError, ncclComm_t comm);
+const char* ncclGetLastError(ncclComm_t comm) {
+  (void)comm; /* errors are recorded per thread; the comm adds nothing yet */
+  const char* t = err_last_thread();
+  return t[0] ? t : err_last_global();
+}
+
+/* ------------------------------------------------------------ config */
+
+/* Validates a user config and fills `out` with defaults for unset fields.
+ * Older (smaller) configs are accepted: only `size` bytes are read. */
+static ncclResult_t config_resolve(const ncclConfig_t* in, ncclConfig_t* out) {
+  ncclConfig_t def = NCCL_CONFIG_INITIALIZER;
+  *out = def;
+  if (in == NULL) {
+    out->blocking = 1;
+    return ncclSuccess;
+  }
+  if (in->magic != CONFIG_MAGIC)
+    return err_set(ncclInvalidArgument,
+                   "ncclCommInitRankConfig: config->magic is 0x%x, not 0x%x: initialise the config with "
+                   "NCCL_CONFIG_INITIALIZER",
+                   in->magic, CONFIG_MAGIC);
+  if (in->size < offsetof(ncclConfig_t, blocking) + sizeof(int) || in->size > sizeof(ncclConfig_t))
+    return err_set(ncclInvalidArgument,
+                   "ncclCommInitRankConfig: config->size %zu is not a size this library knows (%zu max); "
+                   "initialise the config with NCCL_CONFIG_INITIALIZER",
+                   in->size, sizeof(ncclConfig_t));
+  if (in->version < NCCL_VERSION(2, 14, 0) || in->version > NCCL_VERSION_CODE)
+    return err_set(ncclInvalidArgument, "ncclCommInitRankConfig: config->version %u unsupported (2.14.0 .. %d)",
+                   in->version, NCCL_VERSION_CODE);
+  memcpy(out, in, in->size);
+  out->size = sizeof(ncclConfig_t);
+  if (out->blocking == NCCL_CONFIG_UNDEF_INT) out->blocking = 1;
+  if (out->blocking != 0 && out->blocking != 1)
+    return err_set(ncclInvalidArgument, "ncclCommInitRankConfig: config->blocking must be 0 or 1 (got %d)",
+                   out->blocking);
+  if (out->cgaClusterSize != NCCL_CONFIG_UNDEF_INT && (out->cgaClusterSize < 0 || out->cgaClusterSize > 8))
+    return err_set(ncclInvalidArgument, "ncclCommInitRankConfig: config->cgaClusterSize %d outside 0..8",
+                   out->cgaClusterSize);
+  if (out->minCTAs != NCCL_CONFIG_UNDEF_INT && out->minCTAs < 1)
+    return err_set(ncclInvalidArgument, "ncclCommInitRankConfig: config->minCTAs %d < 1", out->minCTAs);
+  if (out->maxCTAs != NCCL_CONFIG_UNDEF_INT && out->maxCTAs < 1)
+    return err_set(ncclInvalidArgument, "ncclCommInitRankConfig: config->maxCTAs %d < 1", out->maxCTAs);
+  if (out->minCTAs != NCCL_CONFIG_UNDEF_INT && out->maxCTAs != NCCL_CONFIG_UNDEF_INT && out->minCTAs > out->maxCTAs)
+    return err_set(ncclInvalidArgument, "ncclCommInitRankConfig: config->minCTAs %d > maxCTAs %d", out->minCTAs,
+                   out->maxCTAs);
+  if (out->splitShare != NCCL_CONFIG_UNDEF_INT && out->splitShare != 0 && out->splitShare != 1)
+    return err_set(ncclInvalidArgument, "ncclCommInitRankConfig: config->splitShare must be 0 or 1 (got %d)",
+                   out->splitShare);
+  return ncclSuccess;
+}
+
+/* ------------------------------------------------------------ init */
+
+static void fill_local_info(ncclComm_t comm, collie_peer_info_t* me) {
+  memset(me, 0, sizeof(*me));
+  me->size = sizeof(*me);
+  me->rank = comm->rank;
+  me->pid = (int)getpid();
+  me->host_hash = topo_host_hash(me->hostname, sizeof(me->hostname));
+  topo_local_placement(&me->numa_node, me->cpuset, sizeof(me->cpuset));
+  me->cuda_dev = comm->cuda_dev;
+  device_pci_bus_id(comm->cuda_dev, me->pci_bus_id, sizeof(me->pci_bus_id));
+}
+
+static void compute_locality(ncclComm_t comm) {
+  int nhosts = 0;
+  for (int i = 0; i < comm->nranks; i++) {
+    int local_rank = 0, local_size = 0, first = 1;
+    for (int j = 0; j < comm->nranks; j++) {
+      if (comm->peers[j].host_hash != comm->peers[i].host_hash) continue;
+      if (j < i) { local_rank++; first = 0; }
+      local_size++;
+    }
+    comm->peers[i].local_rank = local_rank;
+    comm->peers[i].local_size = local_size;
+    nhosts += first;
+  }
+  comm->local_rank = comm->peers[comm->rank].local_rank;
+  comm->local_size = comm->peers[comm->rank].local_size;
+  comm->nhosts = nhosts;
+}
+
+static void comm_free(ncclComm_t comm) {
+  if (!comm) return;
+  bootstrap_destroy(comm->bs);
+  free(comm->peers);
+  comm->magic = 0;
+  free(comm);
+}
+
+static pthread_once_t version_once = PTHREAD_ONCE_INIT;
+static void print_version(void) {
+  if (getenv("NCCL_DEBUG") && log_enabled(LOG_VERSION, LOG_ALL))
+    log_msg(LOG_VERSION, LOG_ALL, __FILE__, __LINE__, "collie %d.%d.%d (NCCL API %d.%d.%d)", COLLIE_VERSION_MAJOR,
+            COLLIE_VERSION_MINOR, COLLIE_VERSION_PATCH, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+}
+
+static ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const ncclUniqueId* ids, int rank,
+                              const ncclConfig_t* config, const char* fn) {
+  if (newcomm == NULL) return err_set(ncclInvalidArgument, "%s: newcomm is NULL", fn);
+  *newcomm = NULL;
+  if (nranks < 1) return err_set(ncclInvalidArgument, "%s: nranks %d < 1", fn, nranks);
+  if (rank < 0 || rank >= nranks)
+    return err_set(ncclInvalidArgument, "%s: rank %d outside [0, %d)", fn, rank, nranks);
+  if (ids == NULL) return err_set(ncclInvalidArgument, "%s: unique ID pointer is NULL", fn);
+  if (nids < 1 || nids > nranks)
+    return err_set(ncclInvalidArgument, "%s: nId %d outside [1, nranks=%d]", fn, nids, nranks);
+  ncclConfig_t cfg;
+  NCCLCHECK(config_resolve(config, &cfg));
+
+  log_reset();
+  pthread_once(&version_once, print_version);
+  int saved_rank = log_get_rank();
+  log_set_rank(rank);
+  int64_t t0 = time_ns();
+  ncclResult_t res = ncclSuccess;
+  ncclComm_t comm = calloc(1, sizeof(*comm));
+  if (!comm) {
+    log_set_rank(saved_rank);
+    return err_set(ncclSystemError, "%s: out of memory", fn);
+  }
+  comm->magic = COMM_MAGIC;
+  comm->rank = rank;
+  comm->nranks = nranks;
+  comm->config = cfg;
+  comm->cuda_dev = device_current();
+  comm->async_error = ncclSuccess;
+  comm->peers = calloc((size_t)nranks, sizeof(*comm->peers));
+  if (!comm->peers) {
+    res = err_set(ncclSystemError, "%s: out of memory for %d peers", fn, nranks);
+    goto fail;
+  }
+  NCCLCHECKGOTO(bootstrap_init(ids, nids, rank, nranks, &comm->abort_flag, &comm->bs), res, fail);
+  fill_local_info(comm, &comm->peers[rank]);
+  NCCLCHECKGOTO(bootstrap_allgather(comm->bs, comm->peers, sizeof(*comm->peers)), res, fail);
+  for (int i = 0; i < nranks; i++) {
+    if (comm->peers[i].rank != i || comm->peers[i].size != sizeof(collie_peer_info_t)) {
+      res = err_set(ncclInternalError, "%s: peer info from rank %d is inconsistent (rank field %d)", fn, i,
+                    comm->peers[i].rank);
+      goto fail;
+    }
+  }
+  compute_locality(comm);
+  comm->comm_hash = bootstrap_nonce(comm->bs) ^ 0x636f6c6c6965ULL;
+  INFO(LOG_INIT, "comm %p rank %d nranks %d hosts %d local %d/%d cudaDev %d commHash 0x%llx - Init COMPLETE (%.3f ms)",
+       (void*)comm, rank, nranks, comm->nhosts, comm->local_rank, comm->local_size, comm->cuda_dev,
+       (unsigned long long)comm->comm_hash, (time_ns() - t0) / 1e6);
+  *newcomm = comm;
+  log_set_rank(saved_rank < 0 ? rank : saved_rank);
+  return ncclSuccess;
+fail:
+  comm_free(comm);
+  log_set_rank(saved_rank);
+  return res;
+}
+
+NCCL_API(ncclResult_t, ncclCommInitRank, ncclComm_t* newcomm, int nranks, ncclUniqueId commId, int rank);
+ncclResult_t ncclCommInitRank(ncclComm_t* newcomm, int nranks, ncclUniqueId commId, int rank) {
+  return comm_init(newcomm, nranks, 1, &commId, rank, NULL, "ncclCommInitRank");
+}
+
+NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+         ncclConfig_t* config);
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+                                    ncclConfig_t* config) {
+  return comm_init(comm, nranks, 1, &commId, rank, config, "ncclCommInitRankConfig");
+}
+
+NCCL_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t* newcomm, int nranks, int myrank, int nId,
+         ncclUniqueId* commIds, ncclConfig_t* config);
+ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId, ncclUniqueId* commIds,
+                                      ncclConfig_t* config) {
+  return comm_init(newcomm, nranks, nId, commIds, myrank, config, "ncclCommInitRankScalable");
+}
+
+struct init_all_arg {
+  ncclComm_t* slot;
+  int nranks, rank, dev;
+  ncclUniqueId id;
+  ncclResult_t res;
+  char err[512];
+};
+
+static void* init_all_thread(void* p) {
+  struct init_all_arg* a = p;
+  if (a->dev >= 0) device_set(a->dev);
+  a->res = comm_init(a->slot, a->nranks, 1, &a->id, a->rank, NULL, "ncclCommInitAll");
+  if (a->res != ncclSuccess) snprintf(a->err, sizeof(a->err), "%s", err_last_thread());
+  return NULL;
+}
+
+NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t* comms, int ndev, const int* devlist);
+ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
+  if (comms == NULL) return err_set(ncclInvalidArgument, "ncclCommInitAll: comms is NULL");
+  if (ndev < 1) return err_set(ncclInvalidArgument, "ncclCommInitAll: ndev %d < 1", ndev);
+  int ndevices = device_count();
+  for (int i = 0; devlist && i < ndev; i++) {
+    if (devlist[i] < 0 || (ndevices > 0 && devlist[i] >= ndevices))
+      return err_set(ncclInvalidArgument, "ncclCommInitAll: devlist[%d] = %d is not a device (have %d)", i, devlist[i],
+                     ndevices);
+  }
+  ncclUniqueId id;
+  NCCLCHECK(ncclGetUniqueId(&id));
+  struct init_all_arg* args = calloc((size_t)ndev, sizeof(*args));
+  pthread_t* threads = calloc((size_t)ndev, sizeof(*threads));
+  if (!args || !threads) {
+    free(args);
+    free(threads);
+    return err_set(ncclSystemError, "ncclCommInitAll: out of memory");
+  }
+  int started = 0;
+  ncclResult_t res = ncclSuccess;
+  for (int i = 0; i < ndev; i++) {
+    comms[i] = NULL;
+    args[i] = (struct init_all_arg){.slot = &comms[i], .nranks = ndev, .rank = i, .id = id};
+    /* Without GPUs every rank runs on the host; with them, rank i uses devlist[i] (or device i). */
+    args[i].dev = ndevices > 0 ? (devlist ? devlist[i] : i % ndevices) : -1;
+    int rc = pthread_create(&threads[i], NULL, init_all_thread, &args[i]);
+    if (rc != 0) {
+      res = err_set(ncclSystemError, "ncclCommInitAll: cannot start thread %d: %s", i, strerror(rc));
+      break;
+    }
+    started++;
+  }
+  /* If a thread could not start, the started ranks fail on the bootstrap timeout. */
+  for (int i = 0; i < started; i++) pthread_join(threads[i], NULL);
+  for (int i = 0; i < started && res == ncclSuccess; i++)
+    if (args[i].res != ncclSuccess) res = err_set(args[i].res, "ncclCommInitAll: rank %d: %s", i, args[i].err);
+  if (res != ncclSuccess) {
+    for (int i = 0; i < ndev; i++) {
+      comm_free(comms[i]);
+      comms[i] = NULL;
+    }
+  }
+  free(args);
+  free(threads);
+  return res;
+}
+
+/* ------------------------------------------------------------ teardown */
+
+NCCL_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm);
+ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  NCCLCHECK(comm_check(comm, "ncclCommFinalize"));
+  if (comm->finalized) return err_set(ncclInvalidUsage, "ncclCommFinalize: comm %p was already finalized", (void*)comm);
+  /* Nothing is ever left in flight on host-only communicators yet. */
+  comm->finalized = 1;
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm);
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (comm == NULL) return ncclSuccess;
+  NCCLCHECK(comm_check(comm, "ncclCommDestroy"));
+  INFO(LOG_INIT, "comm %p rank %d nranks %d - Destroy COMPLETE", (void*)comm, comm->rank, comm->nranks);
+  comm_free(comm);
+  root_reap();
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclCommAbort, ncclComm_t comm);
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (comm == NULL) return ncclSuccess;
+  NCCLCHECK(comm_check(comm, "ncclCommAbort"));
+  __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_RELEASE);
+  INFO(LOG_INIT, "comm %p rank %d nranks %d - Abort COMPLETE", (void*)comm, comm->rank, comm->nranks);
+  comm_free(comm);
+  root_reap();
+  return ncclSuccess;
+}
+
+/* ------------------------------------------------------------ queries */
+
+NCCL_API(ncclResult_t, ncclCommGetAsyncError, ncclComm_t comm, ncclResult_t* asyncError);
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
+  NCCLCHECK(comm_check(comm, "ncclCommGetAsyncError"));
+  if (asyncError == NULL) return err_set(ncclInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
+  *asyncError = __atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE);
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclCommCount, const ncclComm_t comm, int* count);
+ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
+  NCCLCHECK(comm_check(comm, "ncclCommCount"));
+  if (count == NULL) return err_set(ncclInvalidArgument, "ncclCommCount: count is NULL");
+  *count = comm->nranks;
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclCommCuDevice, const ncclComm_t comm, int* device);
+ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
+  NCCLCHECK(comm_check(comm, "ncclCommCuDevice"));
+  if (device == NULL) return err_set(ncclInvalidArgument, "ncclCommCuDevice: device is NULL");
+  *device = comm->cuda_dev;
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclCommUserRank, const ncclComm_t comm, int* rank);
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+  NCCLCHECK(comm_check(comm, "ncclCommUserRank"));
+  if (rank == NULL) return err_set(ncclInvalidArgument, "ncclCommUserRank: rank is NULL");
+  *rank = comm->rank;
+  return ncclSuccess;
+}
+
+COLLIE_EXPORT ncclResult_t collie_comm_peer_info(ncclComm_t comm, int rank, collie_peer_info_t* info) {
+  NCCLCHECK(comm_check(comm, "collie_comm_peer_info"));
+  if (info == NULL) return err_set(ncclInvalidArgument, "collie_comm_peer_info: info is NULL");
+  if (rank < 0 || rank >= comm->nranks)
+    return err_set(ncclInvalidArgument, "collie_comm_peer_info: rank %d outside [0, %d)", rank, comm->nranks);
+  if (info->size < offsetof(collie_peer_info_t, rank) + sizeof(int) || info->size > (size_t)1 << 20)
+    return err_set(ncclInvalidArgument, "collie_comm_peer_info: info->size %zu invalid; set it to sizeof(collie_peer_info_t)",
+                   info->size);
+  size_t n = COLLIE_MIN(info->size, sizeof(collie_peer_info_t));
+  size_t caller = info->size;
+  memcpy(info, &comm->peers[rank], n);
+  info->size = caller;
+  return ncclSuccess;
+}

@@ -1,0 +1,46 @@
+/* collie-info: prints the library version, build features and the table of
+ * environment variables (as text, or as docs/ENV.md with --env-markdown). */
+#include <stdio.h>
+#include <string.h>
+
+#include "collie.h"
+#include "device/device.h"
+#include "graph/topo.h"
+#include "param.h"
+
+static void usage(FILE* f) {
+  fprintf(f, "usage: collie-info [--env | --env-markdown | --version]\n");
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1 && strcmp(argv[1], "--env-markdown") == 0) {
+    param_write_markdown(stdout);
+    return 0;
+  }
+  if (argc > 1 && strcmp(argv[1], "--version") == 0) {
+    printf("collie %d.%d.%d (NCCL API %d.%d.%d)\n", COLLIE_VERSION_MAJOR, COLLIE_VERSION_MINOR, COLLIE_VERSION_PATCH,
+           NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+    return 0;
+  }
+  if (argc > 1 && strcmp(argv[1], "--env") == 0) {
+    for (int i = 0; i < P_COUNT; i++) {
+      const char* v = param_str((enum param_id)i);
+      printf("%-36s %-20s %s\n", param_table[i].name, v ? v : "(unset)", param_table[i].doc);
+    }
+    return 0;
+  }
+  if (argc > 1) {
+    usage(stderr);
+    return 2;
+  }
+  int numa;
+  char cpus[128], host[64];
+  topo_local_placement(&numa, cpus, sizeof(cpus));
+  topo_host_hash(host, sizeof(host));
+  printf("collie %d.%d.%d, NCCL API %d.%d.%d\n", COLLIE_VERSION_MAJOR, COLLIE_VERSION_MINOR, COLLIE_VERSION_PATCH,
+         NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+  printf("topology: %s; host %s, NUMA node %d, cpus %s\n", topo_backend(), host, numa, cpus);
+  printf("devices:  %s, %d CUDA device(s)\n", device_runtime(), device_count());
+  printf("environment: collie-info --env (docs/ENV.md)\n");
+  return 0;
+}
