@@ -20,6 +20,13 @@ int log_level_cur = -1;
 uint64_t log_subsys_mask = 0;
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* fork() in a threaded process: never let a child inherit this lock held. */
+static void log_lock_prepare(void) { pthread_mutex_lock(&log_lock); }
+static void log_lock_release(void) { pthread_mutex_unlock(&log_lock); }
+__attribute__((constructor)) static void log_lock_atfork(void) {
+  pthread_atfork(log_lock_prepare, log_lock_release, log_lock_release);
+}
 static FILE* log_file;  /* NULL: stderr */
 static char log_host[64];
 static __thread int log_rank = -1;

@@ -14,6 +14,13 @@ static __thread char err_thread[ERR_MSG_MAX];
 static char err_global[ERR_MSG_MAX];
 static pthread_mutex_t err_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* fork() in a threaded process: never let a child inherit this lock held. */
+static void err_lock_prepare(void) { pthread_mutex_lock(&err_lock); }
+static void err_lock_release(void) { pthread_mutex_unlock(&err_lock); }
+__attribute__((constructor)) static void err_lock_atfork(void) {
+  pthread_atfork(err_lock_prepare, err_lock_release, err_lock_release);
+}
+
 ncclResult_t err_set(ncclResult_t code, const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

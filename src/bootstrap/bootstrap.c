@@ -71,6 +71,9 @@ void bootstrap_note_dropped(const union sock_addr* from, const char* where, cons
 int bootstrap_rank(const struct bootstrap* bs) { return bs->rank; }
 int bootstrap_nranks(const struct bootstrap* bs) { return bs->nranks; }
 uint64_t bootstrap_nonce(const struct bootstrap* bs) { return bs->nonce; }
+const union sock_addr* bootstrap_peer_addr(const struct bootstrap* bs, int peer) {
+  return &bs->peers[peer].addr;
+}
 const char* bootstrap_peer_host(const struct bootstrap* bs, int peer) {
   if (!bs || peer < 0 || peer >= bs->nranks || !bs->peers[peer].host[0]) return "unknown host";
   return bs->peers[peer].host;

@@ -53,6 +53,8 @@ void bootstrap_destroy(struct bootstrap* bs);
 int bootstrap_rank(const struct bootstrap* bs);
 int bootstrap_nranks(const struct bootstrap* bs);
 uint64_t bootstrap_nonce(const struct bootstrap* bs);
+/* Where a peer listens (valid after init). */
+const union sock_addr* bootstrap_peer_addr(const struct bootstrap* bs, int peer);
 /* Host name a peer reported (for error messages). */
 const char* bootstrap_peer_host(const struct bootstrap* bs, int peer);
 

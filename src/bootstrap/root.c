@@ -42,6 +42,13 @@ struct root {
 };
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* fork() in a threaded process: never let a child inherit this lock held. */
+static void registry_lock_prepare(void) { pthread_mutex_lock(&registry_lock); }
+static void registry_lock_release(void) { pthread_mutex_unlock(&registry_lock); }
+__attribute__((constructor)) static void registry_lock_atfork(void) {
+  pthread_atfork(registry_lock_prepare, registry_lock_release, registry_lock_release);
+}
 static struct root* registry;
 
 static int block_first(int k, int nranks, int nroots) { return (int)((int64_t)k * nranks / nroots); }

@@ -1,0 +1,306 @@
+/* Entry points of the NCCL API that collie 0.1 does not implement yet. Each
+ * one exists so that programs link and load, and fails loudly with
+ * ncclInvalidUsage and a message for ncclGetLastError naming the milestone
+ * that brings it (never a silent no-op). A function moves out of this file
+ * when its module implements it. Uses err_set from core.h (errors.c). */
+#include "core.h"
+
+/* Why each group of functions is missing; the text ends up in
+ * ncclGetLastError and in the WARN log line. */
+#define WHY_COLL "host collectives arrive with the transports milestone"
+#define WHY_P2P "point-to-point send/receive arrives with the transports milestone"
+#define WHY_GROUP "group calls arrive with the transports milestone, with the operations they batch"
+#define WHY_REDOP "custom reduction operators arrive with the host collectives (transports milestone)"
+#define WHY_ELASTIC "communicator split, shrink and revoke arrive with the failures/elasticity milestone"
+#define WHY_DEVMEM "device memory allocation arrives with the CUDA device-path milestone"
+#define WHY_REG "buffer and window registration arrive with the CUDA device-path milestone"
+
+static ncclResult_t not_yet(const char* fn, const char* why) {
+  return err_set(ncclInvalidUsage, "%s: not implemented yet in collie %d.%d (%s)", fn,
+                 COLLIE_VERSION_MAJOR, COLLIE_VERSION_MINOR, why);
+}
+
+/* ---- Memory ------------------------------------------------------------- */
+
+NCCL_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size);
+ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
+  (void)ptr;
+  (void)size;
+  return not_yet(__func__, WHY_DEVMEM);
+}
+
+NCCL_API(ncclResult_t, ncclMemFree, void* ptr);
+ncclResult_t ncclMemFree(void* ptr) {
+  (void)ptr;
+  return not_yet(__func__, WHY_DEVMEM);
+}
+
+NCCL_API(ncclResult_t, ncclCommRegister, const ncclComm_t comm, void* buff, size_t size,
+         void** handle);
+ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
+  (void)comm;
+  (void)buff;
+  (void)size;
+  (void)handle;
+  return not_yet(__func__, WHY_REG);
+}
+
+NCCL_API(ncclResult_t, ncclCommDeregister, const ncclComm_t comm, void* handle);
+ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
+  (void)comm;
+  (void)handle;
+  return not_yet(__func__, WHY_REG);
+}
+
+NCCL_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t size,
+         ncclWindow_t* win, int winFlags);
+ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win,
+                                    int winFlags) {
+  (void)comm;
+  (void)buff;
+  (void)size;
+  (void)win;
+  (void)winFlags;
+  return not_yet(__func__, WHY_REG);
+}
+
+NCCL_API(ncclResult_t, ncclCommWindowDeregister, ncclComm_t comm, ncclWindow_t win);
+ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
+  (void)comm;
+  (void)win;
+  return not_yet(__func__, WHY_REG);
+}
+
+/* ---- Communicator management beyond init/destroy ------------------------ */
+
+NCCL_API(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags);
+ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  (void)comm;
+  (void)revokeFlags;
+  return not_yet(__func__, WHY_ELASTIC);
+}
+
+NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+         ncclConfig_t* config);
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                           ncclConfig_t* config) {
+  (void)comm;
+  (void)color;
+  (void)key;
+  (void)config;
+  /* Callers that ignore the result should not go on to use a stale handle. */
+  if (newcomm != NULL) *newcomm = NULL;
+  return not_yet(__func__, WHY_ELASTIC);
+}
+
+NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList,
+         int excludeRanksCount, ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags);
+ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                            ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
+  (void)comm;
+  (void)excludeRanksList;
+  (void)excludeRanksCount;
+  (void)config;
+  (void)shrinkFlags;
+  if (newcomm != NULL) *newcomm = NULL;
+  return not_yet(__func__, WHY_ELASTIC);
+}
+
+/* ---- Logging ------------------------------------------------------------ */
+
+/* Not a stub: the deprecated hook only asks for the logging environment to
+ * be read again, which debug.c already provides. It returns nothing, so it
+ * could not report "not implemented" anyway. */
+NCCL_API(void, ncclResetDebugInit, void);
+void ncclResetDebugInit(void) { log_reset(); }
+
+/* ---- Custom reduction operators ----------------------------------------- */
+
+NCCL_API(ncclResult_t, ncclRedOpCreatePreMulSum, ncclRedOp_t* op, void* scalar,
+         ncclDataType_t datatype, ncclScalarResidence_t residence, ncclComm_t comm);
+ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
+                                      ncclScalarResidence_t residence, ncclComm_t comm) {
+  (void)op;
+  (void)scalar;
+  (void)datatype;
+  (void)residence;
+  (void)comm;
+  return not_yet(__func__, WHY_REDOP);
+}
+
+NCCL_API(ncclResult_t, ncclRedOpDestroy, ncclRedOp_t op, ncclComm_t comm);
+ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
+  (void)op;
+  (void)comm;
+  return not_yet(__func__, WHY_REDOP);
+}
+
+/* ---- Collectives -------------------------------------------------------- */
+
+NCCL_API(ncclResult_t, ncclReduce, const void* sendbuff, void* recvbuff, size_t count,
+         ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+  (void)sendbuff;
+  (void)recvbuff;
+  (void)count;
+  (void)datatype;
+  (void)op;
+  (void)root;
+  (void)comm;
+  (void)stream;
+  return not_yet(__func__, WHY_COLL);
+}
+
+NCCL_API(ncclResult_t, ncclBcast, void* buff, size_t count, ncclDataType_t datatype, int root,
+         ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+                       cudaStream_t stream) {
+  (void)buff;
+  (void)count;
+  (void)datatype;
+  (void)root;
+  (void)comm;
+  (void)stream;
+  return not_yet(__func__, WHY_COLL);
+}
+
+NCCL_API(ncclResult_t, ncclBroadcast, const void* sendbuff, void* recvbuff, size_t count,
+         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                           ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
+  (void)sendbuff;
+  (void)recvbuff;
+  (void)count;
+  (void)datatype;
+  (void)root;
+  (void)comm;
+  (void)stream;
+  return not_yet(__func__, WHY_COLL);
+}
+
+NCCL_API(ncclResult_t, ncclAllReduce, const void* sendbuff, void* recvbuff, size_t count,
+         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                           ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                           cudaStream_t stream) {
+  (void)sendbuff;
+  (void)recvbuff;
+  (void)count;
+  (void)datatype;
+  (void)op;
+  (void)comm;
+  (void)stream;
+  return not_yet(__func__, WHY_COLL);
+}
+
+NCCL_API(ncclResult_t, ncclReduceScatter, const void* sendbuff, void* recvbuff, size_t recvcount,
+         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                               ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                               cudaStream_t stream) {
+  (void)sendbuff;
+  (void)recvbuff;
+  (void)recvcount;
+  (void)datatype;
+  (void)op;
+  (void)comm;
+  (void)stream;
+  return not_yet(__func__, WHY_COLL);
+}
+
+NCCL_API(ncclResult_t, ncclAllGather, const void* sendbuff, void* recvbuff, size_t sendcount,
+         ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+  (void)sendbuff;
+  (void)recvbuff;
+  (void)sendcount;
+  (void)datatype;
+  (void)comm;
+  (void)stream;
+  return not_yet(__func__, WHY_COLL);
+}
+
+NCCL_API(ncclResult_t, ncclAlltoAll, const void* sendbuff, void* recvbuff, size_t count,
+         ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
+                          ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+  (void)sendbuff;
+  (void)recvbuff;
+  (void)count;
+  (void)datatype;
+  (void)comm;
+  (void)stream;
+  return not_yet(__func__, WHY_COLL);
+}
+
+NCCL_API(ncclResult_t, ncclGather, const void* sendbuff, void* recvbuff, size_t count,
+         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count,
+                        ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
+  (void)sendbuff;
+  (void)recvbuff;
+  (void)count;
+  (void)datatype;
+  (void)root;
+  (void)comm;
+  (void)stream;
+  return not_yet(__func__, WHY_COLL);
+}
+
+NCCL_API(ncclResult_t, ncclScatter, const void* sendbuff, void* recvbuff, size_t count,
+         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count,
+                         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
+  (void)sendbuff;
+  (void)recvbuff;
+  (void)count;
+  (void)datatype;
+  (void)root;
+  (void)comm;
+  (void)stream;
+  return not_yet(__func__, WHY_COLL);
+}
+
+/* ---- Point-to-point ----------------------------------------------------- */
+
+NCCL_API(ncclResult_t, ncclSend, const void* sendbuff, size_t count, ncclDataType_t datatype,
+         int peer, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream) {
+  (void)sendbuff;
+  (void)count;
+  (void)datatype;
+  (void)peer;
+  (void)comm;
+  (void)stream;
+  return not_yet(__func__, WHY_P2P);
+}
+
+NCCL_API(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+         ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream) {
+  (void)recvbuff;
+  (void)count;
+  (void)datatype;
+  (void)peer;
+  (void)comm;
+  (void)stream;
+  return not_yet(__func__, WHY_P2P);
+}
+
+/* ---- Groups ------------------------------------------------------------- */
+
+NCCL_API(ncclResult_t, ncclGroupStart, void);
+ncclResult_t ncclGroupStart(void) { return not_yet(__func__, WHY_GROUP); }
+
+NCCL_API(ncclResult_t, ncclGroupEnd, void);
+ncclResult_t ncclGroupEnd(void) { return not_yet(__func__, WHY_GROUP); }
+
+NCCL_API(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t* simInfo);
+ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
+  (void)simInfo;
+  return not_yet(__func__, WHY_GROUP);
+}
