@@ -63,6 +63,7 @@ uint64_t log_parse_subsys(const char* s) {
   char* save = NULL;
   for (char* tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
     while (*tok == ' ') tok++;
+    for (char* e = tok + strlen(tok); e > tok && e[-1] == ' ';) *--e = '\0';
     for (size_t i = 0; i < sizeof(subsys_names) / sizeof(subsys_names[0]); i++)
       if (strcasecmp(tok, subsys_names[i].name) == 0) mask |= subsys_names[i].bit;
   }

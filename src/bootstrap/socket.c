@@ -86,7 +86,7 @@ ncclResult_t sock_parse_addr(const char* s, const char* what, union sock_addr* o
   }
   char* end;
   errno = 0;
-  long port = strtol(port_str, &end, 10);
+  long port = (*port_str >= '0' && *port_str <= '9') ? strtol(port_str, &end, 10) : (end = (char*)port_str, -1);
   if (errno || end == port_str || *end || port < 1 || port > 65535)
     return err_set(ncclInvalidArgument, "%s=\"%s\": port must be 1..65535", what, s);
   if (inet_pton(AF_INET, host, &out->sin.sin_addr) == 1) {
