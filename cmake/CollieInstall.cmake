@@ -33,5 +33,7 @@ set(COLLIE_PC_REQUIRES_PRIVATE "")
 if(COLLIE_HAVE_HWLOC)
   set(COLLIE_PC_REQUIRES_PRIVATE "hwloc")
 endif()
+# Relocatable: the prefix is found relative to the .pc file itself.
+file(RELATIVE_PATH COLLIE_PC_UP "/prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/prefix")
 configure_file(cmake/collie.pc.in ${CMAKE_CURRENT_BINARY_DIR}/collie.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/collie.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

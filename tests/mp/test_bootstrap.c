@@ -177,7 +177,7 @@ static int rank_scalable(int rank, int nranks, const ncclUniqueId* ids, int nids
 }
 
 /* ---- NCCL_COMM_ID and launcher environments: each rank builds its own ID */
-enum env_mode { ENV_COMM_ID, ENV_COLLIE, ENV_TORCH, ENV_OMPI, ENV_COMM_ID_V6 };
+enum env_mode { ENV_COMM_ID, ENV_COLLIE, ENV_TORCH, ENV_OMPI, ENV_PMI, ENV_SLURM, ENV_COMM_ID_V6 };
 static int env_port;
 static int rank_env(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
   enum env_mode mode = *(enum env_mode*)arg;
@@ -199,11 +199,11 @@ static int rank_env(int rank, int nranks, const ncclUniqueId* ids, int nids, voi
       setenv("NCCL_COMM_ID", buf, 1);
       setenv("COLLIE_RANK", r, 1);
       setenv("COLLIE_SIZE", n, 1);
-    } else if (mode == ENV_OMPI) {
+    } else if (mode == ENV_OMPI || mode == ENV_PMI || mode == ENV_SLURM) {
       snprintf(buf, sizeof(buf), "localhost:%d", env_port);
       setenv("NCCL_COMM_ID", buf, 1);
-      setenv("OMPI_COMM_WORLD_RANK", r, 1);
-      setenv("OMPI_COMM_WORLD_SIZE", n, 1);
+      setenv(mode == ENV_OMPI ? "OMPI_COMM_WORLD_RANK" : mode == ENV_PMI ? "PMI_RANK" : "SLURM_PROCID", r, 1);
+      setenv(mode == ENV_OMPI ? "OMPI_COMM_WORLD_SIZE" : mode == ENV_PMI ? "PMI_SIZE" : "SLURM_NTASKS", n, 1);
     } else {
       snprintf(port, sizeof(port), "%d", env_port - 1);
       setenv("MASTER_ADDR", "127.0.0.1", 1);
@@ -363,7 +363,7 @@ int main(int argc, char** argv) {
     for (int nids = 1; nids <= 3 && !rc; nids++) rc = mp_run_ids(n, nids, rank_scalable, NULL, NULL, 0, 60);
   } else if (strcmp(c, "env") == 0) {
     rc = 0;
-    enum env_mode modes[] = {ENV_COMM_ID, ENV_COLLIE, ENV_TORCH, ENV_OMPI, ENV_COMM_ID_V6};
+    enum env_mode modes[] = {ENV_COMM_ID, ENV_COLLIE, ENV_TORCH, ENV_OMPI, ENV_PMI, ENV_SLURM, ENV_COMM_ID_V6};
     for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]) && !rc; m++) {
       env_port = free_port(modes[m] == ENV_COMM_ID_V6 ? AF_INET6 : AF_INET);
       if (env_port < 0) {
