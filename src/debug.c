@@ -88,12 +88,16 @@ static void expand_path(const char* in, char* out, size_t n) {
   out[o] = '\0';
 }
 
-static void log_init_locked(void) {
-  if (log_level_cur >= 0) return;
+/* (Re)reads the environment. Other threads test the level and mask without
+ * the lock (log_enabled), so both are only ever stored atomically, and the
+ * host name, which log_msg reads unlocked, is written once. */
+static void log_load_locked(void) {
   int saved = errno;
-  gethostname(log_host, sizeof(log_host) - 1);
-  char* dot = strchr(log_host, '.');
-  if (dot) *dot = '\0';
+  if (log_host[0] == '\0') {
+    gethostname(log_host, sizeof(log_host) - 1);
+    char* dot = strchr(log_host, '.');
+    if (dot) *dot = '\0';
+  }
   int level = log_parse_level(param_str(P_NCCL_DEBUG));
   if (level < 0) level = LOG_WARN;
   uint64_t mask = log_parse_subsys(param_str(P_NCCL_DEBUG_SUBSYS));
@@ -107,9 +111,14 @@ static void log_init_locked(void) {
       log_file = f;
     }
   }
-  log_subsys_mask = mask;
+  __atomic_store_n(&log_subsys_mask, mask, __ATOMIC_RELAXED);
   __atomic_store_n(&log_level_cur, level, __ATOMIC_RELEASE);
   errno = saved;
+}
+
+static void log_init_locked(void) {
+  if (log_level_cur >= 0) return;
+  log_load_locked();
 }
 
 void log_init(void) {
@@ -122,8 +131,9 @@ void log_reset(void) {
   pthread_mutex_lock(&log_lock);
   if (log_file) fclose(log_file);
   log_file = NULL;
-  log_level_cur = -1;
-  log_init_locked();
+  /* Reload in place: the level never goes back to "unread" (-1), so threads
+   * logging meanwhile keep the old settings instead of racing to re-init. */
+  log_load_locked();
   pthread_mutex_unlock(&log_lock);
 }
 

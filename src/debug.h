@@ -56,9 +56,15 @@ void log_reset(void);
 int log_parse_level(const char* s);
 uint64_t log_parse_subsys(const char* s);
 
+/* The loads are atomic because log_reset may change the settings while other
+ * threads log; on x86 and arm64 they are still plain loads. */
 static inline int log_enabled(int level, uint64_t subsys) {
-  if (__builtin_expect(log_level_cur < 0, 0)) log_init();
-  return level <= log_level_cur && (subsys & log_subsys_mask);
+  int cur = __atomic_load_n(&log_level_cur, __ATOMIC_ACQUIRE);
+  if (__builtin_expect(cur < 0, 0)) {
+    log_init();
+    cur = __atomic_load_n(&log_level_cur, __ATOMIC_ACQUIRE);
+  }
+  return level <= cur && (subsys & __atomic_load_n(&log_subsys_mask, __ATOMIC_RELAXED));
 }
 
 #define WARN(...) \

@@ -583,7 +583,10 @@ static ncclResult_t checkin_wait(struct bootstrap* bs, const struct bootstrap_id
   if (h.len && sock_recv_all(fd, buf, h.len, deadline, bs->abort_flag) != SOCK_OK)
     return err_set(ncclRemoteError, "bootstrap: rank %d: truncated reply from the root", bs->rank);
   buf[h.len] = '\0';
-  if (h.type == FRAME_ROOT_ERROR) return err_set(ncclRemoteError, "%s (seen by rank %d)", buf, bs->rank);
+  if (h.type == FRAME_ROOT_ERROR) {
+    ncclResult_t code = h.tag == ncclInvalidUsage ? ncclInvalidUsage : ncclRemoteError;
+    return err_set(code, "%s (seen by rank %d)", buf, bs->rank);
+  }
   if (h.type != FRAME_ROOT_REPLY || h.len != sizeof(*succ))
     return err_set(ncclRemoteError, "bootstrap: rank %d: unexpected reply type %u from the root", bs->rank, h.type);
   memcpy(succ, buf, sizeof(*succ));

@@ -53,10 +53,12 @@ static struct root* registry;
 
 static int block_first(int k, int nranks, int nroots) { return (int)((int64_t)k * nranks / nroots); }
 
-static void root_send(struct root* r, int fd, int type, const void* payload, uint32_t len, int64_t deadline) {
+/* For FRAME_ROOT_ERROR the tag carries the ncclResult_t the rank returns. */
+static void root_send(struct root* r, int fd, int type, uint32_t tag, const void* payload, uint32_t len,
+                      int64_t deadline) {
   struct frame_hdr h;
   uint8_t buf[FRAME_HDR_BYTES];
-  frame_init(&h, type, len, -1, 0, r->id.secret);
+  frame_init(&h, type, len, -1, tag, r->id.secret);
   frame_encode(&h, buf);
   if (sock_send_all(fd, buf, sizeof(buf), deadline, NULL) == SOCK_OK && len)
     sock_send_all(fd, payload, len, deadline, NULL);
@@ -67,7 +69,7 @@ static void root_reject(struct root* r, struct conn_reader* c, const char* why) 
   char a[SOCK_ADDR_STRLEN];
   WARN("bootstrap root %s: rejected a check-in from %s: %s", sock_addr_str(&r->id.root, a, sizeof(a)),
        sock_addr_str(&c->from, a, sizeof(a)), why);
-  root_send(r, c->fd, FRAME_ROOT_ERROR, why, (uint32_t)strlen(why) + 1, time_ms() + 1000);
+  root_send(r, c->fd, FRAME_ROOT_ERROR, ncclInvalidUsage, why, (uint32_t)strlen(why) + 1, time_ms() + 1000);
   conn_close(c);
 }
 
@@ -144,7 +146,7 @@ static void root_finish_ok(struct root* r) {
   for (int i = 0; i < r->count; i++) {
     int rank = r->first + i;
     const union sock_addr* succ = (i + 1 < r->count) ? &r->slots[i + 1].addr : &r->next_addr;
-    root_send(r, r->slots[i].fd, FRAME_ROOT_REPLY, succ, sizeof(*succ), deadline);
+    root_send(r, r->slots[i].fd, FRAME_ROOT_REPLY, 0, succ, sizeof(*succ), deadline);
     (void)rank;
   }
 }
@@ -173,7 +175,7 @@ static void root_finish_timeout(struct root* r, int64_t waited_ms) {
   WARN("%s", msg);
   int64_t deadline = time_ms() + 1000;
   for (int i = 0; i < r->count; i++)
-    if (r->slots[i].fd >= 0) root_send(r, r->slots[i].fd, FRAME_ROOT_ERROR, msg, (uint32_t)strlen(msg) + 1, deadline);
+    if (r->slots[i].fd >= 0) root_send(r, r->slots[i].fd, FRAME_ROOT_ERROR, ncclRemoteError, msg, (uint32_t)strlen(msg) + 1, deadline);
 }
 
 static void* root_main(void* arg) {

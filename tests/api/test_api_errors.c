@@ -199,6 +199,43 @@ static void test_init_rank_config(void** state) {
   EXPECT_OK(ncclCommInitRankConfig(&c, 1, id, 0, NULL));
   assert_non_null(c);
   EXPECT_OK(ncclCommDestroy(c));
+
+  /* Non-blocking: may answer ncclInProgress, then the async error settles. */
+  EXPECT_OK(ncclGetUniqueId(&id));
+  cfg = init;
+  cfg.blocking = 0;
+  c = NULL;
+  ncclResult_t r0 = ncclCommInitRankConfig(&c, 1, id, 0, &cfg);
+  if (r0 != ncclSuccess && r0 != ncclInProgress)
+    fail_msg("non-blocking init returned %d: %s", (int)r0, ncclGetLastError(NULL));
+  assert_non_null(c);
+  ncclResult_t async = ncclInProgress;
+  for (int i = 0; i < 10000 && async == ncclInProgress; i++) {
+    EXPECT_OK(ncclCommGetAsyncError(c, &async));
+    if (async == ncclInProgress) usleep(1000);
+  }
+  assert_int_equal(async, ncclSuccess);
+  EXPECT_OK(ncclCommDestroy(c));
+
+  /* A config from an older header (NCCL 2.14 layout, up to netName): the
+   * library must read no byte past its size. The block is exactly that big,
+   * so valgrind sees any over-read. */
+  size_t old_size = offsetof(ncclConfig_t, netName);
+  cfg = init;
+  cfg.size = old_size;
+  cfg.version = NCCL_VERSION(2, 14, 0);
+  unsigned char* old = malloc(old_size);
+  assert_non_null(old);
+  memcpy(old, &cfg, old_size);
+  EXPECT_OK(ncclGetUniqueId(&id));
+  c = NULL;
+  EXPECT_OK(ncclCommInitRankConfig(&c, 1, id, 0, (ncclConfig_t*)(void*)old));
+  assert_non_null(c);
+  EXPECT_OK(ncclCommDestroy(c));
+  cfg.version = NCCL_VERSION(2, 13, 0);
+  memcpy(old, &cfg, old_size);
+  EXPECT_ERR(ncclCommInitRankConfig(&c, 1, id, 0, (ncclConfig_t*)(void*)old), ncclInvalidArgument, "version");
+  free(old);
 }
 
 static void test_init_rank_scalable(void** state) {

@@ -1,5 +1,6 @@
 /* Multi-process test harness: forks N ranks on this machine, hands each the
  * same unique ID (created by the parent, whose process then hosts the root),
+ * 
  * and waits with a hard limit so a hang fails the test instead of blocking CI.
  * Each rank reports failures with MP_CHECK; the test passes only if every
  * rank exits 0. */
@@ -46,18 +47,28 @@ static double mp_now(void) {
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* Parent-side hooks: after the IDs exist (before ranks get them), and after
+ * every rank has exited. */
+struct mp_hooks {
+  int (*after_ids)(const ncclUniqueId* ids, int nids);
+  int (*after_run)(void);
+};
+
+void root_reap(void); /* collie internal: joins finished root threads */
+
 /* Forks `nranks` children; ranks listed in `skip` (may be NULL) are not started.
- * Returns 0 when every started rank exits 0 before `limit_s`. */
-static int mp_run_ids(int nranks, int nids, mp_rank_fn fn, void* arg, const int* skip, int nskip, double limit_s) {
+ * Children are forked before the parent creates the IDs (and so before it has
+ * any root thread): forking a process with running threads can leave a lock
+ * held in the child (ASan's allocator does not survive it). The IDs reach the
+ * children through a pipe. Returns 0 when every started rank exits 0 before
+ * `limit_s`. */
+static int mp_run_hooks(int nranks, int nids, mp_rank_fn fn, void* arg, const int* skip, int nskip, double limit_s,
+                        const struct mp_hooks* hooks) {
   ncclUniqueId ids[16];
   if (nids > 16) return 1;
-  for (int i = 0; i < nids; i++) {
-    ncclResult_t r = ncclGetUniqueId(&ids[i]);
-    if (r != ncclSuccess) {
-      fprintf(stderr, "FAIL: ncclGetUniqueId: %s\n", ncclGetLastError(NULL));
-      return 1;
-    }
-  }
+  int fds[2];
+  if (pipe(fds) != 0) return 1;
+  root_reap();
   fflush(NULL);
   pid_t* pids = calloc((size_t)nranks, sizeof(pid_t));
   for (int r = 0; r < nranks; r++) {
@@ -66,14 +77,34 @@ static int mp_run_ids(int nranks, int nids, mp_rank_fn fn, void* arg, const int*
     if (skipped) continue;
     pid_t p = fork();
     if (p == 0) {
+      close(fds[1]);
+      /* Each write below is one atomic chunk (<= PIPE_BUF): one read each. */
+      size_t want = sizeof(ncclUniqueId) * (size_t)nids;
+      ssize_t got = read(fds[0], ids, want);
+      if (got != (ssize_t)want) _exit(3);
+      close(fds[0]);
       int rc = fn(r, nranks, ids, nids, arg);
       fflush(NULL);
       _exit(rc);
     }
     pids[r] = p;
   }
+  close(fds[0]);
   int failed = 0, alive = 0;
-  for (int r = 0; r < nranks; r++) alive += pids[r] > 0;
+  for (int i = 0; i < nids && !failed; i++) {
+    ncclResult_t r = ncclGetUniqueId(&ids[i]);
+    if (r != ncclSuccess) {
+      fprintf(stderr, "FAIL: ncclGetUniqueId: %s\n", ncclGetLastError(NULL));
+      failed = 1;
+    }
+  }
+  if (!failed && hooks && hooks->after_ids) failed = hooks->after_ids(ids, nids);
+  for (int r = 0; r < nranks; r++) {
+    if (pids[r] <= 0) continue;
+    alive++;
+    if (!failed && write(fds[1], ids, sizeof(ncclUniqueId) * (size_t)nids) < 0) failed = 1;
+  }
+  close(fds[1]); /* on failure, children read EOF and exit */
   double deadline = mp_now() + limit_s;
   while (alive > 0) {
     int status;
@@ -105,7 +136,12 @@ static int mp_run_ids(int nranks, int nids, mp_rank_fn fn, void* arg, const int*
     nanosleep(&ts, NULL);
   }
   free(pids);
+  if (hooks && hooks->after_run && hooks->after_run()) failed = 1;
   return failed;
+}
+
+static int mp_run_ids(int nranks, int nids, mp_rank_fn fn, void* arg, const int* skip, int nskip, double limit_s) {
+  return mp_run_hooks(nranks, nids, fn, arg, skip, nskip, limit_s, NULL);
 }
 
 static int mp_run(int nranks, mp_rank_fn fn, void* arg, double limit_s) {

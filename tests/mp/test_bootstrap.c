@@ -248,6 +248,22 @@ static int rank_expect_missing(int rank, int nranks, const ncclUniqueId* ids, in
   return 0;
 }
 
+/* ---- two processes claim the same rank: the later one is told so at once,
+ * the others time out naming the rank nobody took */
+static int* dup_codes;
+static int rank_duplicate(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  ncclComm_t comm;
+  int claim = rank == nranks - 1 ? 1 : rank; /* the last process pretends to be rank 1 */
+  ncclResult_t r = ncclCommInitRank(&comm, nranks, ids[0], claim);
+  MP_CHECK(r != ncclSuccess, "init succeeded with a duplicated rank");
+  dup_codes[rank] = (int)r;
+  const char* msg = ncclGetLastError(NULL);
+  char want[32];
+  snprintf(want, sizeof(want), "rank %d", nranks - 1);
+  MP_CHECK(r == ncclInvalidUsage ? strstr(msg, "twice") != NULL : strstr(msg, want) != NULL, "code %d: %s", r, msg);
+  return 0;
+}
+
 /* ---- strangers on the root and on a rank listener */
 static int rank_strangers(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
   ncclComm_t comm;
@@ -295,6 +311,66 @@ static int rank_strangers(int rank, int nranks, const ncclUniqueId* ids, int nid
   }
   MP_NCCL(bootstrap_barrier(comm->bs));
   MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
+/* Keeps hitting the root with garbage while the ranks check in. */
+static volatile int stranger_stop;
+static void* stranger_loop(void* arg) {
+  const union sock_addr* root = arg;
+  while (!stranger_stop) {
+    int fd = socket(root->sa.sa_family, SOCK_STREAM, 0);
+    if (connect(fd, &root->sa, sock_addr_len(root)) == 0 && write(fd, "hello? anybody?\n", 16) < 0) break;
+    close(fd);
+    usleep(2000);
+  }
+  return NULL;
+}
+
+/* Attacks the root before any rank checks in, and keeps doing so during init. */
+static int stranger_fds[5];
+static uint64_t stranger_before;
+static pthread_t stranger_thread;
+static union sock_addr stranger_root;
+
+static int strangers_attack_root(const ncclUniqueId* ids, int nids) {
+  struct bootstrap_id bid;
+  memcpy(&bid, &ids[0], sizeof(bid));
+  stranger_root = bid.root;
+  stranger_before = bootstrap_dropped_count();
+  int* fds = stranger_fds;
+  for (int i = 0; i < 5; i++) {
+    fds[i] = socket(bid.root.sa.sa_family, SOCK_STREAM, 0);
+    MP_CHECK(connect(fds[i], &bid.root.sa, sock_addr_len(&bid.root)) == 0, "connect to root");
+  }
+  MP_CHECK(write(fds[0], "\x00\xff garbage garbage garbage garbage garbage garbage", 48) > 0, "write");
+  struct frame_hdr h;
+  uint8_t wire[FRAME_HDR_BYTES + CHECKIN_BYTES];
+  uint8_t wrong[FRAME_SECRET_BYTES] = {9};
+  frame_init(&h, FRAME_CHECKIN, CHECKIN_BYTES, 0, 0, wrong);
+  frame_encode(&h, wire);
+  MP_CHECK(write(fds[1], wire, FRAME_HDR_BYTES) > 0, "write");
+  MP_CHECK(write(fds[2], wire, 7) > 0, "write"); /* stalls */
+  frame_init(&h, FRAME_CHECKIN, 1u << 30, 0, 0, bid.secret); /* oversized */
+  frame_encode(&h, wire);
+  MP_CHECK(write(fds[3], wire, FRAME_HDR_BYTES) > 0, "write");
+  struct checkin ci = {.rank = 99, .nranks = 2, .nroots = 1, .nonce = bid.nonce};
+  memcpy(ci.addr, &bid.root, sizeof(ci.addr));
+  frame_init(&h, FRAME_CHECKIN, CHECKIN_BYTES, 0, 0, bid.secret); /* valid frame, invalid rank */
+  frame_encode(&h, wire);
+  checkin_encode(&ci, wire + FRAME_HDR_BYTES);
+  MP_CHECK(write(fds[4], wire, sizeof(wire)) > 0, "write");
+  pthread_create(&stranger_thread, NULL, stranger_loop, &stranger_root);
+  return 0;
+}
+
+static int strangers_done(void) {
+  stranger_stop = 1;
+  pthread_join(stranger_thread, NULL);
+  uint64_t dropped = bootstrap_dropped_count() - stranger_before;
+  fprintf(stderr, "root dropped %llu stranger connections\n", (unsigned long long)dropped);
+  for (int i = 0; i < 5; i++) close(stranger_fds[i]);
+  MP_CHECK(dropped >= 4, "root dropped only %llu of the strangers", (unsigned long long)dropped);
   return 0;
 }
 
@@ -377,52 +453,20 @@ int main(int argc, char** argv) {
     setenv("COLLIE_BOOTSTRAP_TIMEOUT", "3", 1);
     missing_rank = n - 2;
     rc = mp_run_ids(n, 1, rank_expect_missing, NULL, &missing_rank, 1, 60);
+  } else if (strcmp(c, "duplicate") == 0) {
+    setenv("COLLIE_BOOTSTRAP_TIMEOUT", "2", 1);
+    dup_codes = mmap(NULL, 64 * sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    rc = mp_run(n, rank_duplicate, NULL, 60);
+    int usage = 0;
+    for (int r = 0; r < n; r++) usage += dup_codes[r] == ncclInvalidUsage;
+    if (usage != 1) {
+      fprintf(stderr, "FAIL: %d ranks got ncclInvalidUsage (expected exactly the duplicate)\n", usage);
+      rc = 1;
+    }
   } else if (strcmp(c, "strangers") == 0) {
     setenv("COLLIE_BOOTSTRAP_HANDSHAKE_TIMEOUT", "500", 1);
-    /* Attack the root before any rank checks in. */
-    ncclUniqueId id;
-    MP_NCCL(ncclGetUniqueId(&id));
-    struct bootstrap_id bid;
-    memcpy(&bid, &id, sizeof(bid));
-    uint64_t before = bootstrap_dropped_count();
-    int fds[5];
-    for (int i = 0; i < 5; i++) {
-      fds[i] = socket(bid.root.sa.sa_family, SOCK_STREAM, 0);
-      MP_CHECK(connect(fds[i], &bid.root.sa, sock_addr_len(&bid.root)) == 0, "connect to root");
-    }
-    MP_CHECK(write(fds[0], "\x00\xff garbage garbage garbage garbage garbage garbage", 48) > 0, "write");
-    struct frame_hdr h;
-    uint8_t wire[FRAME_HDR_BYTES + CHECKIN_BYTES];
-    uint8_t wrong[FRAME_SECRET_BYTES] = {9};
-    frame_init(&h, FRAME_CHECKIN, CHECKIN_BYTES, 0, 0, wrong);
-    frame_encode(&h, wire);
-    MP_CHECK(write(fds[1], wire, FRAME_HDR_BYTES) > 0, "write");
-    MP_CHECK(write(fds[2], wire, 7) > 0, "write"); /* stalls */
-    frame_init(&h, FRAME_CHECKIN, 1u << 30, 0, 0, bid.secret); /* oversized */
-    frame_encode(&h, wire);
-    MP_CHECK(write(fds[3], wire, FRAME_HDR_BYTES) > 0, "write");
-    struct checkin ci = {.rank = 99, .nranks = 2, .nroots = 1, .nonce = bid.nonce};
-    memcpy(ci.addr, &bid.root, sizeof(ci.addr));
-    frame_init(&h, FRAME_CHECKIN, CHECKIN_BYTES, 0, 0, bid.secret); /* valid frame, invalid rank */
-    frame_encode(&h, wire);
-    checkin_encode(&ci, wire + FRAME_HDR_BYTES);
-    MP_CHECK(write(fds[4], wire, sizeof(wire)) > 0, "write");
-    pid_t kids[64];
-    for (int r = 0; r < n; r++) {
-      kids[r] = fork();
-      if (kids[r] == 0) _exit(rank_strangers(r, n, &id, 1, NULL));
-    }
-    int failed = 0;
-    for (int r = 0; r < n; r++) {
-      int st;
-      waitpid(kids[r], &st, 0);
-      failed |= !WIFEXITED(st) || WEXITSTATUS(st) != 0;
-    }
-    uint64_t dropped = bootstrap_dropped_count() - before;
-    fprintf(stderr, "root dropped %llu stranger connections\n", (unsigned long long)dropped);
-    MP_CHECK(dropped >= 4, "root dropped only %llu of the strangers", (unsigned long long)dropped);
-    for (int i = 0; i < 5; i++) close(fds[i]);
-    rc = failed;
+    struct mp_hooks hooks = {strangers_attack_root, strangers_done};
+    rc = mp_run_hooks(n, 1, rank_strangers, NULL, NULL, 0, 60, &hooks);
   } else if (strcmp(c, "cycles") == 0) {
     int cycles = argc > 3 ? atoi(argv[3]) : 200;
     rc = mp_run(n, rank_cycles, &cycles, 300);
