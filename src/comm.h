@@ -6,6 +6,7 @@
 
 #include "bootstrap/bootstrap.h"
 #include "core.h"
+#include "transport/transport.h"
 
 #define COMM_MAGIC 0x436f6c6c6965436dULL /* "CollieCm" */
 
@@ -22,6 +23,23 @@ struct ncclComm {
   uint32_t abort_flag;
   ncclResult_t async_error;
   int finalized;
+  /* Connectors by peer, set up on first use (transport/connect.c). */
+  struct conn** send_conns;
+  struct conn** recv_conns;
+  int nslots;
+  size_t slot_bytes;
+  int spin; /* polls before a waiter yields the CPU (oversubscribed hosts spin less) */
+  /* Reduction operators created with ncclRedOpCreatePreMulSum, by handle - ncclNumOps. */
+  struct user_redop* redops;
+  int nredops;
+};
+
+struct user_redop {
+  int used;
+  ncclDataType_t dt;
+  int residence; /* ncclScalarResidence_t */
+  const void* ptr; /* ncclScalarDevice: read at each call */
+  uint64_t value;  /* ncclScalarHostImmediate: the bytes of one element */
 };
 
 /* NULL or a handle that is not a live communicator -> ncclInvalidArgument

@@ -125,6 +125,8 @@ static void compute_locality(ncclComm_t comm) {
 
 static void comm_free(ncclComm_t comm) {
   if (!comm) return;
+  transport_close_all(comm);
+  free(comm->redops);
   bootstrap_destroy(comm->bs);
   free(comm->peers);
   comm->magic = 0;
@@ -184,6 +186,12 @@ static ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const n
     }
   }
   compute_locality(comm);
+  {
+    /* Waiters poll before sleeping only while every local rank can have a CPU. */
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int64_t spin = param_int(P_COLLIE_SPIN, -1, 1 << 30);
+    comm->spin = spin >= 0 ? (int)spin : (comm->local_size <= ncpu ? 20000 : 64);
+  }
   comm->comm_hash = bootstrap_nonce(comm->bs) ^ 0x636f6c6c6965ULL;
   INFO(LOG_INIT, "comm %p rank %d nranks %d hosts %d local %d/%d cudaDev %d commHash 0x%llx - Init COMPLETE (%.3f ms)",
        (void*)comm, rank, nranks, comm->nhosts, comm->local_rank, comm->local_size, comm->cuda_dev,

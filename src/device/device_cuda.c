@@ -50,3 +50,13 @@ const char* device_runtime(void) {
   snprintf(s, sizeof(s), "CUDA runtime %d.%d", v / 1000, (v % 1000) / 10);
   return s;
 }
+
+int device_is_device_ptr(const void* p) {
+  if (device_count() == 0) return 0;
+  struct cudaPointerAttributes attr;
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return attr.type == cudaMemoryTypeDevice;
+}

@@ -1,0 +1,68 @@
+/* A collective or point-to-point call as the algorithms see it, and the
+ * algorithm entry points (one file each). enqueue.c validates API arguments,
+ * builds these and runs them (immediately, or at ncclGroupEnd). */
+#ifndef COLLIE_COLL_H
+#define COLLIE_COLL_H
+
+#include "prims.h"
+
+enum coll_kind {
+  COLL_ALLREDUCE,
+  COLL_BROADCAST,
+  COLL_REDUCE,
+  COLL_ALLGATHER,
+  COLL_REDUCESCATTER,
+  COLL_ALLTOALL,
+  COLL_GATHER,
+  COLL_SCATTER,
+  COLL_SEND,
+  COLL_RECV,
+};
+const char* coll_name(int kind);
+
+struct coll_args {
+  struct ncclComm* comm;
+  int kind;
+  const void* sendbuff;
+  void* recvbuff;
+  size_t count; /* elements, as passed to the API */
+  ncclDataType_t dt;
+  struct red_op op; /* reductions: resolved operator */
+  int avg;          /* ncclAvg: divide the sum by nranks */
+  int root;         /* broadcast, reduce, gather, scatter */
+  int peer;         /* send, recv */
+};
+
+/* Token identifying an operation on a connector: both sides must compute the
+ * same value, or the receiver reports the mismatch. */
+uint64_t coll_token(const struct coll_args* a, size_t bytes);
+
+ncclResult_t ring_allreduce(struct coll_args* a);
+ncclResult_t ring_allgather(struct coll_args* a);
+ncclResult_t ring_reducescatter(struct coll_args* a);
+ncclResult_t ring_broadcast(struct coll_args* a);
+ncclResult_t ring_reduce(struct coll_args* a);
+
+/* Point-to-point batch: every op progresses concurrently, so any set of
+ * matching sends and receives completes whatever order the ranks posted them in. */
+struct p2p_op {
+  int peer;
+  int is_send;
+  char* buf;
+  size_t bytes;
+  uint64_t token;
+  /* progress */
+  size_t done;
+  int slots_done, nslots;
+  struct prim_link link;
+};
+ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n);
+/* Alltoall, gather and scatter as point-to-point batches. */
+ncclResult_t direct_alltoall(struct coll_args* a);
+ncclResult_t direct_gather(struct coll_args* a);
+ncclResult_t direct_scatter(struct coll_args* a);
+
+/* Cost model (graph/tuning.c): predicted time of a call, microseconds. */
+double coll_estimate_us(const struct coll_args* a);
+
+#endif

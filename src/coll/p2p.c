@@ -1,0 +1,211 @@
+/* Point-to-point batches and the collectives built from them (alltoall,
+ * gather, scatter). Every op of a batch advances whenever its connector has
+ * room or data, so a group of sends and receives completes in any posting
+ * order. Messages go slot by slot; an empty message still sends one empty
+ * slot so the receiver can check that the sizes agree. */
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll.h"
+
+static int nslots_for(size_t bytes, size_t slot) { return bytes == 0 ? 1 : (int)((bytes + slot - 1) / slot); }
+
+/* Self-messages: the k-th send to self pairs with the k-th receive from self. */
+static ncclResult_t run_self(struct ncclComm* comm, struct p2p_op* ops, int n) {
+  int s = 0, r = 0;
+  for (;;) {
+    while (s < n && !(ops[s].peer == comm->rank && ops[s].is_send)) s++;
+    while (r < n && !(ops[r].peer == comm->rank && !ops[r].is_send)) r++;
+    if (s == n && r == n) return ncclSuccess;
+    if (s == n || r == n)
+      return err_set(ncclInvalidUsage, "rank %d: a send to itself has no matching receive (or vice versa) in the group",
+                     comm->rank);
+    if (ops[s].bytes != ops[r].bytes)
+      return err_set(ncclInvalidUsage, "rank %d: send to self of %zu bytes but receive from self of %zu bytes",
+                     comm->rank, ops[s].bytes, ops[r].bytes);
+    if (ops[s].bytes && ops[r].buf != ops[s].buf) memmove(ops[r].buf, ops[s].buf, ops[s].bytes);
+    s++;
+    r++;
+  }
+}
+
+/* Advances one op as far as its connector allows; returns 1 if it moved. */
+static ncclResult_t step(struct p2p_op* op, size_t slot, int* moved) {
+  struct conn* c = op->link.c;
+  while (op->slots_done < op->nslots) {
+    size_t len = COLLIE_MIN(slot, op->bytes - op->done);
+    if (op->is_send) {
+      void* p = c->ops->send_slot(c);
+      if (!p) break;
+      if (len) memcpy(p, op->buf + op->done, len);
+      NCCLCHECK(prim_send_commit(&op->link, len));
+    } else {
+      struct slot_hdr h;
+      const void* p = c->ops->recv_slot(c, &h);
+      if (!p) break;
+      const void* data;
+      NCCLCHECK(prim_recv_slot(&op->link, len, &data)); /* checks the header */
+      if (len) memcpy(op->buf + op->done, data, len);
+      NCCLCHECK(prim_recv_release(&op->link));
+    }
+    op->done += len;
+    op->slots_done++;
+    *moved = 1;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n) {
+  NCCLCHECK(run_self(comm, ops, n));
+  int* speers = malloc(sizeof(int) * (size_t)(n + 1));
+  int* rpeers = malloc(sizeof(int) * (size_t)(n + 1));
+  struct conn** sc = malloc(sizeof(*sc) * (size_t)(n + 1));
+  struct conn** rc = malloc(sizeof(*rc) * (size_t)(n + 1));
+  char* seen = calloc((size_t)comm->nranks * 2, 1);
+  ncclResult_t res = ncclSuccess;
+  if (!speers || !rpeers || !sc || !rc || !seen) {
+    res = err_set(ncclSystemError, "out of memory in a point-to-point group");
+    goto out;
+  }
+  int ns = 0, nr = 0;
+  for (int i = 0; i < n; i++) {
+    int p = ops[i].peer;
+    if (p == comm->rank) continue;
+    if (ops[i].is_send && !seen[2 * p]) {
+      seen[2 * p] = 1;
+      speers[ns++] = p;
+    } else if (!ops[i].is_send && !seen[2 * p + 1]) {
+      seen[2 * p + 1] = 1;
+      rpeers[nr++] = p;
+    }
+  }
+  NCCLCHECKGOTO(transport_connect(comm, speers, ns, rpeers, nr, sc, rc), res, out);
+  /* Ops to the same peer in the same direction run one after the other. */
+  int active = 0;
+  for (int i = 0; i < n; i++) {
+    struct p2p_op* op = &ops[i];
+    if (op->peer == comm->rank) continue;
+    struct conn* c = op->is_send ? comm->send_conns[op->peer] : comm->recv_conns[op->peer];
+    prim_begin(&op->link, c, op->token);
+    op->done = 0;
+    op->slots_done = 0;
+    op->nslots = nslots_for(op->bytes, comm->slot_bytes);
+    active++;
+  }
+  int idle = 0;
+  int64_t deadline = 0;
+  while (active > 0 && res == ncclSuccess) {
+    int moved = 0;
+    active = 0;
+    memset(seen, 0, (size_t)comm->nranks * 2);
+    struct conn* blocked = NULL;
+    for (int i = 0; i < n && res == ncclSuccess; i++) {
+      struct p2p_op* op = &ops[i];
+      if (op->peer == comm->rank || op->slots_done == op->nslots) continue;
+      char* busy = &seen[2 * op->peer + !op->is_send];
+      active++;
+      if (*busy) continue; /* an earlier op on this connector is not finished */
+      *busy = 1;
+      res = step(op, comm->slot_bytes, &moved);
+      if (op->slots_done < op->nslots) {
+        blocked = op->link.c;
+        if (blocked->ops->peer_failed(blocked))
+          res = err_set(ncclRemoteError, "rank %d: rank %d (%s) failed or left during a point-to-point group",
+                        comm->rank, op->peer, bootstrap_peer_host(comm->bs, op->peer));
+      } else {
+        active--;
+      }
+    }
+    if (res != ncclSuccess || active == 0) break;
+    res = transport_progress(comm);
+    if (moved) {
+      idle = 0;
+      continue;
+    }
+    if (++idle < comm->spin) continue;
+    if (idle < comm->spin + 16) {
+      sched_yield();
+      continue;
+    }
+    if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED)) {
+      res = err_set(ncclSystemError, "rank %d: point-to-point group aborted", comm->rank);
+      break;
+    }
+    if (deadline == 0) deadline = prim_deadline(comm);
+    if (deadline > 0 && time_ms() > deadline) {
+      res = err_set(ncclRemoteError, "rank %d: timed out in a point-to-point group (COLLIE_TIMEOUT)", comm->rank);
+      break;
+    }
+    /* Several connectors may be pending: sleep briefly on one of them. */
+    if (blocked) blocked->ops->wait(blocked, 1);
+  }
+  if (res != ncclSuccess) {
+    for (int i = 0; i < n; i++)
+      if (ops[i].peer != comm->rank && ops[i].link.c) ops[i].link.c->ops->fail(ops[i].link.c);
+  }
+out:
+  free(speers);
+  free(rpeers);
+  free(sc);
+  free(rc);
+  free(seen);
+  return res;
+}
+
+static ncclResult_t run_ops(struct coll_args* a, struct p2p_op* ops, int n) {
+  ncclResult_t res = p2p_run(a->comm, ops, n);
+  free(ops);
+  return res;
+}
+
+ncclResult_t direct_alltoall(struct coll_args* a) {
+  int n = a->comm->nranks, r = a->comm->rank;
+  size_t bytes = a->count * dtype_size(a->dt);
+  if (bytes == 0) return ncclSuccess;
+  struct p2p_op* ops = calloc((size_t)(2 * n), sizeof(*ops));
+  if (!ops) return err_set(ncclSystemError, "out of memory in alltoall");
+  int k = 0;
+  /* Start with the next rank and go around, so ranks do not all hit the same peer. */
+  for (int i = 0; i < n; i++) {
+    int p = (r + i) % n;
+    ops[k++] = (struct p2p_op){.peer = p, .is_send = 1, .buf = (char*)a->sendbuff + (size_t)p * bytes,
+                               .bytes = bytes, .token = coll_token(a, bytes)};
+    int q = (r - i + n) % n;
+    ops[k++] = (struct p2p_op){.peer = q, .is_send = 0, .buf = (char*)a->recvbuff + (size_t)q * bytes,
+                               .bytes = bytes, .token = coll_token(a, bytes)};
+  }
+  return run_ops(a, ops, k);
+}
+
+ncclResult_t direct_gather(struct coll_args* a) {
+  int n = a->comm->nranks, r = a->comm->rank;
+  size_t bytes = a->count * dtype_size(a->dt);
+  if (bytes == 0) return ncclSuccess;
+  struct p2p_op* ops = calloc((size_t)(2 * n), sizeof(*ops));
+  if (!ops) return err_set(ncclSystemError, "out of memory in gather");
+  int k = 0;
+  ops[k++] = (struct p2p_op){.peer = a->root, .is_send = 1, .buf = (char*)a->sendbuff, .bytes = bytes,
+                             .token = coll_token(a, bytes)};
+  if (r == a->root)
+    for (int p = 0; p < n; p++)
+      ops[k++] = (struct p2p_op){.peer = p, .is_send = 0, .buf = (char*)a->recvbuff + (size_t)p * bytes,
+                                 .bytes = bytes, .token = coll_token(a, bytes)};
+  return run_ops(a, ops, k);
+}
+
+ncclResult_t direct_scatter(struct coll_args* a) {
+  int n = a->comm->nranks, r = a->comm->rank;
+  size_t bytes = a->count * dtype_size(a->dt);
+  if (bytes == 0) return ncclSuccess;
+  struct p2p_op* ops = calloc((size_t)(2 * n), sizeof(*ops));
+  if (!ops) return err_set(ncclSystemError, "out of memory in scatter");
+  int k = 0;
+  if (r == a->root)
+    for (int p = 0; p < n; p++)
+      ops[k++] = (struct p2p_op){.peer = p, .is_send = 1, .buf = (char*)a->sendbuff + (size_t)p * bytes,
+                                 .bytes = bytes, .token = coll_token(a, bytes)};
+  ops[k++] = (struct p2p_op){.peer = a->root, .is_send = 0, .buf = (char*)a->recvbuff, .bytes = bytes,
+                             .token = coll_token(a, bytes)};
+  return run_ops(a, ops, k);
+}

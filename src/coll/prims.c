@@ -1,0 +1,160 @@
+/* Primitives over connectors; see prims.h. */
+#include "prims.h"
+
+#include <sched.h>
+#include <string.h>
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ volatile("yield");
+#endif
+}
+
+void prim_begin(struct prim_link* l, struct conn* c, uint64_t total) {
+  l->c = c;
+  l->opseq = c->opseq++;
+  l->total = total;
+}
+
+int64_t prim_deadline(struct ncclComm* comm) {
+  (void)comm;
+  int64_t t = param_int(P_COLLIE_TIMEOUT, 0, 86400 * 365);
+  return t > 0 ? time_ms() + t * 1000 : -1;
+}
+
+/* One round of waiting for connector c after `it` unsuccessful polls. */
+static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline) {
+  struct ncclComm* comm = c->comm;
+  if (c->ops->peer_failed(c))
+    return err_set(ncclRemoteError, "rank %d: rank %d (%s) failed or left during the operation", comm->rank, c->peer,
+                   bootstrap_peer_host(comm->bs, c->peer));
+  if (c->type == CONN_SOCKET) NCCLCHECK(transport_progress(comm));
+  if (it < comm->spin) {
+    cpu_relax();
+    return ncclSuccess;
+  }
+  if (it < comm->spin + 16) {
+    sched_yield();
+    return ncclSuccess;
+  }
+  if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED))
+    return err_set(ncclSystemError, "rank %d: operation aborted", comm->rank);
+  if (*deadline == 0) *deadline = prim_deadline(comm);
+  if (*deadline > 0 && time_ms() > *deadline)
+    return err_set(ncclRemoteError, "rank %d: timed out waiting for rank %d (%s) (COLLIE_TIMEOUT)", comm->rank,
+                   c->peer, bootstrap_peer_host(comm->bs, c->peer));
+  c->ops->wait(c, c->type == CONN_SOCKET ? 1 : 100);
+  return ncclSuccess;
+}
+
+ncclResult_t prim_send_slot(struct prim_link* l, void** slot) {
+  int64_t deadline = 0;
+  for (int it = 0;; it++) {
+    void* p = l->c->ops->send_slot(l->c);
+    if (p) {
+      *slot = p;
+      return ncclSuccess;
+    }
+    NCCLCHECK(wait_round(l->c, it, &deadline));
+  }
+}
+
+ncclResult_t prim_send_commit(struct prim_link* l, size_t bytes) {
+  struct slot_hdr h = {l->opseq, l->total, (uint32_t)bytes, 0};
+  return l->c->ops->send_commit(l->c, &h);
+}
+
+ncclResult_t prim_recv_slot(struct prim_link* l, size_t bytes, const void** slot) {
+  int64_t deadline = 0;
+  struct conn* c = l->c;
+  for (int it = 0;; it++) {
+    struct slot_hdr h;
+    const void* p = c->ops->recv_slot(c, &h);
+    if (p) {
+      if (h.flags & SLOT_ERROR)
+        return err_set(ncclRemoteError, "rank %d: rank %d reported an error in this operation (see its log)",
+                       c->comm->rank, c->peer);
+      if (h.opseq != l->opseq || h.total != l->total || h.bytes != bytes)
+        return err_set(ncclInvalidUsage,
+                       "rank %d: rank %d's call does not match this one (operation %llu moving %llu bytes, slot of "
+                       "%u bytes; expected operation %llu, %llu bytes, slot of %zu): ranks passed different "
+                       "counts, datatypes or operations",
+                       c->comm->rank, c->peer, (unsigned long long)h.opseq, (unsigned long long)h.total, h.bytes,
+                       (unsigned long long)l->opseq, (unsigned long long)l->total, bytes);
+      *slot = p;
+      return ncclSuccess;
+    }
+    NCCLCHECK(wait_round(c, it, &deadline));
+  }
+}
+
+ncclResult_t prim_recv_release(struct prim_link* l) { return l->c->ops->recv_release(l->c); }
+
+ncclResult_t prim_send(struct prim_link* s, const void* src, size_t bytes) {
+  void* slot;
+  NCCLCHECK(prim_send_slot(s, &slot));
+  if (bytes) memcpy(slot, src, bytes);
+  return prim_send_commit(s, bytes);
+}
+
+ncclResult_t prim_send_pre(struct prim_link* s, const struct red_op* op, const void* src, size_t count) {
+  void* slot;
+  NCCLCHECK(prim_send_slot(s, &slot));
+  if (count) red_pre(op, slot, src, count);
+  return prim_send_commit(s, count * dtype_size(op->dt));
+}
+
+ncclResult_t prim_recv(struct prim_link* r, void* dst, size_t bytes) {
+  const void* slot;
+  NCCLCHECK(prim_recv_slot(r, bytes, &slot));
+  if (bytes) memcpy(dst, slot, bytes);
+  return prim_recv_release(r);
+}
+
+ncclResult_t prim_recv_copy_send(struct prim_link* r, struct prim_link* s, void* dst, size_t bytes) {
+  const void* in;
+  void* out;
+  NCCLCHECK(prim_recv_slot(r, bytes, &in));
+  NCCLCHECK(prim_send_slot(s, &out));
+  if (bytes) {
+    memcpy(out, in, bytes);
+    if (dst) memcpy(dst, in, bytes);
+  }
+  NCCLCHECK(prim_send_commit(s, bytes));
+  return prim_recv_release(r);
+}
+
+ncclResult_t prim_recv_reduce_send(struct prim_link* r, struct prim_link* s, const struct red_op* op,
+                                   const void* local, size_t count) {
+  size_t bytes = count * dtype_size(op->dt);
+  const void* in;
+  void* out;
+  NCCLCHECK(prim_recv_slot(r, bytes, &in));
+  NCCLCHECK(prim_send_slot(s, &out));
+  if (count) red_reduce(op, out, in, local, count);
+  NCCLCHECK(prim_send_commit(s, bytes));
+  return prim_recv_release(r);
+}
+
+ncclResult_t prim_recv_reduce_copy(struct prim_link* r, struct prim_link* s, const struct red_op* op,
+                                   const void* local, void* dst, size_t count, int avg_n) {
+  size_t bytes = count * dtype_size(op->dt);
+  const void* in;
+  NCCLCHECK(prim_recv_slot(r, bytes, &in));
+  if (count) {
+    red_reduce(op, dst, in, local, count);
+    if (avg_n > 1) red_div(op->dt, dst, dst, count, avg_n);
+  }
+  NCCLCHECK(prim_recv_release(r));
+  if (s) NCCLCHECK(prim_send(s, dst, bytes));
+  return ncclSuccess;
+}
+
+ncclResult_t prim_fail(struct ncclComm* comm, struct prim_link* links, int n, ncclResult_t res) {
+  (void)comm;
+  for (int i = 0; i < n; i++)
+    if (links[i].c) links[i].c->ops->fail(links[i].c);
+  return res;
+}

@@ -1,0 +1,47 @@
+/* Primitives: the steps every algorithm is written in. Each moves one slot
+ * (at most slot_bytes) through a connector, waiting as needed (spin, then
+ * yield, then sleep on the connector), checking the slot header against what
+ * this rank expects (so disagreeing ranks get an error, never a buffer
+ * overrun), and turning failures into errors that are also passed on to the
+ * neighbours (poison) so that no rank is left waiting. */
+#ifndef COLLIE_PRIMS_H
+#define COLLIE_PRIMS_H
+
+#include "../comm.h"
+#include "../device/reduce.h"
+
+/* An operation's view of one connector: which op it is and its total bytes. */
+struct prim_link {
+  struct conn* c;
+  uint64_t opseq;
+  uint64_t total;
+};
+
+/* Starts an operation on a connector: both sides must call it once per op. */
+void prim_begin(struct prim_link* l, struct conn* c, uint64_t total);
+
+/* Wait for a free send slot / a filled receive slot (header checked:
+ * `bytes` must match exactly). */
+ncclResult_t prim_send_slot(struct prim_link* l, void** slot);
+ncclResult_t prim_send_commit(struct prim_link* l, size_t bytes);
+ncclResult_t prim_recv_slot(struct prim_link* l, size_t bytes, const void** slot);
+ncclResult_t prim_recv_release(struct prim_link* l);
+
+/* Composite steps over one chunk of `bytes` bytes (count elements for reductions). */
+ncclResult_t prim_send(struct prim_link* s, const void* src, size_t bytes);
+ncclResult_t prim_send_pre(struct prim_link* s, const struct red_op* op, const void* src, size_t count);
+ncclResult_t prim_recv(struct prim_link* r, void* dst, size_t bytes);
+ncclResult_t prim_recv_copy_send(struct prim_link* r, struct prim_link* s, void* dst, size_t bytes);
+ncclResult_t prim_recv_reduce_send(struct prim_link* r, struct prim_link* s, const struct red_op* op,
+                                   const void* local, size_t count);
+/* dst = recv OP pre(local); with `s` also sends dst on. */
+ncclResult_t prim_recv_reduce_copy(struct prim_link* r, struct prim_link* s, const struct red_op* op,
+                                   const void* local, void* dst, size_t count, int avg_n);
+
+/* Marks every link failed so neighbours stop waiting; returns `res`. */
+ncclResult_t prim_fail(struct ncclComm* comm, struct prim_link* links, int n, ncclResult_t res);
+
+/* How long a waiter may wait for a peer (COLLIE_TIMEOUT); -1: forever. */
+int64_t prim_deadline(struct ncclComm* comm);
+
+#endif

@@ -1,0 +1,34 @@
+/* Ring allgather: each rank's block travels n-1 hops around the ring, chunk
+ * by chunk; every rank copies what passes into its output and forwards it. */
+#include <string.h>
+
+#include "coll.h"
+
+ncclResult_t ring_allgather(struct coll_args* a) {
+  struct ncclComm* comm = a->comm;
+  int n = comm->nranks, r = comm->rank;
+  size_t bytes = a->count * dtype_size(a->dt);
+  char* out = a->recvbuff;
+  if (bytes == 0) return ncclSuccess;
+  if ((const char*)a->sendbuff != out + (size_t)r * bytes) memcpy(out + (size_t)r * bytes, a->sendbuff, bytes);
+  if (n == 1) return ncclSuccess;
+  int next = (r + 1) % n, prev = (r + n - 1) % n;
+  struct conn *sc, *rc;
+  NCCLCHECK(transport_connect(comm, &next, 1, &prev, 1, &sc, &rc));
+  struct prim_link l[2];
+  prim_begin(&l[0], sc, coll_token(a, bytes));
+  prim_begin(&l[1], rc, coll_token(a, bytes));
+  ncclResult_t res = ncclSuccess;
+  size_t chunk = comm->slot_bytes;
+  for (size_t off = 0; off < bytes && res == ncclSuccess; off += chunk) {
+    size_t len = COLLIE_MIN(chunk, bytes - off);
+    res = prim_send(&l[0], out + (size_t)r * bytes + off, len);
+    for (int st = 1; st < n - 1 && res == ncclSuccess; st++) {
+      int j = (r - st + n) % n;
+      res = prim_recv_copy_send(&l[1], &l[0], out + (size_t)j * bytes + off, len);
+    }
+    if (res == ncclSuccess) res = prim_recv(&l[1], out + (size_t)((r + 1) % n) * bytes + off, len);
+  }
+  if (res != ncclSuccess) return prim_fail(comm, l, 2, res);
+  return ncclSuccess;
+}

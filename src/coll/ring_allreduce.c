@@ -1,0 +1,56 @@
+/* Ring allreduce: a reduce-scatter around the ring followed by an allgather,
+ * run chunk by chunk so that each connector slot is reused while it is still
+ * in cache. Rank r ends the reduce-scatter owning segment r. */
+#include <string.h>
+
+#include "coll.h"
+
+ncclResult_t ring_allreduce(struct coll_args* a) {
+  struct ncclComm* comm = a->comm;
+  int n = comm->nranks, r = comm->rank;
+  size_t esz = dtype_size(a->dt);
+  const char* in = a->sendbuff;
+  char* out = a->recvbuff;
+  if (a->count == 0) return ncclSuccess;
+  if (n == 1) {
+    red_pre(&a->op, out, in, a->count);
+    return ncclSuccess;
+  }
+  int next = (r + 1) % n, prev = (r + n - 1) % n;
+  struct conn *sc, *rc;
+  NCCLCHECK(transport_connect(comm, &next, 1, &prev, 1, &sc, &rc));
+  struct prim_link l[2];
+  prim_begin(&l[0], sc, coll_token(a, a->count * esz));
+  prim_begin(&l[1], rc, coll_token(a, a->count * esz));
+  struct prim_link *s = &l[0], *rv = &l[1];
+
+  size_t seg = (a->count + (size_t)n - 1) / (size_t)n;
+  size_t chunk = comm->slot_bytes / esz;
+  if (chunk > seg) chunk = seg;
+  ncclResult_t res = ncclSuccess;
+#define SEG_LEN(j) (COLLIE_MIN(seg, a->count - COLLIE_MIN(a->count, (size_t)(j) * seg)))
+#define PIECE(j, off) (SEG_LEN(j) > (off) ? COLLIE_MIN(chunk, SEG_LEN(j) - (off)) : 0)
+#define AT(buf, j, off) ((buf) + ((size_t)(j) * seg + (off)) * esz)
+  for (size_t off = 0; off < seg && res == ncclSuccess; off += chunk) {
+    int j = (r - 1 + n) % n;
+    res = prim_send_pre(s, &a->op, AT(in, j, off), PIECE(j, off));
+    for (int st = 1; st < n - 1 && res == ncclSuccess; st++) {
+      j = (r - st - 1 + 2 * n) % n;
+      res = prim_recv_reduce_send(rv, s, &a->op, AT(in, j, off), PIECE(j, off));
+    }
+    if (res != ncclSuccess) break;
+    res = prim_recv_reduce_copy(rv, s, &a->op, AT(in, r, off), AT(out, r, off), PIECE(r, off), a->avg ? n : 0);
+    for (int st = 1; st < n - 1 && res == ncclSuccess; st++) {
+      j = (r - st + n) % n;
+      res = prim_recv_copy_send(rv, s, AT(out, j, off), PIECE(j, off) * esz);
+    }
+    if (res != ncclSuccess) break;
+    j = (r + 1) % n;
+    res = prim_recv(rv, AT(out, j, off), PIECE(j, off) * esz);
+  }
+#undef SEG_LEN
+#undef PIECE
+#undef AT
+  if (res != ncclSuccess) return prim_fail(comm, l, 2, res);
+  return ncclSuccess;
+}

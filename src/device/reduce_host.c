@@ -1,0 +1,409 @@
+/* Host reduction kernels (see reduce.h for the semantics). Every loop is
+ * written so that GCC -O3 vectorises it with baseline SSE2: branch-free
+ * element bodies, restrict-qualified pointers when the destination is
+ * distinct, and an ivdep loop when it is exactly one of the sources (same
+ * index read before it is written, so there is no loop-carried dependence).
+ * Built with -O3 -ffp-contract=off (CMakeLists.txt): no fused multiply-add, so
+ * premulsum rounds the product exactly as red_pre does. */
+#include "device/reduce.h"
+
+#include <string.h>
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+#if defined(__clang__)
+#define RED_IVDEP _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__)
+#define RED_IVDEP _Pragma("GCC ivdep")
+#else
+#define RED_IVDEP
+#endif
+
+static inline uint32_t red_f2u(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+static inline float red_u2f(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+static inline uint64_t red_d2u(double f) {
+  uint64_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+static inline double red_u2d(uint64_t u) {
+  double f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* IEEE 754-2019 maximum / minimum. NaN wins (x's if x is NaN, else y's).
+ * Equal inputs are identical bit patterns except +0 / -0, where the AND
+ * (max) or OR (min) of the bits picks +0 / -0 respectively. */
+static inline float red_maxf(float x, float y) {
+  float r = x > y ? x : y;
+  r = x == y ? red_u2f(red_f2u(x) & red_f2u(y)) : r;
+  return x != x ? x : r;
+}
+static inline float red_minf(float x, float y) {
+  float r = x < y ? x : y;
+  r = x == y ? red_u2f(red_f2u(x) | red_f2u(y)) : r;
+  return x != x ? x : r;
+}
+static inline double red_maxd(double x, double y) {
+  double r = x > y ? x : y;
+  r = x == y ? red_u2d(red_d2u(x) & red_d2u(y)) : r;
+  return x != x ? x : r;
+}
+static inline double red_mind(double x, double y) {
+  double r = x < y ? x : y;
+  r = x == y ? red_u2d(red_d2u(x) | red_d2u(y)) : r;
+  return x != x ? x : r;
+}
+
+/* ---- conversions ------------------------------------------------------------------
+ * All branch-free so the block loops vectorise. Narrowing uses two tricks:
+ *  - normal results: add (half an ulp - 1 + the lowest kept bit) to the float's
+ *    bits after rebiasing the exponent, then shift; carries into the exponent
+ *    are the correct round-up.
+ *  - subnormal results: add a power of two whose float ulp equals the target's
+ *    subnormal spacing; the FPU's round-to-nearest-even does the rounding and
+ *    the low mantissa bits are the result.
+ * Signed 32-bit compares on the magnitude (< 2^31) keep SSE2 code simple.
+ * Selects are masks, not ?: -- GCC would otherwise sink the (possibly
+ * trapping, under the default -ftrapping-math) float add into a branch and
+ * give up vectorising. */
+
+static inline uint32_t red_sel(int c, uint32_t a, uint32_t b) {
+  uint32_t m = 0u - (uint32_t)c;
+  return (a & m) | (b & ~m);
+}
+
+static inline float red_h2f(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  int32_t em = h & 0x7fff;
+  uint32_t norm = ((uint32_t)em << 13) + ((uint32_t)(127 - 15) << 23);
+  /* Subnormal: 2^-14 * (1 + m/1024) - 2^-14, with normal operands only. */
+  uint32_t sub = red_f2u(red_u2f(((uint32_t)em << 13) + ((uint32_t)(127 - 14) << 23)) - 0x1p-14f);
+  /* inf / NaN; (m + 0x3ff) & 0x400 is set iff the mantissa m is non-zero: the quiet bit for NaNs. */
+  uint32_t quiet = (((uint32_t)em & 0x3ffu) + 0x3ffu) & 0x400u;
+  uint32_t special = ((uint32_t)em << 13) | 0x7f800000u | (quiet << 12);
+  uint32_t u = red_sel(em < 0x400, sub, norm);
+  u = red_sel(em >= 0x7c00, special, u);
+  return red_u2f(u | sign);
+}
+
+static inline uint16_t red_f2h(float f) {
+  uint32_t x = red_f2u(f);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  int32_t ax = (int32_t)(x & 0x7fffffffu);
+  uint32_t norm = ((uint32_t)ax - ((uint32_t)(127 - 15) << 23) + 0xfffu + (((uint32_t)ax >> 13) & 1u)) >> 13;
+  uint32_t sub = red_f2u(red_u2f((uint32_t)ax) + 0.5f) - 0x3f000000u; /* 0.5 has ulp 2^-24 */
+  uint32_t nan = 0x7e00u | (((uint32_t)ax >> 13) & 0x3ffu);
+  uint32_t r = red_sel(ax < 0x38800000, sub, norm); /* below 2^-14: subnormal */
+  r = red_sel(ax >= 0x477ff000, 0x7c00u, r);        /* >= 65520 rounds to inf */
+  r = red_sel(ax > 0x7f800000, nan, r);
+  return (uint16_t)(r | sign);
+}
+
+static inline float red_b2f(uint16_t h) { return red_u2f((uint32_t)h << 16); }
+
+static inline uint16_t red_f2b(float f) {
+  uint32_t x = red_f2u(f);
+  uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16; /* overflow carries into inf */
+  int32_t ax = (int32_t)(x & 0x7fffffffu);
+  r = red_sel(ax > 0x7f800000, ((x >> 16) | 0x40u), r);
+  return (uint16_t)r;
+}
+
+static inline float red_e4m3_2f(uint8_t v) {
+  uint32_t sign = (uint32_t)(v & 0x80u) << 24;
+  int32_t em = v & 0x7f;
+  uint32_t norm = ((uint32_t)em << 20) + ((uint32_t)(127 - 7) << 23);
+  uint32_t sub = red_f2u(red_u2f(((uint32_t)em << 20) + ((uint32_t)(127 - 6) << 23)) - 0x1p-6f);
+  uint32_t u = red_sel(em < 8, sub, norm);
+  u = red_sel(em == 0x7f, 0x7fc00000u, u);
+  return red_u2f(u | sign);
+}
+
+static inline uint8_t red_f2e4m3(float f) {
+  uint32_t x = red_f2u(f);
+  uint32_t sign = (x >> 24) & 0x80u;
+  int32_t ax = (int32_t)(x & 0x7fffffffu);
+  uint32_t norm = ((uint32_t)ax - ((uint32_t)(127 - 7) << 23) + 0x7ffffu + (((uint32_t)ax >> 20) & 1u)) >> 20;
+  uint32_t sub = red_f2u(red_u2f((uint32_t)ax) + 0x1p14f) - 0x46800000u; /* 2^14 has ulp 2^-9 */
+  uint32_t r = red_sel(ax < 0x3c800000, sub, norm); /* below 2^-6: subnormal */
+  r = red_sel(ax > 0x43e00000, 0x7eu, r);           /* beyond 448 (and inf): saturate */
+  r = red_sel(ax > 0x7f800000, 0x7fu, r);
+  return (uint8_t)(r | sign);
+}
+
+/* E5M2 is the top byte of binary16, so widening is the half path. */
+static inline float red_e5m2_2f(uint8_t v) { return red_h2f((uint16_t)(v << 8)); }
+
+static inline uint8_t red_f2e5m2(float f) {
+  uint32_t x = red_f2u(f);
+  uint32_t sign = (x >> 24) & 0x80u;
+  int32_t ax = (int32_t)(x & 0x7fffffffu);
+  uint32_t norm = ((uint32_t)ax - ((uint32_t)(127 - 15) << 23) + 0xfffffu + (((uint32_t)ax >> 21) & 1u)) >> 21;
+  uint32_t sub = red_f2u(red_u2f((uint32_t)ax) + 128.0f) - 0x43000000u; /* 128 has ulp 2^-16 */
+  uint32_t r = red_sel(ax < 0x38800000, sub, norm); /* below 2^-14: subnormal */
+  r = red_sel(ax > 0x47600000, 0x7bu, r);           /* beyond 57344 (and inf): saturate */
+  r = red_sel(ax > 0x7f800000, 0x7eu, r);
+  return (uint8_t)(r | sign);
+}
+
+float red_half_to_float(uint16_t h) { return red_h2f(h); }
+uint16_t red_float_to_half(float f) { return red_f2h(f); }
+float red_bf16_to_float(uint16_t h) { return red_b2f(h); }
+uint16_t red_float_to_bf16(float f) { return red_f2b(f); }
+float red_e4m3_to_float(uint8_t v) { return red_e4m3_2f(v); }
+uint8_t red_float_to_e4m3(float f) { return red_f2e4m3(f); }
+float red_e5m2_to_float(uint8_t v) { return red_e5m2_2f(v); }
+uint8_t red_float_to_e5m2(float f) { return red_f2e5m2(f); }
+
+/* ---- datatypes ------------------------------------------------------------------ */
+
+static const unsigned char red_dtype_sizes[ncclNumTypes] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+static const char* const red_dtype_names[ncclNumTypes] = {
+    "int8", "uint8", "int32", "uint32", "int64", "uint64",
+    "float16", "float32", "float64", "bfloat16", "f8e4m3", "f8e5m2"};
+
+int dtype_valid(ncclDataType_t dt) { return (int)dt >= 0 && (int)dt < ncclNumTypes; }
+size_t dtype_size(ncclDataType_t dt) { return dtype_valid(dt) ? red_dtype_sizes[dt] : 0; }
+const char* dtype_name(ncclDataType_t dt) { return dtype_valid(dt) ? red_dtype_names[dt] : "invalid"; }
+
+/* ---- kernel generators ------------------------------------------------------------ */
+
+/* Binary kernel NAME: d[i] = EXPR(x = a[i], y = b[i], s = scalar). */
+typedef void (*red_bin_fn)(void* d, const void* a, const void* b, size_t n, const struct red_op* r);
+
+#define RED_BIN(NAME, T, ST, SINIT, EXPR)                                                             \
+  static void NAME##_nr(T* restrict d, const T* restrict a, const T* restrict b, size_t n, ST s) {    \
+    (void)s;                                                                                          \
+    for (size_t i = 0; i < n; i++) {                                                                  \
+      T x = a[i], y = b[i];                                                                           \
+      d[i] = (T)(EXPR);                                                                               \
+    }                                                                                                 \
+  }                                                                                                   \
+  static void NAME##_al(T* d, const T* a, const T* b, size_t n, ST s) {                               \
+    (void)s;                                                                                          \
+    RED_IVDEP for (size_t i = 0; i < n; i++) {                                                        \
+      T x = a[i], y = b[i];                                                                           \
+      d[i] = (T)(EXPR);                                                                               \
+    }                                                                                                 \
+  }                                                                                                   \
+  static void NAME(void* d, const void* a, const void* b, size_t n, const struct red_op* r) {         \
+    (void)r;                                                                                          \
+    ST s = (ST)(SINIT);                                                                               \
+    if (d == a || d == b)                                                                             \
+      NAME##_al((T*)d, (const T*)a, (const T*)b, n, s);                                               \
+    else                                                                                              \
+      NAME##_nr((T*)d, (const T*)a, (const T*)b, n, s);                                               \
+  }
+
+/* Unary kernel NAME: d[i] = EXPR(x = a[i], s = scalar, k = int argument). */
+typedef void (*red_un_fn)(void* d, const void* a, size_t n, const struct red_op* r, int k);
+
+#define RED_UN(NAME, T, ST, SINIT, EXPR)                                                   \
+  static void NAME##_nr(T* restrict d, const T* restrict a, size_t n, ST s, int k) {       \
+    (void)s;                                                                               \
+    (void)k;                                                                               \
+    for (size_t i = 0; i < n; i++) {                                                       \
+      T x = a[i];                                                                          \
+      d[i] = (T)(EXPR);                                                                    \
+    }                                                                                      \
+  }                                                                                        \
+  static void NAME##_al(T* d, const T* a, size_t n, ST s, int k) {                         \
+    (void)s;                                                                               \
+    (void)k;                                                                               \
+    RED_IVDEP for (size_t i = 0; i < n; i++) {                                             \
+      T x = a[i];                                                                          \
+      d[i] = (T)(EXPR);                                                                    \
+    }                                                                                      \
+  }                                                                                        \
+  static void NAME(void* d, const void* a, size_t n, const struct red_op* r, int k) {      \
+    (void)r;                                                                               \
+    ST s = (ST)(SINIT);                                                                    \
+    if (d == a)                                                                            \
+      NAME##_al((T*)d, (const T*)a, n, s, k);                                              \
+    else                                                                                   \
+      NAME##_nr((T*)d, (const T*)a, n, s, k);                                              \
+  }
+
+/* ---- integer kernels ---------------------------------------------------------------
+ * Sum, prod and premulsum are the same bits for signed and unsigned types of
+ * one width, so they run on the unsigned type (no signed-overflow UB). */
+#define RED_INT_ARITH(SUF, UT)                                                \
+  RED_BIN(red_sum_##SUF, UT, UT, 0, x + y)                                    \
+  RED_BIN(red_prod_##SUF, UT, UT, 0, x * y)                                   \
+  RED_BIN(red_pms_##SUF, UT, UT, r->scalar.u, x + (UT)(y * s))                \
+  RED_UN(red_scale_##SUF, UT, UT, r->scalar.u, x * s)
+#define RED_INT_ORDER(SUF, T)                    \
+  RED_BIN(red_max_##SUF, T, T, 0, x > y ? x : y) \
+  RED_BIN(red_min_##SUF, T, T, 0, x < y ? x : y)
+
+RED_INT_ARITH(u8, uint8_t)
+RED_INT_ARITH(u32, uint32_t)
+RED_INT_ARITH(u64, uint64_t)
+RED_INT_ORDER(i8, int8_t)
+RED_INT_ORDER(u8, uint8_t)
+RED_INT_ORDER(i32, int32_t)
+RED_INT_ORDER(u32, uint32_t)
+RED_INT_ORDER(i64, int64_t)
+RED_INT_ORDER(u64, uint64_t)
+
+/* Integer division truncates toward zero in C for signed types. */
+RED_UN(red_div_i8, int8_t, int32_t, 0, x / k)
+RED_UN(red_div_u8, uint8_t, uint32_t, 0, x / (uint32_t)k)
+RED_UN(red_div_i32, int32_t, int32_t, 0, x / k)
+RED_UN(red_div_u32, uint32_t, uint32_t, 0, x / (uint32_t)k)
+RED_UN(red_div_i64, int64_t, int64_t, 0, x / (int64_t)k)
+RED_UN(red_div_u64, uint64_t, uint64_t, 0, x / (uint64_t)k)
+
+/* ---- float32 / float64 kernels ------------------------------------------------------- */
+#define RED_FLOAT(SUF, T, MAX, MIN)                                        \
+  RED_BIN(red_sum_##SUF, T, T, 0, x + y)                                   \
+  RED_BIN(red_prod_##SUF, T, T, 0, x * y)                                  \
+  RED_BIN(red_max_##SUF, T, T, 0, MAX(x, y))                               \
+  RED_BIN(red_min_##SUF, T, T, 0, MIN(x, y))                               \
+  RED_BIN(red_pms_##SUF, T, T, r->scalar.f, x + (T)(y * s))                \
+  RED_UN(red_scale_##SUF, T, T, r->scalar.f, x * s)                        \
+  RED_UN(red_div_##SUF, T, T, 0, x / (T)k)
+
+RED_FLOAT(f32, float, red_maxf, red_minf)
+RED_FLOAT(f64, double, red_maxd, red_mind)
+
+/* ---- narrow float kernels -------------------------------------------------------------
+ * Widen to float, operate, narrow with round-to-nearest-even, element by
+ * element in one loop (GCC vectorises the branch-free conversions, so no
+ * intermediate block buffer is needed). Premulsum rounds the scaled input
+ * to the type first, as red_pre does, so reduce_n equals the pairwise chain. */
+#define RED_NARROW(SUF, T, TOF, FROMF)                                                  \
+  RED_BIN(red_sum_##SUF, T, float, 0, FROMF(TOF(x) + TOF(y)))                           \
+  RED_BIN(red_prod_##SUF, T, float, 0, FROMF(TOF(x) * TOF(y)))                          \
+  RED_BIN(red_max_##SUF, T, float, 0, FROMF(red_maxf(TOF(x), TOF(y))))                  \
+  RED_BIN(red_min_##SUF, T, float, 0, FROMF(red_minf(TOF(x), TOF(y))))                  \
+  RED_BIN(red_pms_##SUF, T, float, r->scalar.f, FROMF(TOF(x) + TOF(FROMF(TOF(y) * s)))) \
+  RED_UN(red_scale_##SUF, T, float, r->scalar.f, FROMF(TOF(x) * s))                     \
+  RED_UN(red_div_##SUF, T, float, 0, FROMF(TOF(x) / (float)k))
+
+RED_NARROW(f16, uint16_t, red_h2f, red_f2h)
+RED_NARROW(bf16, uint16_t, red_b2f, red_f2b)
+RED_NARROW(e4m3, uint8_t, red_e4m3_2f, red_f2e4m3)
+RED_NARROW(e5m2, uint8_t, red_e5m2_2f, red_f2e5m2)
+
+/* ---- dispatch --------------------------------------------------------------------------- */
+
+#define RED_ROW(SA, SO) {red_sum_##SA, red_prod_##SA, red_max_##SO, red_min_##SO, red_pms_##SA}
+static const red_bin_fn red_bin_table[ncclNumTypes][5] = {
+    [ncclInt8] = RED_ROW(u8, i8),          [ncclUint8] = RED_ROW(u8, u8),
+    [ncclInt32] = RED_ROW(u32, i32),       [ncclUint32] = RED_ROW(u32, u32),
+    [ncclInt64] = RED_ROW(u64, i64),       [ncclUint64] = RED_ROW(u64, u64),
+    [ncclFloat16] = RED_ROW(f16, f16),     [ncclFloat32] = RED_ROW(f32, f32),
+    [ncclFloat64] = RED_ROW(f64, f64),     [ncclBfloat16] = RED_ROW(bf16, bf16),
+    [ncclFloat8e4m3] = RED_ROW(e4m3, e4m3), [ncclFloat8e5m2] = RED_ROW(e5m2, e5m2),
+};
+static const red_un_fn red_scale_table[ncclNumTypes] = {
+    red_scale_u8,  red_scale_u8,  red_scale_u32, red_scale_u32,  red_scale_u64,  red_scale_u64,
+    red_scale_f16, red_scale_f32, red_scale_f64, red_scale_bf16, red_scale_e4m3, red_scale_e5m2};
+static const red_un_fn red_div_table[ncclNumTypes] = {
+    red_div_i8,  red_div_u8,  red_div_i32, red_div_u32,  red_div_i64,  red_div_u64,
+    red_div_f16, red_div_f32, red_div_f64, red_div_bf16, red_div_e4m3, red_div_e5m2};
+
+static int red_kind_valid(int kind) { return kind >= RED_SUM && kind <= RED_PREMULSUM; }
+
+int red_op_init(struct red_op* r, ncclRedOp_t op, ncclDataType_t dt) {
+  if (r == NULL || !dtype_valid(dt) || (int)op < (int)ncclSum || (int)op > (int)ncclAvg) return -1;
+  static const int kinds[] = {[ncclSum] = RED_SUM, [ncclProd] = RED_PROD, [ncclMax] = RED_MAX,
+                              [ncclMin] = RED_MIN, [ncclAvg] = RED_SUM};
+  memset(r, 0, sizeof *r);
+  r->dt = dt;
+  r->kind = kinds[op];
+  return 0;
+}
+
+int red_op_init_premulsum(struct red_op* r, const void* scalar, ncclDataType_t dt) {
+  if (r == NULL || scalar == NULL || !dtype_valid(dt)) return -1;
+  memset(r, 0, sizeof *r);
+  r->dt = dt;
+  r->kind = RED_PREMULSUM;
+  switch (dt) {
+    case ncclInt8: { int8_t v; memcpy(&v, scalar, sizeof v); r->scalar.i = v; break; }
+    case ncclUint8: { uint8_t v; memcpy(&v, scalar, sizeof v); r->scalar.u = v; break; }
+    case ncclInt32: { int32_t v; memcpy(&v, scalar, sizeof v); r->scalar.i = v; break; }
+    case ncclUint32: { uint32_t v; memcpy(&v, scalar, sizeof v); r->scalar.u = v; break; }
+    case ncclInt64: { int64_t v; memcpy(&v, scalar, sizeof v); r->scalar.i = v; break; }
+    case ncclUint64: { uint64_t v; memcpy(&v, scalar, sizeof v); r->scalar.u = v; break; }
+    case ncclFloat32: { float v; memcpy(&v, scalar, sizeof v); r->scalar.f = v; break; }
+    case ncclFloat64: { double v; memcpy(&v, scalar, sizeof v); r->scalar.f = v; break; }
+    case ncclFloat16: case ncclBfloat16: {
+      uint16_t v;
+      memcpy(&v, scalar, sizeof v);
+      r->scalar.f = dt == ncclFloat16 ? red_h2f(v) : red_b2f(v);
+      break;
+    }
+    case ncclFloat8e4m3: r->scalar.f = red_e4m3_2f(*(const uint8_t*)scalar); break;
+    case ncclFloat8e5m2: r->scalar.f = red_e5m2_2f(*(const uint8_t*)scalar); break;
+    default: return -1;
+  }
+  return 0;
+}
+
+void red_reduce(const struct red_op* r, void* dst, const void* a, const void* b, size_t count) {
+  if (count == 0 || !dtype_valid(r->dt) || !red_kind_valid(r->kind)) return;
+  red_bin_table[r->dt][r->kind](dst, a, b, count, r);
+}
+
+void red_pre(const struct red_op* r, void* dst, const void* src, size_t count) {
+  if (count == 0 || !dtype_valid(r->dt)) return;
+  if (r->kind == RED_PREMULSUM)
+    red_scale_table[r->dt](dst, src, count, r, 0);
+  else if (dst != src)
+    memcpy(dst, src, count * dtype_size(r->dt));
+}
+
+/* Blocks of this many bytes keep the accumulator in L1 while every source
+ * streams through once. */
+#define RED_BLOCK_BYTES 8192
+
+void red_reduce_n(const struct red_op* r, void* dst, const void* const* src, int n, size_t count) {
+  if (n < 1 || count == 0 || !dtype_valid(r->dt) || !red_kind_valid(r->kind)) return;
+  if (n == 1) {
+    red_pre(r, dst, src[0], count);
+    return;
+  }
+  red_bin_fn f = red_bin_table[r->dt][r->kind];
+  int premul = r->kind == RED_PREMULSUM;
+  if (n == 2 && !premul) {
+    f(dst, src[0], src[1], count, r);
+    return;
+  }
+  size_t es = dtype_size(r->dt), blk = RED_BLOCK_BYTES / es;
+  _Alignas(64) unsigned char acc[RED_BLOCK_BYTES];
+  for (size_t off = 0; off < count; off += blk) {
+    size_t m = count - off < blk ? count - off : blk, bo = off * es;
+    int k;
+    if (premul) {
+      red_scale_table[r->dt](acc, (const char*)src[0] + bo, m, r, 0);
+      k = 1;
+    } else {
+      f(acc, (const char*)src[0] + bo, (const char*)src[1] + bo, m, r);
+      k = 2;
+    }
+    for (; k < n - 1; k++) f(acc, acc, (const char*)src[k] + bo, m, r);
+    /* Earlier sources of this block are consumed, so dst may be any of them;
+       if it is the last one, f takes its aliasing path. */
+    f((char*)dst + bo, acc, (const char*)src[n - 1] + bo, m, r);
+  }
+}
+
+void red_div(ncclDataType_t dt, void* dst, const void* src, size_t count, int n) {
+  if (count == 0 || !dtype_valid(dt)) return;
+  /* n == 1 still goes through the arithmetic: fp8 infinities saturate like
+     any other result. */
+  red_div_table[dt](dst, src, count, NULL, n < 1 ? 1 : n);
+}

@@ -1,0 +1,528 @@
+/* The collective and point-to-point API: argument checks, reduction
+ * operators (built-in and ncclRedOpCreatePreMulSum), group semantics, and
+ * execution. Host buffers with any stream run to completion before the call
+ * (or ncclGroupEnd) returns. Inside a group, calls are queued per thread and
+ * run at the outermost ncclGroupEnd: consecutive sends/receives of one
+ * communicator form one concurrently progressed batch; when a group spans
+ * several communicators (one thread driving several ranks), each
+ * communicator's work runs on its own thread so none waits on another. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll/coll.h"
+#include "comm.h"
+#include "device/device.h"
+
+const char* coll_name(int kind) {
+  static const char* names[] = {"ncclAllReduce", "ncclBroadcast", "ncclReduce",  "ncclAllGather", "ncclReduceScatter",
+                                "ncclAlltoAll",  "ncclGather",    "ncclScatter", "ncclSend",      "ncclRecv"};
+  return kind >= 0 && kind <= COLL_RECV ? names[kind] : "?";
+}
+
+uint64_t coll_token(const struct coll_args* a, size_t bytes) {
+  /* Send and receive are the two halves of one operation. */
+  uint64_t kind = (uint64_t)(a->kind == COLL_RECV ? COLL_SEND : a->kind);
+  uint64_t red = a->kind == COLL_SEND || a->kind == COLL_RECV ? 0 : (uint64_t)(a->op.kind + 1 + 8 * a->avg);
+  return ((uint64_t)bytes & 0xffffffffffffULL) | kind << 48 | (uint64_t)a->dt << 52 | red << 56;
+}
+
+/* ------------------------------------------------------------ reduction operators */
+
+NCCL_API(ncclResult_t, ncclRedOpCreatePreMulSum, ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
+         ncclScalarResidence_t residence, ncclComm_t comm);
+ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
+                                      ncclScalarResidence_t residence, ncclComm_t comm) {
+  NCCLCHECK(comm_check(comm, "ncclRedOpCreatePreMulSum"));
+  if (op == NULL) return err_set(ncclInvalidArgument, "ncclRedOpCreatePreMulSum: op is NULL");
+  if (scalar == NULL) return err_set(ncclInvalidArgument, "ncclRedOpCreatePreMulSum: scalar is NULL");
+  if (!dtype_valid(datatype))
+    return err_set(ncclInvalidArgument, "ncclRedOpCreatePreMulSum: invalid datatype %d", (int)datatype);
+  if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate)
+    return err_set(ncclInvalidArgument, "ncclRedOpCreatePreMulSum: invalid residence %d", (int)residence);
+  int slot = -1;
+  for (int i = 0; i < comm->nredops; i++)
+    if (!comm->redops[i].used) slot = i;
+  if (slot < 0) {
+    int cap = comm->nredops ? comm->nredops * 2 : 8;
+    if (ncclNumOps + cap > ncclMaxRedOp) return err_set(ncclInvalidUsage, "ncclRedOpCreatePreMulSum: too many operators");
+    struct user_redop* n = realloc(comm->redops, sizeof(*n) * (size_t)cap);
+    if (!n) return err_set(ncclSystemError, "ncclRedOpCreatePreMulSum: out of memory");
+    memset(n + comm->nredops, 0, sizeof(*n) * (size_t)(cap - comm->nredops));
+    slot = comm->nredops;
+    comm->redops = n;
+    comm->nredops = cap;
+  }
+  struct user_redop* u = &comm->redops[slot];
+  memset(u, 0, sizeof(*u));
+  u->used = 1;
+  u->dt = datatype;
+  u->residence = residence;
+  u->ptr = scalar;
+  if (residence == ncclScalarHostImmediate) memcpy(&u->value, scalar, dtype_size(datatype));
+  *op = (ncclRedOp_t)(ncclNumOps + slot);
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclRedOpDestroy, ncclRedOp_t op, ncclComm_t comm);
+ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
+  NCCLCHECK(comm_check(comm, "ncclRedOpDestroy"));
+  int slot = (int)op - ncclNumOps;
+  if ((int)op < ncclNumOps)
+    return err_set(ncclInvalidArgument, "ncclRedOpDestroy: operator %d is built in and cannot be destroyed", (int)op);
+  if (slot >= comm->nredops || !comm->redops[slot].used)
+    return err_set(ncclInvalidArgument, "ncclRedOpDestroy: operator %d was not created on this communicator", (int)op);
+  comm->redops[slot].used = 0;
+  return ncclSuccess;
+}
+
+static ncclResult_t resolve_op(struct ncclComm* comm, ncclRedOp_t op, ncclDataType_t dt, struct coll_args* a,
+                               const char* fn) {
+  a->avg = 0;
+  if ((int)op >= 0 && (int)op < ncclNumOps) {
+    if (op == ncclAvg) {
+      a->avg = 1;
+      op = ncclSum;
+    }
+    if (red_op_init(&a->op, op, dt) != 0) return err_set(ncclInvalidArgument, "%s: invalid operator %d", fn, (int)op);
+    return ncclSuccess;
+  }
+  int slot = (int)op - ncclNumOps;
+  if ((int)op < 0 || slot >= comm->nredops || !comm->redops[slot].used)
+    return err_set(ncclInvalidArgument, "%s: invalid reduction operator %d (not built in, not created on this comm)", fn,
+                   (int)op);
+  struct user_redop* u = &comm->redops[slot];
+  if (u->dt != dt)
+    return err_set(ncclInvalidArgument, "%s: operator %d was created for datatype %s, not %s", fn, (int)op,
+                   dtype_name(u->dt), dtype_name(dt));
+  const void* scalar = u->residence == ncclScalarHostImmediate ? (const void*)&u->value : u->ptr;
+  if (red_op_init_premulsum(&a->op, scalar, dt) != 0)
+    return err_set(ncclInvalidArgument, "%s: cannot use operator %d", fn, (int)op);
+  return ncclSuccess;
+}
+
+/* ------------------------------------------------------------ argument checks */
+
+static ncclResult_t check_buf(const void* p, size_t bytes, const char* what, const char* fn) {
+  if (bytes && p == NULL) return err_set(ncclInvalidArgument, "%s: %s is NULL with a non-zero count", fn, what);
+  if (p && device_is_device_ptr(p))
+    return err_set(ncclInvalidUsage,
+                   "%s: %s is device memory; the CUDA device path is not built yet (host buffers only)", fn, what);
+  return ncclSuccess;
+}
+
+static ncclResult_t check_common(struct coll_args* a, ncclComm_t comm, size_t count, ncclDataType_t dt, const char* fn) {
+  NCCLCHECK(comm_check(comm, fn));
+  if (comm->finalized) return err_set(ncclInvalidUsage, "%s: the communicator was finalized", fn);
+  if (comm->async_error != ncclSuccess)
+    return err_set(ncclInvalidUsage, "%s: the communicator is in error (%s); destroy or abort it", fn,
+                   ncclGetErrorString(comm->async_error));
+  if (!dtype_valid(dt)) return err_set(ncclInvalidArgument, "%s: invalid datatype %d", fn, (int)dt);
+  size_t esz = dtype_size(dt);
+  /* The largest buffer any collective touches is count * nranks elements. */
+  if (count > (SIZE_MAX / esz) / (size_t)comm->nranks)
+    return err_set(ncclInvalidArgument, "%s: count %zu of %s overflows the address space", fn, count, dtype_name(dt));
+  memset(a, 0, sizeof(*a));
+  a->comm = comm;
+  a->count = count;
+  a->dt = dt;
+  a->op.dt = dt;
+  return ncclSuccess;
+}
+
+static ncclResult_t check_root(ncclComm_t comm, int root, const char* what, const char* fn) {
+  if (root < 0 || root >= comm->nranks)
+    return err_set(ncclInvalidArgument, "%s: %s %d outside [0, %d)", fn, what, root, comm->nranks);
+  return ncclSuccess;
+}
+
+/* ------------------------------------------------------------ groups */
+
+struct task {
+  struct task* next;
+  struct coll_args a;
+};
+
+static __thread int group_depth;
+static __thread struct task *group_head, *group_tail;
+static __thread ncclResult_t group_error;
+
+static ncclResult_t run_coll(struct coll_args* a) {
+  switch (a->kind) {
+    case COLL_ALLREDUCE: return ring_allreduce(a);
+    case COLL_BROADCAST: return ring_broadcast(a);
+    case COLL_REDUCE: return ring_reduce(a);
+    case COLL_ALLGATHER: return ring_allgather(a);
+    case COLL_REDUCESCATTER: return ring_reducescatter(a);
+    case COLL_ALLTOALL: return direct_alltoall(a);
+    case COLL_GATHER: return direct_gather(a);
+    case COLL_SCATTER: return direct_scatter(a);
+    default: return err_set(ncclInternalError, "unknown collective %d", a->kind);
+  }
+}
+
+/* Runs one communicator's queued tasks in order; consecutive p2p tasks as one batch. */
+static ncclResult_t run_comm_tasks(struct task* t) {
+  ncclResult_t res = ncclSuccess;
+  while (t && res == ncclSuccess) {
+    struct ncclComm* comm = t->a.comm;
+    int saved = log_get_rank();
+    log_set_rank(comm->rank);
+    if (t->a.kind == COLL_SEND || t->a.kind == COLL_RECV) {
+      int n = 0;
+      for (struct task* u = t; u && (u->a.kind == COLL_SEND || u->a.kind == COLL_RECV); u = u->next) n++;
+      struct p2p_op* ops = calloc((size_t)n, sizeof(*ops));
+      if (!ops) return err_set(ncclSystemError, "out of memory for a point-to-point group");
+      for (int i = 0; i < n; i++, t = t->next) {
+        size_t bytes = t->a.count * dtype_size(t->a.dt);
+        ops[i] = (struct p2p_op){.peer = t->a.peer, .is_send = t->a.kind == COLL_SEND,
+                                 .buf = t->a.kind == COLL_SEND ? (char*)t->a.sendbuff : (char*)t->a.recvbuff,
+                                 .bytes = bytes, .token = coll_token(&t->a, bytes)};
+      }
+      res = p2p_run(comm, ops, n);
+      free(ops);
+    } else {
+      res = run_coll(&t->a);
+      t = t->next;
+    }
+    if (res != ncclSuccess && res != ncclInvalidArgument)
+      __atomic_store_n(&comm->async_error, res, __ATOMIC_RELEASE);
+    log_set_rank(saved);
+  }
+  return res;
+}
+
+struct comm_job {
+  struct task* tasks;
+  ncclResult_t res;
+  char err[1024];
+  pthread_t thread;
+};
+
+static void* comm_job_main(void* p) {
+  struct comm_job* j = p;
+  j->res = run_comm_tasks(j->tasks);
+  if (j->res != ncclSuccess) snprintf(j->err, sizeof(j->err), "%s", err_last_thread());
+  return NULL;
+}
+
+static void free_tasks(struct task* t) {
+  while (t) {
+    struct task* n = t->next;
+    free(t);
+    t = n;
+  }
+}
+
+/* Splits a task list by communicator (keeping each one's order) and runs it. */
+static ncclResult_t run_tasks(struct task* list) {
+  int njobs = 0;
+  struct comm_job* jobs = NULL;
+  struct task** tails = NULL;
+  ncclResult_t res = ncclSuccess;
+  for (struct task* t = list; t;) {
+    struct task* next = t->next;
+    t->next = NULL;
+    int j = 0;
+    while (j < njobs && jobs[j].tasks->a.comm != t->a.comm) j++;
+    if (j == njobs) {
+      struct comm_job* nj = realloc(jobs, sizeof(*jobs) * (size_t)(njobs + 1));
+      struct task** nt = realloc(tails, sizeof(*tails) * (size_t)(njobs + 1));
+      if (nj) jobs = nj;
+      if (nt) tails = nt;
+      if (!nj || !nt) {
+        res = err_set(ncclSystemError, "out of memory in ncclGroupEnd");
+        free_tasks(t);
+        free_tasks(next);
+        goto out;
+      }
+      memset(&jobs[njobs], 0, sizeof(jobs[njobs]));
+      jobs[njobs].tasks = t;
+      tails[njobs++] = t;
+    } else {
+      tails[j]->next = t;
+      tails[j] = t;
+    }
+    t = next;
+  }
+  if (njobs == 1) {
+    res = run_comm_tasks(jobs[0].tasks);
+  } else {
+    int started = 0;
+    for (int j = 1; j < njobs; j++) {
+      if (pthread_create(&jobs[j].thread, NULL, comm_job_main, &jobs[j]) != 0) {
+        res = err_set(ncclSystemError, "ncclGroupEnd: cannot start a thread for communicator %d", j);
+        break;
+      }
+      started = j;
+    }
+    if (res == ncclSuccess) res = run_comm_tasks(jobs[0].tasks);
+    for (int j = 1; j <= started; j++) {
+      pthread_join(jobs[j].thread, NULL);
+      if (res == ncclSuccess && jobs[j].res != ncclSuccess) res = err_set(jobs[j].res, "%s", jobs[j].err);
+    }
+  }
+out:
+  for (int j = 0; j < njobs; j++) free_tasks(jobs[j].tasks);
+  free(jobs);
+  free(tails);
+  return res;
+}
+
+static ncclResult_t submit(const struct coll_args* a) {
+  struct task* t = malloc(sizeof(*t));
+  if (!t) return err_set(ncclSystemError, "%s: out of memory", coll_name(a->kind));
+  t->next = NULL;
+  t->a = *a;
+  if (group_depth > 0) {
+    if (group_tail) group_tail->next = t;
+    else group_head = t;
+    group_tail = t;
+    return ncclSuccess;
+  }
+  return run_tasks(t);
+}
+
+/* An argument error inside a group also fails the group's ncclGroupEnd. */
+static ncclResult_t arg_error(ncclResult_t res) {
+  if (group_depth > 0 && group_error == ncclSuccess) group_error = res;
+  return res;
+}
+#define ARGCHECK(call)                    \
+  do {                                    \
+    ncclResult_t r_ = (call);             \
+    if (r_ != ncclSuccess) return arg_error(r_); \
+  } while (0)
+
+NCCL_API(ncclResult_t, ncclGroupStart, void);
+ncclResult_t ncclGroupStart(void) {
+  if (group_depth == 0) group_error = ncclSuccess;
+  group_depth++;
+  return ncclSuccess;
+}
+
+static struct task* group_take(void) {
+  struct task* t = group_head;
+  group_head = group_tail = NULL;
+  return t;
+}
+
+NCCL_API(ncclResult_t, ncclGroupEnd, void);
+ncclResult_t ncclGroupEnd(void) {
+  if (group_depth == 0) return err_set(ncclInvalidUsage, "ncclGroupEnd: no matching ncclGroupStart on this thread");
+  if (--group_depth > 0) return ncclSuccess;
+  struct task* list = group_take();
+  if (group_error != ncclSuccess) {
+    free_tasks(list);
+    ncclResult_t e = group_error;
+    group_error = ncclSuccess;
+    return err_set(e, "ncclGroupEnd: the group was not run because a call in it failed: %s", err_last_thread());
+  }
+  return list ? run_tasks(list) : ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t* simInfo);
+ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
+  if (group_depth == 0)
+    return err_set(ncclInvalidUsage, "ncclGroupSimulateEnd: no matching ncclGroupStart on this thread");
+  if (simInfo && (simInfo->magic != 0x74685283u || simInfo->size < sizeof(ncclSimInfo_t)))
+    return err_set(ncclInvalidArgument, "ncclGroupSimulateEnd: simInfo not made with NCCL_SIM_INFO_INITIALIZER");
+  if (--group_depth > 0) return ncclSuccess;
+  struct task* list = group_take();
+  double us = 0;
+  for (struct task* t = list; t; t = t->next) us += coll_estimate_us(&t->a);
+  free_tasks(list);
+  group_error = ncclSuccess;
+  if (simInfo) simInfo->estimatedTime = (float)us;
+  return ncclSuccess;
+}
+
+/* ------------------------------------------------------------ API entry points */
+
+NCCL_API(ncclResult_t, ncclAllReduce, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+         ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream) {
+  (void)stream;
+  const char* fn = "ncclAllReduce";
+  struct coll_args a;
+  ARGCHECK(check_common(&a, comm, count, datatype, fn));
+  size_t bytes = count * dtype_size(datatype);
+  ARGCHECK(check_buf(sendbuff, bytes, "sendbuff", fn));
+  ARGCHECK(check_buf(recvbuff, bytes, "recvbuff", fn));
+  ARGCHECK(resolve_op(comm, op, datatype, &a, fn));
+  a.kind = COLL_ALLREDUCE;
+  a.sendbuff = sendbuff;
+  a.recvbuff = recvbuff;
+  return submit(&a);
+}
+
+NCCL_API(ncclResult_t, ncclReduce, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                        int root, ncclComm_t comm, cudaStream_t stream) {
+  (void)stream;
+  const char* fn = "ncclReduce";
+  struct coll_args a;
+  ARGCHECK(check_common(&a, comm, count, datatype, fn));
+  ARGCHECK(check_root(comm, root, "root", fn));
+  size_t bytes = count * dtype_size(datatype);
+  ARGCHECK(check_buf(sendbuff, bytes, "sendbuff", fn));
+  if (comm->rank == root) ARGCHECK(check_buf(recvbuff, bytes, "recvbuff (at the root)", fn));
+  ARGCHECK(resolve_op(comm, op, datatype, &a, fn));
+  a.kind = COLL_REDUCE;
+  a.sendbuff = sendbuff;
+  a.recvbuff = recvbuff;
+  a.root = root;
+  return submit(&a);
+}
+
+NCCL_API(ncclResult_t, ncclBroadcast, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+         int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+                           ncclComm_t comm, cudaStream_t stream) {
+  (void)stream;
+  const char* fn = "ncclBroadcast";
+  struct coll_args a;
+  ARGCHECK(check_common(&a, comm, count, datatype, fn));
+  ARGCHECK(check_root(comm, root, "root", fn));
+  size_t bytes = count * dtype_size(datatype);
+  if (comm->rank == root) ARGCHECK(check_buf(sendbuff, bytes, "sendbuff (at the root)", fn));
+  ARGCHECK(check_buf(recvbuff, bytes, "recvbuff", fn));
+  a.kind = COLL_BROADCAST;
+  a.sendbuff = sendbuff;
+  a.recvbuff = recvbuff;
+  a.root = root;
+  return submit(&a);
+}
+
+NCCL_API(ncclResult_t, ncclBcast, void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+         cudaStream_t stream);
+ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+                       cudaStream_t stream) {
+  return ncclBroadcast(buff, buff, count, datatype, root, comm, stream);
+}
+
+NCCL_API(ncclResult_t, ncclAllGather, const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
+         ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
+                           ncclComm_t comm, cudaStream_t stream) {
+  (void)stream;
+  const char* fn = "ncclAllGather";
+  struct coll_args a;
+  ARGCHECK(check_common(&a, comm, sendcount, datatype, fn));
+  size_t bytes = sendcount * dtype_size(datatype);
+  ARGCHECK(check_buf(sendbuff, bytes, "sendbuff", fn));
+  ARGCHECK(check_buf(recvbuff, bytes * (size_t)comm->nranks, "recvbuff", fn));
+  a.kind = COLL_ALLGATHER;
+  a.sendbuff = sendbuff;
+  a.recvbuff = recvbuff;
+  return submit(&a);
+}
+
+NCCL_API(ncclResult_t, ncclReduceScatter, const void* sendbuff, void* recvbuff, size_t recvcount,
+         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  (void)stream;
+  const char* fn = "ncclReduceScatter";
+  struct coll_args a;
+  ARGCHECK(check_common(&a, comm, recvcount, datatype, fn));
+  size_t bytes = recvcount * dtype_size(datatype);
+  ARGCHECK(check_buf(sendbuff, bytes * (size_t)comm->nranks, "sendbuff", fn));
+  ARGCHECK(check_buf(recvbuff, bytes, "recvbuff", fn));
+  ARGCHECK(resolve_op(comm, op, datatype, &a, fn));
+  a.kind = COLL_REDUCESCATTER;
+  a.sendbuff = sendbuff;
+  a.recvbuff = recvbuff;
+  return submit(&a);
+}
+
+NCCL_API(ncclResult_t, ncclAlltoAll, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+         ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm,
+                          cudaStream_t stream) {
+  (void)stream;
+  const char* fn = "ncclAlltoAll";
+  struct coll_args a;
+  ARGCHECK(check_common(&a, comm, count, datatype, fn));
+  size_t bytes = count * dtype_size(datatype) * (size_t)comm->nranks;
+  ARGCHECK(check_buf(sendbuff, bytes, "sendbuff", fn));
+  ARGCHECK(check_buf(recvbuff, bytes, "recvbuff", fn));
+  if (bytes && sendbuff == recvbuff)
+    return arg_error(err_set(ncclInvalidArgument, "%s: in-place alltoall is not supported (sendbuff == recvbuff)", fn));
+  a.kind = COLL_ALLTOALL;
+  a.sendbuff = sendbuff;
+  a.recvbuff = recvbuff;
+  return submit(&a);
+}
+
+NCCL_API(ncclResult_t, ncclGather, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+         int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+                        ncclComm_t comm, cudaStream_t stream) {
+  (void)stream;
+  const char* fn = "ncclGather";
+  struct coll_args a;
+  ARGCHECK(check_common(&a, comm, count, datatype, fn));
+  ARGCHECK(check_root(comm, root, "root", fn));
+  size_t bytes = count * dtype_size(datatype);
+  ARGCHECK(check_buf(sendbuff, bytes, "sendbuff", fn));
+  if (comm->rank == root) ARGCHECK(check_buf(recvbuff, bytes * (size_t)comm->nranks, "recvbuff (at the root)", fn));
+  a.kind = COLL_GATHER;
+  a.sendbuff = sendbuff;
+  a.recvbuff = recvbuff;
+  a.root = root;
+  return submit(&a);
+}
+
+NCCL_API(ncclResult_t, ncclScatter, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+         int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+                         ncclComm_t comm, cudaStream_t stream) {
+  (void)stream;
+  const char* fn = "ncclScatter";
+  struct coll_args a;
+  ARGCHECK(check_common(&a, comm, count, datatype, fn));
+  ARGCHECK(check_root(comm, root, "root", fn));
+  size_t bytes = count * dtype_size(datatype);
+  if (comm->rank == root) ARGCHECK(check_buf(sendbuff, bytes * (size_t)comm->nranks, "sendbuff (at the root)", fn));
+  ARGCHECK(check_buf(recvbuff, bytes, "recvbuff", fn));
+  a.kind = COLL_SCATTER;
+  a.sendbuff = sendbuff;
+  a.recvbuff = recvbuff;
+  a.root = root;
+  return submit(&a);
+}
+
+NCCL_API(ncclResult_t, ncclSend, const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+         ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  (void)stream;
+  const char* fn = "ncclSend";
+  struct coll_args a;
+  ARGCHECK(check_common(&a, comm, count, datatype, fn));
+  ARGCHECK(check_root(comm, peer, "peer", fn));
+  ARGCHECK(check_buf(sendbuff, count * dtype_size(datatype), "sendbuff", fn));
+  a.kind = COLL_SEND;
+  a.sendbuff = sendbuff;
+  a.peer = peer;
+  return submit(&a);
+}
+
+NCCL_API(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+         cudaStream_t stream);
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  (void)stream;
+  const char* fn = "ncclRecv";
+  struct coll_args a;
+  ARGCHECK(check_common(&a, comm, count, datatype, fn));
+  ARGCHECK(check_root(comm, peer, "peer", fn));
+  ARGCHECK(check_buf(recvbuff, count * dtype_size(datatype), "recvbuff", fn));
+  a.kind = COLL_RECV;
+  a.recvbuff = recvbuff;
+  a.peer = peer;
+  return submit(&a);
+}

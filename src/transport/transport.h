@@ -1,0 +1,88 @@
+/* Connectors: one-directional FIFOs of slots between two ranks, the only
+ * thing algorithms (src/coll) see of a transport. A sender acquires a free
+ * slot, writes up to slot_bytes into it and commits it with a header; the
+ * receiver acquires the oldest filled slot, consumes it and releases it.
+ * Where the slots live and who moves the bytes is the transport's business:
+ *   shm.c     slots in a POSIX shared-memory segment both processes map;
+ *   socket.c  slots in local memory on each side, moved over TCP by
+ *             transport_progress (called from every wait).
+ * connect.c sets connectors up lazily, through bootstrap messages, and picks
+ * the transport per peer pair (shm on the same host unless NCCL_SHM_DISABLE,
+ * socket otherwise or with NCCL_NET=Socket / different NCCL_HOSTID). */
+#ifndef COLLIE_TRANSPORT_H
+#define COLLIE_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nccl.h"
+
+struct ncclComm;
+
+/* Every slot carries this header, so a receiver can tell when ranks
+ * disagree about a call (different sizes or a different operation) before
+ * it writes anything, and so errors travel downstream. */
+struct slot_hdr {
+  uint64_t opseq;  /* per-connector operation counter, the same on both sides */
+  uint64_t total;  /* bytes the whole operation moves on this connector */
+  uint32_t bytes;  /* payload bytes in this slot */
+  uint32_t flags;  /* SLOT_ERROR: the sender failed; no payload */
+};
+#define SLOT_ERROR 0x1u
+
+enum conn_type { CONN_SHM = 1, CONN_SOCKET = 2 };
+
+struct conn_ops;
+struct conn {
+  const struct conn_ops* ops;
+  struct ncclComm* comm;
+  int peer;
+  int is_send;
+  int type;
+  int nslots;
+  size_t slot_bytes;
+  uint64_t opseq; /* operations started on this connector */
+  void* priv;     /* the transport's state */
+};
+
+struct conn_ops {
+  /* Sender: a free slot's data area, or NULL if none is free yet. */
+  void* (*send_slot)(struct conn* c);
+  /* Sender: publish the acquired slot. */
+  ncclResult_t (*send_commit)(struct conn* c, const struct slot_hdr* h);
+  /* Receiver: the oldest filled slot (its header copied to *h), or NULL. */
+  const void* (*recv_slot)(struct conn* c, struct slot_hdr* h);
+  /* Receiver: give the slot back to the sender. */
+  ncclResult_t (*recv_release)(struct conn* c);
+  /* Moves bytes (socket); returns an error when the link failed. */
+  ncclResult_t (*progress)(struct conn* c);
+  /* Blocks up to timeout_ms until this connector may have changed state. */
+  void (*wait)(struct conn* c, int timeout_ms);
+  /* Tell the other side this one failed (poison), without blocking. */
+  void (*fail)(struct conn* c);
+  /* Has the peer failed/closed? */
+  int (*peer_failed)(struct conn* c);
+  void (*close)(struct conn* c);
+};
+
+/* Gets (setting up on first use) the connectors with the given peers.
+ * `send_peers` / `recv_peers` list peers this rank sends to / receives from;
+ * every rank of the communicator that takes part must call this with the
+ * mirror image (a's send peer b <=> b's recv peer a) in the same order of
+ * calls. Outputs point into the comm and stay valid until it is destroyed. */
+ncclResult_t transport_connect(struct ncclComm* comm, const int* send_peers, int nsend, const int* recv_peers,
+                               int nrecv, struct conn** sends, struct conn** recvs);
+void transport_close_all(struct ncclComm* comm);
+/* Progress every socket connector (pending sends and receives). */
+ncclResult_t transport_progress(struct ncclComm* comm);
+
+/* Transport constructors (connect.c exchanges `info` blobs through the bootstrap). */
+#define TRANSPORT_INFO_BYTES 256
+ncclResult_t shm_recv_setup(struct conn* c, void* info, size_t* info_len);
+ncclResult_t shm_send_connect(struct conn* c, const void* info, size_t info_len);
+ncclResult_t shm_recv_connected(struct conn* c); /* sender mapped it: unlink */
+ncclResult_t sock_recv_setup(struct conn* c, void* info, size_t* info_len);
+ncclResult_t sock_send_connect(struct conn* c, const void* info, size_t info_len);
+ncclResult_t sock_recv_connected(struct conn* c); /* accept the sender's connection */
+
+#endif

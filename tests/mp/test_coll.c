@@ -1,0 +1,268 @@
+/* Correctness sweep of the host collectives: every collective x datatype x
+ * operator x count in {0, 1, 7, 1000, 1M+3}, out-of-place and in-place, with
+ * unaligned buffers, against a reference computed here. Inputs are small
+ * integers so that sums, products, max and min are exact in every type
+ * (fp8 included); ncclAvg and PreMulSum are checked with a tolerance from
+ * the type's precision. Usage: test_coll NRANKS [quick]; the environment picks
+ * the transport (NCCL_HOSTID per rank via COLLIE_TEST_HOSTID=1 forces sockets). */
+#include <math.h>
+#include <stdint.h>
+
+#include "comm.h"
+#include "device/reduce.h"
+#include "harness.h"
+
+static int quick;
+static int per_rank_hostid;
+
+/* Input value of element i on rank r (ints in a small range; fp8/e5m2 tighter). */
+static int in_val(ncclDataType_t dt, int op, int r, size_t i) {
+  if (op == ncclProd) return (int)((r + i) % 3 == 0 ? 2 : ((r * 5 + i) % 4 == 1 ? -1 : 1));
+  int span = (dt == ncclFloat8e5m2 || dt == ncclFloat8e4m3) ? 3 : 5;
+  return (int)((size_t)(r * 7) + i * 3) % span - span / 2;
+}
+
+static void store(ncclDataType_t dt, void* buf, size_t i, double v) {
+  switch (dt) {
+    case ncclInt8: ((int8_t*)buf)[i] = (int8_t)(int64_t)v; break;
+    case ncclUint8: ((uint8_t*)buf)[i] = (uint8_t)(int64_t)v; break;
+    case ncclInt32: ((int32_t*)buf)[i] = (int32_t)(int64_t)v; break;
+    case ncclUint32: ((uint32_t*)buf)[i] = (uint32_t)(int64_t)v; break;
+    case ncclInt64: ((int64_t*)buf)[i] = (int64_t)v; break;
+    case ncclUint64: ((uint64_t*)buf)[i] = (uint64_t)(int64_t)v; break;
+    case ncclFloat16: ((uint16_t*)buf)[i] = red_float_to_half((float)v); break;
+    case ncclFloat32: ((float*)buf)[i] = (float)v; break;
+    case ncclFloat64: ((double*)buf)[i] = v; break;
+    case ncclBfloat16: ((uint16_t*)buf)[i] = red_float_to_bf16((float)v); break;
+    case ncclFloat8e4m3: ((uint8_t*)buf)[i] = red_float_to_e4m3((float)v); break;
+    case ncclFloat8e5m2: ((uint8_t*)buf)[i] = red_float_to_e5m2((float)v); break;
+    default: break;
+  }
+}
+
+static double load(ncclDataType_t dt, const void* buf, size_t i) {
+  switch (dt) {
+    case ncclInt8: return ((const int8_t*)buf)[i];
+    case ncclUint8: return ((const uint8_t*)buf)[i];
+    case ncclInt32: return ((const int32_t*)buf)[i];
+    case ncclUint32: return ((const uint32_t*)buf)[i];
+    case ncclInt64: return (double)((const int64_t*)buf)[i];
+    case ncclUint64: return (double)((const uint64_t*)buf)[i];
+    case ncclFloat16: return red_half_to_float(((const uint16_t*)buf)[i]);
+    case ncclFloat32: return ((const float*)buf)[i];
+    case ncclFloat64: return ((const double*)buf)[i];
+    case ncclBfloat16: return red_bf16_to_float(((const uint16_t*)buf)[i]);
+    case ncclFloat8e4m3: return red_e4m3_to_float(((const uint8_t*)buf)[i]);
+    case ncclFloat8e5m2: return red_e5m2_to_float(((const uint8_t*)buf)[i]);
+    default: return 0;
+  }
+}
+
+static int is_float(ncclDataType_t dt) { return dt >= ncclFloat16; }
+static int is_unsigned(ncclDataType_t dt) { return dt == ncclUint8 || dt == ncclUint32 || dt == ncclUint64; }
+
+/* Expected reduction of element i over all ranks. op 5 = PreMulSum by 2.
+ * Integer types use wrapping arithmetic in the type, as the library does. */
+static double expect_red(ncclDataType_t dt, int op, int n, size_t i) {
+  int base = op == 5 || op == ncclAvg ? ncclSum : op;
+  if (is_float(dt)) {
+    double acc = 0;
+    for (int r = 0; r < n; r++) {
+      double v = in_val(dt, base, r, i) * (op == 5 ? 2.0 : 1.0);
+      if (r == 0) acc = v;
+      else if (base == ncclSum) acc += v;
+      else if (base == ncclProd) acc *= v;
+      else if (base == ncclMax) acc = v > acc ? v : acc;
+      else acc = v < acc ? v : acc;
+    }
+    return op == ncclAvg ? acc / n : acc;
+  }
+  int bits = dt == ncclInt8 || dt == ncclUint8 ? 8 : dt == ncclInt32 || dt == ncclUint32 ? 32 : 64;
+  uint64_t mask = bits == 64 ? ~0ULL : (1ULL << bits) - 1;
+  int sign = !is_unsigned(dt);
+  /* Values as the type's bit pattern; compare as signed or unsigned. */
+#define AS_S(x) ((int64_t)((x) << (64 - bits)) >> (64 - bits))
+  uint64_t acc = 0;
+  for (int r = 0; r < n; r++) {
+    uint64_t v = (uint64_t)(int64_t)in_val(dt, base, r, i) & mask;
+    if (op == 5) v = (v * 2) & mask;
+    if (r == 0) acc = v;
+    else if (base == ncclSum) acc = (acc + v) & mask;
+    else if (base == ncclProd) acc = (acc * v) & mask;
+    else if (base == ncclMax) acc = sign ? (AS_S(v) > AS_S(acc) ? v : acc) : (v > acc ? v : acc);
+    else acc = sign ? (AS_S(v) < AS_S(acc) ? v : acc) : (v < acc ? v : acc);
+  }
+  if (op == ncclAvg) acc = sign ? (uint64_t)(AS_S(acc) / n) & mask : acc / (uint64_t)n;
+  return sign ? (double)AS_S(acc) : (double)acc;
+#undef AS_S
+}
+
+static double tol(ncclDataType_t dt, int op, int n) {
+  if (op != ncclAvg) return 0;
+  double eps = dt == ncclFloat64 ? 1e-15 : dt == ncclFloat32 ? 1e-6 : dt == ncclFloat16 ? 1e-3
+             : dt == ncclBfloat16 ? 8e-3 : dt == ncclFloat8e4m3 ? 0.07 : 0.13;
+  return eps * (n + 2) * 4;
+}
+
+static int check_val(const char* what, ncclDataType_t dt, int op, int n, double got, double want, size_t i, int rank) {
+  double t = tol(dt, op, n) * (fabs(want) > 1 ? fabs(want) : 1);
+  if (fabs(got - want) <= t) return 0;
+  fprintf(stderr, "FAIL rank %d: %s %s op %d n %d: element %zu = %g, expected %g\n", rank, what, dtype_name(dt), op, n,
+          i, got, want);
+  return 1;
+}
+
+static int fill_input(ncclDataType_t dt, int op, int r, void* buf, size_t count) {
+  for (size_t i = 0; i < count; i++) store(dt, buf, i, in_val(dt, op == 5 ? ncclSum : op, r, i));
+  return 0;
+}
+
+struct ctx {
+  ncclComm_t comm;
+  int rank, n;
+  char* a;
+  char* b;
+};
+
+static ncclResult_t run_red(struct ctx* c, int coll, ncclDataType_t dt, ncclRedOp_t op, size_t count, void* send,
+                            void* recv, int root) {
+  switch (coll) {
+    case 0: return ncclAllReduce(send, recv, count, dt, op, c->comm, NULL);
+    case 1: return ncclReduce(send, recv, count, dt, op, root, c->comm, NULL);
+    default: return ncclReduceScatter(send, recv, count, dt, op, c->comm, NULL);
+  }
+}
+
+/* allreduce (0), reduce (1), reduce_scatter (2) */
+static int sweep_reductions(struct ctx* c, size_t count, ncclDataType_t dt, int op, int inplace) {
+  size_t esz = dtype_size(dt);
+  static const char* names[] = {"allreduce", "reduce", "reduce_scatter"};
+  ncclRedOp_t rop = (ncclRedOp_t)op;
+  double two = 2;
+  char scalar[8];
+  if (op == 5) {
+    store(dt, scalar, 0, two);
+    MP_NCCL(ncclRedOpCreatePreMulSum(&rop, scalar, dt, ncclScalarHostImmediate, c->comm));
+  }
+  for (int coll = 0; coll < 3; coll++) {
+    size_t in_count = coll == 2 ? count * (size_t)c->n : count;
+    int root = coll == 1 ? (int)(count % (size_t)c->n) : 0;
+    /* Unaligned on purpose: one element in (an odd address for most types). */
+    char* send = c->a + esz;
+    char* recv = inplace ? (coll == 2 ? send + (size_t)c->rank * count * esz : send) : c->b + esz;
+    fill_input(dt, op, c->rank, send, in_count);
+    MP_NCCL(run_red(c, coll, dt, rop, count, send, recv, root));
+    if (coll == 1 && c->rank != root) continue;
+    size_t base = coll == 2 ? (size_t)c->rank * count : 0;
+    for (size_t i = 0; i < count; i++) {
+      double want = expect_red(dt, op, c->n, base + i);
+      if (check_val(names[coll], dt, op, c->n, load(dt, recv, i), want, i, c->rank)) return 1;
+    }
+  }
+  if (op == 5) MP_NCCL(ncclRedOpDestroy(rop, c->comm));
+  return 0;
+}
+
+/* broadcast, allgather, alltoall, gather, scatter, send/recv ring */
+static int sweep_moves(struct ctx* c, size_t count, ncclDataType_t dt, int inplace) {
+  size_t esz = dtype_size(dt), bytes = count * esz;
+  int n = c->n, r = c->rank;
+  char* send = c->a + 1;
+  char* recv = c->b + 3;
+  /* every byte distinct per (rank, block, offset) */
+#define PAT(rank, blk, i) ((unsigned char)((rank) * 31 + (blk) * 7 + (i) * 13 + 1))
+  for (int root = 0; root < n; root += (n > 2 ? n - 1 : 1)) {
+    char* buf = inplace ? send : recv;
+    for (size_t i = 0; i < bytes; i++) send[i] = (char)PAT(r, 0, i);
+    MP_NCCL(ncclBroadcast(send, buf, count, dt, root, c->comm, NULL));
+    for (size_t i = 0; i < bytes; i++)
+      MP_CHECK((unsigned char)buf[i] == PAT(root, 0, i), "broadcast root %d byte %zu", root, i);
+  }
+  {
+    char* in = inplace ? recv + (size_t)r * bytes : send;
+    for (size_t i = 0; i < bytes; i++) in[i] = (char)PAT(r, 0, i);
+    MP_NCCL(ncclAllGather(in, recv, count, dt, c->comm, NULL));
+    for (int j = 0; j < n; j++)
+      for (size_t i = 0; i < bytes; i++)
+        MP_CHECK((unsigned char)recv[(size_t)j * bytes + i] == PAT(j, 0, i), "allgather block %d byte %zu", j, i);
+  }
+  if (!inplace) {
+    for (int j = 0; j < n; j++)
+      for (size_t i = 0; i < bytes; i++) send[(size_t)j * bytes + i] = (char)PAT(r, j, i);
+    MP_NCCL(ncclAlltoAll(send, recv, count, dt, c->comm, NULL));
+    for (int j = 0; j < n; j++)
+      for (size_t i = 0; i < bytes; i++)
+        MP_CHECK((unsigned char)recv[(size_t)j * bytes + i] == PAT(j, r, i), "alltoall block %d byte %zu", j, i);
+    int root = n - 1;
+    for (size_t i = 0; i < bytes; i++) send[i] = (char)PAT(r, 0, i);
+    MP_NCCL(ncclGather(send, recv, count, dt, root, c->comm, NULL));
+    if (r == root)
+      for (int j = 0; j < n; j++)
+        for (size_t i = 0; i < bytes; i++)
+          MP_CHECK((unsigned char)recv[(size_t)j * bytes + i] == PAT(j, 0, i), "gather block %d byte %zu", j, i);
+    if (r == root)
+      for (int j = 0; j < n; j++)
+        for (size_t i = 0; i < bytes; i++) send[(size_t)j * bytes + i] = (char)PAT(root, j, i);
+    MP_NCCL(ncclScatter(send, recv, count, dt, root, c->comm, NULL));
+    for (size_t i = 0; i < bytes; i++) MP_CHECK((unsigned char)recv[i] == PAT(root, r, i), "scatter byte %zu", i);
+    /* send/recv in a group: to next and previous at once, posted in opposite orders */
+    int next = (r + 1) % n, prev = (r + n - 1) % n;
+    for (size_t i = 0; i < bytes; i++) send[i] = (char)PAT(r, 1, i);
+    MP_NCCL(ncclGroupStart());
+    if (r % 2) {
+      MP_NCCL(ncclRecv(recv, count, dt, prev, c->comm, NULL));
+      MP_NCCL(ncclSend(send, count, dt, next, c->comm, NULL));
+    } else {
+      MP_NCCL(ncclSend(send, count, dt, next, c->comm, NULL));
+      MP_NCCL(ncclRecv(recv, count, dt, prev, c->comm, NULL));
+    }
+    MP_NCCL(ncclGroupEnd());
+    for (size_t i = 0; i < bytes; i++) MP_CHECK((unsigned char)recv[i] == PAT(prev, 1, i), "sendrecv byte %zu", i);
+  }
+#undef PAT
+  return 0;
+}
+
+static int rank_main(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  if (per_rank_hostid) {
+    char h[32];
+    snprintf(h, sizeof(h), "testhost%d", rank);
+    setenv("NCCL_HOSTID", h, 1);
+  }
+  struct ctx c = {.rank = rank, .n = nranks};
+  MP_NCCL(ncclCommInitRank(&c.comm, nranks, ids[0], rank));
+  size_t counts[] = {0, 1, 7, 1000, 1000003};
+  size_t ncounts = quick ? 4 : 5;
+  size_t maxbytes = (counts[ncounts - 1] + 2) * 8 * (size_t)nranks + 64;
+  c.a = malloc(maxbytes);
+  c.b = malloc(maxbytes);
+  for (size_t ci = 0; ci < ncounts; ci++) {
+    size_t count = counts[ci];
+    for (int dt = 0; dt < ncclNumTypes; dt++) {
+      /* The largest count runs every type with sum and one other op, to bound CI time. */
+      for (int op = 0; op <= 5; op++) {
+        if (count > 100000 && op != ncclSum && op != (dt % 5)) continue;
+        for (int inplace = 0; inplace < 2; inplace++)
+          if (sweep_reductions(&c, count, (ncclDataType_t)dt, op, inplace)) return 1;
+      }
+      if (count > 100000 && dt != ncclInt8 && dt != ncclFloat64) continue;
+      for (int inplace = 0; inplace < 2; inplace++)
+        if (sweep_moves(&c, count, (ncclDataType_t)dt, inplace)) return 1;
+    }
+  }
+  free(c.a);
+  free(c.b);
+  MP_NCCL(ncclCommDestroy(c.comm));
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  int n = argc > 1 ? atoi(argv[1]) : 2;
+  quick = argc > 2 && strcmp(argv[2], "quick") == 0;
+  per_rank_hostid = getenv("COLLIE_TEST_HOSTID") != NULL;
+  double t0 = mp_now();
+  int rc = mp_run(n, rank_main, NULL, 600);
+  fprintf(stderr, "%s coll sweep, %d ranks%s, in %.1f s\n", rc ? "FAILED" : "passed", n,
+          per_rank_hostid ? " (sockets: NCCL_HOSTID per rank)" : "", mp_now() - t0);
+  return rc;
+}
