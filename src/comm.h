@@ -28,6 +28,9 @@ struct ncclComm {
   struct conn** recv_conns;
   int nslots;
   size_t slot_bytes;
+  int algo_mask;  /* 1 << ALGO_* allowed by NCCL_ALGO / NCCL_PROTO */
+  double oversub; /* local ranks per CPU, at least 1 */
+  struct direct_state* direct; /* coll/direct_shm.c mailboxes, set up on first use */
   int spin; /* polls before a waiter yields the CPU (oversubscribed hosts spin less) */
   /* Reduction operators created with ncclRedOpCreatePreMulSum, by handle - ncclNumOps. */
   struct user_redop* redops;

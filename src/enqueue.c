@@ -68,9 +68,9 @@ NCCL_API(ncclResult_t, ncclRedOpDestroy, ncclRedOp_t op, ncclComm_t comm);
 ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   NCCLCHECK(comm_check(comm, "ncclRedOpDestroy"));
   int slot = (int)op - ncclNumOps;
-  if ((int)op < ncclNumOps)
+  if ((int)op >= 0 && (int)op < ncclNumOps)
     return err_set(ncclInvalidArgument, "ncclRedOpDestroy: operator %d is built in and cannot be destroyed", (int)op);
-  if (slot >= comm->nredops || !comm->redops[slot].used)
+  if (slot < 0 || slot >= comm->nredops || !comm->redops[slot].used)
     return err_set(ncclInvalidArgument, "ncclRedOpDestroy: operator %d was not created on this communicator", (int)op);
   comm->redops[slot].used = 0;
   return ncclSuccess;
@@ -146,14 +146,20 @@ struct task {
 static __thread int group_depth;
 static __thread struct task *group_head, *group_tail;
 static __thread ncclResult_t group_error;
+/* The message of the group's first failing call, quoted by ncclGroupEnd:
+ * the last-error record may hold a later, unrelated error by then. */
+static __thread char group_cause[1024];
 
 static ncclResult_t run_coll(struct coll_args* a) {
+  NCCLCHECK(board_publish(a->comm, coll_token(a, a->count * dtype_size(a->dt)), a->root));
+  int algo = a->kind <= COLL_REDUCESCATTER && a->count > 0 ? tuning_choose(a) : ALGO_RING;
   switch (a->kind) {
-    case COLL_ALLREDUCE: return ring_allreduce(a);
-    case COLL_BROADCAST: return ring_broadcast(a);
-    case COLL_REDUCE: return ring_reduce(a);
-    case COLL_ALLGATHER: return ring_allgather(a);
-    case COLL_REDUCESCATTER: return ring_reducescatter(a);
+    case COLL_ALLREDUCE:
+      return algo == ALGO_DIRECT ? direct_allreduce(a) : algo == ALGO_TREE ? tree_allreduce(a) : ring_allreduce(a);
+    case COLL_BROADCAST: return algo == ALGO_DIRECT ? direct_broadcast(a) : ring_broadcast(a);
+    case COLL_REDUCE: return algo == ALGO_DIRECT ? direct_reduce(a) : ring_reduce(a);
+    case COLL_ALLGATHER: return algo == ALGO_DIRECT ? direct_allgather(a) : ring_allgather(a);
+    case COLL_REDUCESCATTER: return algo == ALGO_DIRECT ? direct_reducescatter(a) : ring_reducescatter(a);
     case COLL_ALLTOALL: return direct_alltoall(a);
     case COLL_GATHER: return direct_gather(a);
     case COLL_SCATTER: return direct_scatter(a);
@@ -179,7 +185,7 @@ static ncclResult_t run_comm_tasks(struct task* t) {
                                  .buf = t->a.kind == COLL_SEND ? (char*)t->a.sendbuff : (char*)t->a.recvbuff,
                                  .bytes = bytes, .token = coll_token(&t->a, bytes)};
       }
-      res = p2p_run(comm, ops, n);
+      res = p2p_run(comm, ops, n, 1);
       free(ops);
     } else {
       res = run_coll(&t->a);
@@ -270,22 +276,27 @@ out:
 }
 
 static ncclResult_t submit(const struct coll_args* a) {
+  if (group_depth == 0) {
+    /* The common case runs straight away, without allocating. */
+    struct task t = {NULL, *a};
+    return run_comm_tasks(&t);
+  }
   struct task* t = malloc(sizeof(*t));
   if (!t) return err_set(ncclSystemError, "%s: out of memory", coll_name(a->kind));
   t->next = NULL;
   t->a = *a;
-  if (group_depth > 0) {
-    if (group_tail) group_tail->next = t;
-    else group_head = t;
-    group_tail = t;
-    return ncclSuccess;
-  }
-  return run_tasks(t);
+  if (group_tail) group_tail->next = t;
+  else group_head = t;
+  group_tail = t;
+  return ncclSuccess;
 }
 
 /* An argument error inside a group also fails the group's ncclGroupEnd. */
 static ncclResult_t arg_error(ncclResult_t res) {
-  if (group_depth > 0 && group_error == ncclSuccess) group_error = res;
+  if (group_depth > 0 && group_error == ncclSuccess) {
+    group_error = res;
+    snprintf(group_cause, sizeof(group_cause), "%s", err_last_thread());
+  }
   return res;
 }
 #define ARGCHECK(call)                    \
@@ -316,7 +327,7 @@ ncclResult_t ncclGroupEnd(void) {
     free_tasks(list);
     ncclResult_t e = group_error;
     group_error = ncclSuccess;
-    return err_set(e, "ncclGroupEnd: the group was not run because a call in it failed: %s", err_last_thread());
+    return err_set(e, "ncclGroupEnd: the group was not run because a call in it failed: %s", group_cause);
   }
   return list ? run_tasks(list) : ncclSuccess;
 }
@@ -332,7 +343,11 @@ ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
   double us = 0;
   for (struct task* t = list; t; t = t->next) us += coll_estimate_us(&t->a);
   free_tasks(list);
+  ncclResult_t e = group_error;
   group_error = ncclSuccess;
+  /* As ncclGroupEnd: a group with a failed call has no meaningful estimate. */
+  if (e != ncclSuccess)
+    return err_set(e, "ncclGroupSimulateEnd: the group has a call that failed: %s", group_cause);
   if (simInfo) simInfo->estimatedTime = (float)us;
   return ncclSuccess;
 }

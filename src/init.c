@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "coll/coll.h"
 #include "comm.h"
 #include "device/device.h"
 #include "graph/topo.h"
@@ -125,6 +126,7 @@ static void compute_locality(ncclComm_t comm) {
 
 static void comm_free(ncclComm_t comm) {
   if (!comm) return;
+  direct_free(comm);
   transport_close_all(comm);
   free(comm->redops);
   bootstrap_destroy(comm->bs);
@@ -193,6 +195,7 @@ static ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const n
     comm->spin = spin >= 0 ? (int)spin : (comm->local_size <= ncpu ? 20000 : 64);
   }
   comm->comm_hash = bootstrap_nonce(comm->bs) ^ 0x636f6c6c6965ULL;
+  NCCLCHECKGOTO(tuning_init(comm), res, fail);
   INFO(LOG_INIT, "comm %p rank %d nranks %d hosts %d local %d/%d cudaDev %d commHash 0x%llx - Init COMPLETE (%.3f ms)",
        (void*)comm, rank, nranks, comm->nhosts, comm->local_rank, comm->local_size, comm->cuda_dev,
        (unsigned long long)comm->comm_hash, (time_ns() - t0) / 1e6);

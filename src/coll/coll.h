@@ -56,13 +56,36 @@ struct p2p_op {
   int slots_done, nslots;
   struct prim_link link;
 };
-ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n);
+/* p2p_only: plain send/receive groups (not a collective: no call-board check). */
+ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_only);
 /* Alltoall, gather and scatter as point-to-point batches. */
 ncclResult_t direct_alltoall(struct coll_args* a);
 ncclResult_t direct_gather(struct coll_args* a);
 ncclResult_t direct_scatter(struct coll_args* a);
 
-/* Cost model (graph/tuning.c): predicted time of a call, microseconds. */
+/* One-shot shared-memory algorithms for small messages on one host. */
+size_t direct_max_bytes(void);
+int direct_eligible(const struct coll_args* a, size_t mailbox_bytes);
+ncclResult_t direct_allreduce(struct coll_args* a);
+ncclResult_t direct_reduce(struct coll_args* a);
+ncclResult_t direct_reducescatter(struct coll_args* a);
+ncclResult_t direct_allgather(struct coll_args* a);
+ncclResult_t direct_broadcast(struct coll_args* a);
+void direct_free(struct ncclComm* comm);
+/* The call board (single-host communicators): publish this call's token;
+ * while waiting, check that peers on the same call agree. */
+ncclResult_t board_publish(struct ncclComm* comm, uint64_t token, int root);
+ncclResult_t board_check(struct ncclComm* comm);
+
+ncclResult_t tree_allreduce(struct coll_args* a);
+
+/* Tuning (graph/tuning.c): algorithm choice and the cost model. */
+enum { ALGO_RING, ALGO_TREE, ALGO_DIRECT, ALGO_COUNT };
+const char* algo_name(int algo);
+ncclResult_t tuning_init(struct ncclComm* comm); /* reads NCCL_ALGO / NCCL_PROTO */
+int tuning_choose(const struct coll_args* a);
+double algo_estimate_us(const struct coll_args* a, int algo);
+/* Predicted time of a call with the algorithm the tuner would pick, microseconds. */
 double coll_estimate_us(const struct coll_args* a);
 
 #endif

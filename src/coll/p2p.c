@@ -56,7 +56,7 @@ static ncclResult_t step(struct p2p_op* op, size_t slot, int* moved) {
   return ncclSuccess;
 }
 
-ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n) {
+ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_only) {
   NCCLCHECK(run_self(comm, ops, n));
   int* speers = malloc(sizeof(int) * (size_t)(n + 1));
   int* rpeers = malloc(sizeof(int) * (size_t)(n + 1));
@@ -132,6 +132,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n) {
       res = err_set(ncclSystemError, "rank %d: point-to-point group aborted", comm->rank);
       break;
     }
+    if (!p2p_only && (res = board_check(comm)) != ncclSuccess) break;
     if (deadline == 0) deadline = prim_deadline(comm);
     if (deadline > 0 && time_ms() > deadline) {
       res = err_set(ncclRemoteError, "rank %d: timed out in a point-to-point group (COLLIE_TIMEOUT)", comm->rank);
@@ -154,7 +155,7 @@ out:
 }
 
 static ncclResult_t run_ops(struct coll_args* a, struct p2p_op* ops, int n) {
-  ncclResult_t res = p2p_run(a->comm, ops, n);
+  ncclResult_t res = p2p_run(a->comm, ops, n, 0);
   free(ops);
   return res;
 }

@@ -1,6 +1,8 @@
 /* Primitives over connectors; see prims.h. */
 #include "prims.h"
 
+#include "coll.h"
+
 #include <sched.h>
 #include <string.h>
 
@@ -41,6 +43,7 @@ static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline) {
   }
   if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED))
     return err_set(ncclSystemError, "rank %d: operation aborted", comm->rank);
+  NCCLCHECK(board_check(comm));
   if (*deadline == 0) *deadline = prim_deadline(comm);
   if (*deadline > 0 && time_ms() > *deadline)
     return err_set(ncclRemoteError, "rank %d: timed out waiting for rank %d (%s) (COLLIE_TIMEOUT)", comm->rank,

@@ -12,6 +12,8 @@
 /* ---- helpers ------------------------------------------------------------------ */
 
 #if defined(__clang__)
+/* clang warns where the request cannot be met (some fp8 loops); that is fine. */
+#pragma clang diagnostic ignored "-Wpass-failed"
 #define RED_IVDEP _Pragma("clang loop vectorize(assume_safety)")
 #elif defined(__GNUC__)
 #define RED_IVDEP _Pragma("GCC ivdep")
@@ -65,112 +67,115 @@ static inline double red_mind(double x, double y) {
 }
 
 /* ---- conversions ------------------------------------------------------------------
- * All branch-free so the block loops vectorise. Narrowing uses two tricks:
+ * Codes travel in the low bits of a uint32_t, so the kernels below stay in
+ * 32-bit lanes. All branch-free so the loops vectorise. Narrowing uses two
+ * tricks:
  *  - normal results: add (half an ulp - 1 + the lowest kept bit) to the float's
  *    bits after rebiasing the exponent, then shift; carries into the exponent
  *    are the correct round-up.
  *  - subnormal results: add a power of two whose float ulp equals the target's
  *    subnormal spacing; the FPU's round-to-nearest-even does the rounding and
  *    the low mantissa bits are the result.
- * Signed 32-bit compares on the magnitude (< 2^31) keep SSE2 code simple.
- * Selects are masks, not ?: -- GCC would otherwise sink the (possibly
- * trapping, under the default -ftrapping-math) float add into a branch and
- * give up vectorising. */
+ * Widening subnormals subtracts two normal floats, so no step ever takes a
+ * denormal operand (slow on x86). Signed 32-bit compares on magnitudes
+ * (< 2^31) keep SSE2 code simple. Selects are masks, not ?: -- GCC would
+ * otherwise sink the (possibly trapping, under the default -ftrapping-math)
+ * float add into a branch and give up vectorising. */
 
+static inline uint32_t red_mask(int c) { return 0u - (uint32_t)c; }
 static inline uint32_t red_sel(int c, uint32_t a, uint32_t b) {
-  uint32_t m = 0u - (uint32_t)c;
+  uint32_t m = red_mask(c);
   return (a & m) | (b & ~m);
 }
 
-static inline float red_h2f(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-  int32_t em = h & 0x7fff;
-  uint32_t norm = ((uint32_t)em << 13) + ((uint32_t)(127 - 15) << 23);
-  /* Subnormal: 2^-14 * (1 + m/1024) - 2^-14, with normal operands only. */
-  uint32_t sub = red_f2u(red_u2f(((uint32_t)em << 13) + ((uint32_t)(127 - 14) << 23)) - 0x1p-14f);
-  /* inf / NaN; (m + 0x3ff) & 0x400 is set iff the mantissa m is non-zero: the quiet bit for NaNs. */
-  uint32_t quiet = (((uint32_t)em & 0x3ffu) + 0x3ffu) & 0x400u;
-  uint32_t special = ((uint32_t)em << 13) | 0x7f800000u | (quiet << 12);
-  uint32_t u = red_sel(em < 0x400, sub, norm);
-  u = red_sel(em >= 0x7c00, special, u);
+/* binary16 -> float. A signalling NaN stays signalling here (every kernel
+ * narrows its result again, which quiets it); red_half_to_float quiets. */
+static inline float red_h2f(uint32_t h) {
+  uint32_t e13 = (h & 0x7fffu) << 13; /* exponent and mantissa, float-aligned */
+  uint32_t sign = (h & 0x8000u) << 16;
+  uint32_t u = e13 + (112u << 23);                                /* rebias 15 -> 127 */
+  u += red_mask((int32_t)e13 >= (0x7c00 << 13)) & (112u << 23);   /* inf / NaN: exponent 255 */
+  uint32_t sub = red_f2u(red_u2f(e13 + (113u << 23)) - 0x1p-14f); /* 2^-14 (1 + m/1024) - 2^-14 */
+  u = red_sel((int32_t)e13 < (0x400 << 13), sub, u);
   return red_u2f(u | sign);
 }
 
-static inline uint16_t red_f2h(float f) {
+static inline uint32_t red_f2h(float f) {
   uint32_t x = red_f2u(f);
   uint32_t sign = (x >> 16) & 0x8000u;
   int32_t ax = (int32_t)(x & 0x7fffffffu);
-  uint32_t norm = ((uint32_t)ax - ((uint32_t)(127 - 15) << 23) + 0xfffu + (((uint32_t)ax >> 13) & 1u)) >> 13;
+  uint32_t r = ((uint32_t)ax - (112u << 23) + 0xfffu + (((uint32_t)ax >> 13) & 1u)) >> 13;
   uint32_t sub = red_f2u(red_u2f((uint32_t)ax) + 0.5f) - 0x3f000000u; /* 0.5 has ulp 2^-24 */
-  uint32_t nan = 0x7e00u | (((uint32_t)ax >> 13) & 0x3ffu);
-  uint32_t r = red_sel(ax < 0x38800000, sub, norm); /* below 2^-14: subnormal */
-  r = red_sel(ax >= 0x477ff000, 0x7c00u, r);        /* >= 65520 rounds to inf */
-  r = red_sel(ax > 0x7f800000, nan, r);
-  return (uint16_t)(r | sign);
+  r = red_sel(ax < 0x38800000, sub, r);                               /* below 2^-14: subnormal */
+  /* >= 65520 rounds to inf; NaN keeps its top payload bits, made quiet. */
+  uint32_t nan = red_mask(ax > 0x7f800000) & (0x200u | (((uint32_t)ax >> 13) & 0x3ffu));
+  r = red_sel(ax >= 0x477ff000, 0x7c00u | nan, r);
+  return r | sign;
 }
 
-static inline float red_b2f(uint16_t h) { return red_u2f((uint32_t)h << 16); }
+static inline float red_b2f(uint32_t h) { return red_u2f(h << 16); }
 
-static inline uint16_t red_f2b(float f) {
+static inline uint32_t red_f2b(float f) {
   uint32_t x = red_f2u(f);
   uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16; /* overflow carries into inf */
   int32_t ax = (int32_t)(x & 0x7fffffffu);
-  r = red_sel(ax > 0x7f800000, ((x >> 16) | 0x40u), r);
-  return (uint16_t)r;
+  return red_sel(ax > 0x7f800000, (x >> 16) | 0x40u, r);
 }
 
-static inline float red_e4m3_2f(uint8_t v) {
-  uint32_t sign = (uint32_t)(v & 0x80u) << 24;
-  int32_t em = v & 0x7f;
-  uint32_t norm = ((uint32_t)em << 20) + ((uint32_t)(127 - 7) << 23);
-  uint32_t sub = red_f2u(red_u2f(((uint32_t)em << 20) + ((uint32_t)(127 - 6) << 23)) - 0x1p-6f);
-  uint32_t u = red_sel(em < 8, sub, norm);
-  u = red_sel(em == 0x7f, 0x7fc00000u, u);
+static inline float red_e4m3_2f(uint32_t v) {
+  uint32_t e20 = (v & 0x7fu) << 20;
+  uint32_t sign = (v & 0x80u) << 24;
+  uint32_t u = e20 + (120u << 23); /* rebias 7 -> 127 */
+  uint32_t sub = red_f2u(red_u2f(e20 + (121u << 23)) - 0x1p-6f);
+  u = red_sel((int32_t)e20 < (8 << 20), sub, u);
+  u = red_sel((int32_t)e20 == (0x7f << 20), 0x7fc00000u, u); /* S.1111.111 */
   return red_u2f(u | sign);
 }
 
-static inline uint8_t red_f2e4m3(float f) {
+static inline uint32_t red_f2e4m3(float f) {
   uint32_t x = red_f2u(f);
   uint32_t sign = (x >> 24) & 0x80u;
   int32_t ax = (int32_t)(x & 0x7fffffffu);
-  uint32_t norm = ((uint32_t)ax - ((uint32_t)(127 - 7) << 23) + 0x7ffffu + (((uint32_t)ax >> 20) & 1u)) >> 20;
+  uint32_t r = ((uint32_t)ax - (120u << 23) + 0x7ffffu + (((uint32_t)ax >> 20) & 1u)) >> 20;
   uint32_t sub = red_f2u(red_u2f((uint32_t)ax) + 0x1p14f) - 0x46800000u; /* 2^14 has ulp 2^-9 */
-  uint32_t r = red_sel(ax < 0x3c800000, sub, norm); /* below 2^-6: subnormal */
-  r = red_sel(ax > 0x43e00000, 0x7eu, r);           /* beyond 448 (and inf): saturate */
+  r = red_sel(ax < 0x3c800000, sub, r);                                  /* below 2^-6: subnormal */
+  r = red_sel(ax > 0x43e00000, 0x7eu, r);                                /* beyond 448 (and inf): saturate */
   r = red_sel(ax > 0x7f800000, 0x7fu, r);
-  return (uint8_t)(r | sign);
+  return r | sign;
 }
 
 /* E5M2 is the top byte of binary16, so widening is the half path. */
-static inline float red_e5m2_2f(uint8_t v) { return red_h2f((uint16_t)(v << 8)); }
+static inline float red_e5m2_2f(uint32_t v) { return red_h2f(v << 8); }
 
-static inline uint8_t red_f2e5m2(float f) {
+static inline uint32_t red_f2e5m2(float f) {
   uint32_t x = red_f2u(f);
   uint32_t sign = (x >> 24) & 0x80u;
   int32_t ax = (int32_t)(x & 0x7fffffffu);
-  uint32_t norm = ((uint32_t)ax - ((uint32_t)(127 - 15) << 23) + 0xfffffu + (((uint32_t)ax >> 21) & 1u)) >> 21;
+  uint32_t r = ((uint32_t)ax - (112u << 23) + 0xfffffu + (((uint32_t)ax >> 21) & 1u)) >> 21;
   uint32_t sub = red_f2u(red_u2f((uint32_t)ax) + 128.0f) - 0x43000000u; /* 128 has ulp 2^-16 */
-  uint32_t r = red_sel(ax < 0x38800000, sub, norm); /* below 2^-14: subnormal */
-  r = red_sel(ax > 0x47600000, 0x7bu, r);           /* beyond 57344 (and inf): saturate */
+  r = red_sel(ax < 0x38800000, sub, r);                                 /* below 2^-14: subnormal */
+  r = red_sel(ax > 0x47600000, 0x7bu, r);                               /* beyond 57344 (and inf): saturate */
   r = red_sel(ax > 0x7f800000, 0x7eu, r);
-  return (uint8_t)(r | sign);
+  return r | sign;
 }
 
-float red_half_to_float(uint16_t h) { return red_h2f(h); }
-uint16_t red_float_to_half(float f) { return red_f2h(f); }
+static float red_quiet(float f) { return f != f ? red_u2f(red_f2u(f) | 0x00400000u) : f; }
+
+float red_half_to_float(uint16_t h) { return red_quiet(red_h2f(h)); }
+uint16_t red_float_to_half(float f) { return (uint16_t)red_f2h(f); }
 float red_bf16_to_float(uint16_t h) { return red_b2f(h); }
-uint16_t red_float_to_bf16(float f) { return red_f2b(f); }
+uint16_t red_float_to_bf16(float f) { return (uint16_t)red_f2b(f); }
 float red_e4m3_to_float(uint8_t v) { return red_e4m3_2f(v); }
-uint8_t red_float_to_e4m3(float f) { return red_f2e4m3(f); }
-float red_e5m2_to_float(uint8_t v) { return red_e5m2_2f(v); }
-uint8_t red_float_to_e5m2(float f) { return red_f2e5m2(f); }
+uint8_t red_float_to_e4m3(float f) { return (uint8_t)red_f2e4m3(f); }
+float red_e5m2_to_float(uint8_t v) { return red_quiet(red_e5m2_2f(v)); }
+uint8_t red_float_to_e5m2(float f) { return (uint8_t)red_f2e5m2(f); }
 
 /* ---- datatypes ------------------------------------------------------------------ */
 
 static const unsigned char red_dtype_sizes[ncclNumTypes] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
-static const char* const red_dtype_names[ncclNumTypes] = {
-    "int8", "uint8", "int32", "uint32", "int64", "uint64",
-    "float16", "float32", "float64", "bfloat16", "f8e4m3", "f8e5m2"};
+static const char* const red_dtype_names[ncclNumTypes] = {"int8",    "uint8",    "int32",   "uint32",
+                                                          "int64",   "uint64",   "float16", "float32",
+                                                          "float64", "bfloat16", "f8e4m3",  "f8e5m2"};
 
 int dtype_valid(ncclDataType_t dt) { return (int)dt >= 0 && (int)dt < ncclNumTypes; }
 size_t dtype_size(ncclDataType_t dt) { return dtype_valid(dt) ? red_dtype_sizes[dt] : 0; }
@@ -181,67 +186,67 @@ const char* dtype_name(ncclDataType_t dt) { return dtype_valid(dt) ? red_dtype_n
 /* Binary kernel NAME: d[i] = EXPR(x = a[i], y = b[i], s = scalar). */
 typedef void (*red_bin_fn)(void* d, const void* a, const void* b, size_t n, const struct red_op* r);
 
-#define RED_BIN(NAME, T, ST, SINIT, EXPR)                                                             \
-  static void NAME##_nr(T* restrict d, const T* restrict a, const T* restrict b, size_t n, ST s) {    \
-    (void)s;                                                                                          \
-    for (size_t i = 0; i < n; i++) {                                                                  \
-      T x = a[i], y = b[i];                                                                           \
-      d[i] = (T)(EXPR);                                                                               \
-    }                                                                                                 \
-  }                                                                                                   \
-  static void NAME##_al(T* d, const T* a, const T* b, size_t n, ST s) {                               \
-    (void)s;                                                                                          \
-    RED_IVDEP for (size_t i = 0; i < n; i++) {                                                        \
-      T x = a[i], y = b[i];                                                                           \
-      d[i] = (T)(EXPR);                                                                               \
-    }                                                                                                 \
-  }                                                                                                   \
-  static void NAME(void* d, const void* a, const void* b, size_t n, const struct red_op* r) {         \
-    (void)r;                                                                                          \
-    ST s = (ST)(SINIT);                                                                               \
-    if (d == a || d == b)                                                                             \
-      NAME##_al((T*)d, (const T*)a, (const T*)b, n, s);                                               \
-    else                                                                                              \
-      NAME##_nr((T*)d, (const T*)a, (const T*)b, n, s);                                               \
+#define RED_BIN(NAME, T, ST, SINIT, EXPR)                                                          \
+  static void NAME##_nr(T* restrict d, const T* restrict a, const T* restrict b, size_t n, ST s) { \
+    (void)s;                                                                                       \
+    for (size_t i = 0; i < n; i++) {                                                               \
+      T x = a[i], y = b[i];                                                                        \
+      d[i] = (T)(EXPR);                                                                            \
+    }                                                                                              \
+  }                                                                                                \
+  static void NAME##_al(T* d, const T* a, const T* b, size_t n, ST s) {                            \
+    (void)s;                                                                                       \
+    RED_IVDEP for (size_t i = 0; i < n; i++) {                                                     \
+      T x = a[i], y = b[i];                                                                        \
+      d[i] = (T)(EXPR);                                                                            \
+    }                                                                                              \
+  }                                                                                                \
+  static void NAME(void* d, const void* a, const void* b, size_t n, const struct red_op* r) {      \
+    (void)r;                                                                                       \
+    ST s = (ST)(SINIT);                                                                            \
+    if (d == a || d == b)                                                                          \
+      NAME##_al((T*)d, (const T*)a, (const T*)b, n, s);                                            \
+    else                                                                                           \
+      NAME##_nr((T*)d, (const T*)a, (const T*)b, n, s);                                            \
   }
 
 /* Unary kernel NAME: d[i] = EXPR(x = a[i], s = scalar, k = int argument). */
 typedef void (*red_un_fn)(void* d, const void* a, size_t n, const struct red_op* r, int k);
 
-#define RED_UN(NAME, T, ST, SINIT, EXPR)                                                   \
-  static void NAME##_nr(T* restrict d, const T* restrict a, size_t n, ST s, int k) {       \
-    (void)s;                                                                               \
-    (void)k;                                                                               \
-    for (size_t i = 0; i < n; i++) {                                                       \
-      T x = a[i];                                                                          \
-      d[i] = (T)(EXPR);                                                                    \
-    }                                                                                      \
-  }                                                                                        \
-  static void NAME##_al(T* d, const T* a, size_t n, ST s, int k) {                         \
-    (void)s;                                                                               \
-    (void)k;                                                                               \
-    RED_IVDEP for (size_t i = 0; i < n; i++) {                                             \
-      T x = a[i];                                                                          \
-      d[i] = (T)(EXPR);                                                                    \
-    }                                                                                      \
-  }                                                                                        \
-  static void NAME(void* d, const void* a, size_t n, const struct red_op* r, int k) {      \
-    (void)r;                                                                               \
-    ST s = (ST)(SINIT);                                                                    \
-    if (d == a)                                                                            \
-      NAME##_al((T*)d, (const T*)a, n, s, k);                                              \
-    else                                                                                   \
-      NAME##_nr((T*)d, (const T*)a, n, s, k);                                              \
+#define RED_UN(NAME, T, ST, SINIT, EXPR)                                              \
+  static void NAME##_nr(T* restrict d, const T* restrict a, size_t n, ST s, int k) {  \
+    (void)s;                                                                          \
+    (void)k;                                                                          \
+    for (size_t i = 0; i < n; i++) {                                                  \
+      T x = a[i];                                                                     \
+      d[i] = (T)(EXPR);                                                               \
+    }                                                                                 \
+  }                                                                                   \
+  static void NAME##_al(T* d, const T* a, size_t n, ST s, int k) {                    \
+    (void)s;                                                                          \
+    (void)k;                                                                          \
+    RED_IVDEP for (size_t i = 0; i < n; i++) {                                        \
+      T x = a[i];                                                                     \
+      d[i] = (T)(EXPR);                                                               \
+    }                                                                                 \
+  }                                                                                   \
+  static void NAME(void* d, const void* a, size_t n, const struct red_op* r, int k) { \
+    (void)r;                                                                          \
+    ST s = (ST)(SINIT);                                                               \
+    if (d == a)                                                                       \
+      NAME##_al((T*)d, (const T*)a, n, s, k);                                         \
+    else                                                                              \
+      NAME##_nr((T*)d, (const T*)a, n, s, k);                                         \
   }
 
 /* ---- integer kernels ---------------------------------------------------------------
  * Sum, prod and premulsum are the same bits for signed and unsigned types of
  * one width, so they run on the unsigned type (no signed-overflow UB). */
-#define RED_INT_ARITH(SUF, UT)                                                \
-  RED_BIN(red_sum_##SUF, UT, UT, 0, x + y)                                    \
-  RED_BIN(red_prod_##SUF, UT, UT, 0, x * y)                                   \
-  RED_BIN(red_pms_##SUF, UT, UT, r->scalar.u, x + (UT)(y * s))                \
-  RED_UN(red_scale_##SUF, UT, UT, r->scalar.u, x * s)
+#define RED_INT_ARITH(SUF, UT)                                 \
+  RED_BIN(red_sum_##SUF, UT, UT, 0, x + y)                     \
+  RED_BIN(red_prod_##SUF, UT, UT, 0, x* y)                     \
+  RED_BIN(red_pms_##SUF, UT, UT, r->scalar.u, x + (UT)(y * s)) \
+  RED_UN(red_scale_##SUF, UT, UT, r->scalar.u, x* s)
 #define RED_INT_ORDER(SUF, T)                    \
   RED_BIN(red_max_##SUF, T, T, 0, x > y ? x : y) \
   RED_BIN(red_min_##SUF, T, T, 0, x < y ? x : y)
@@ -265,61 +270,152 @@ RED_UN(red_div_i64, int64_t, int64_t, 0, x / (int64_t)k)
 RED_UN(red_div_u64, uint64_t, uint64_t, 0, x / (uint64_t)k)
 
 /* ---- float32 / float64 kernels ------------------------------------------------------- */
-#define RED_FLOAT(SUF, T, MAX, MIN)                                        \
-  RED_BIN(red_sum_##SUF, T, T, 0, x + y)                                   \
-  RED_BIN(red_prod_##SUF, T, T, 0, x * y)                                  \
-  RED_BIN(red_max_##SUF, T, T, 0, MAX(x, y))                               \
-  RED_BIN(red_min_##SUF, T, T, 0, MIN(x, y))                               \
-  RED_BIN(red_pms_##SUF, T, T, r->scalar.f, x + (T)(y * s))                \
-  RED_UN(red_scale_##SUF, T, T, r->scalar.f, x * s)                        \
+#define RED_FLOAT(SUF, T, MAX, MIN)                         \
+  RED_BIN(red_sum_##SUF, T, T, 0, x + y)                    \
+  RED_BIN(red_prod_##SUF, T, T, 0, x* y)                    \
+  RED_BIN(red_max_##SUF, T, T, 0, MAX(x, y))                \
+  RED_BIN(red_min_##SUF, T, T, 0, MIN(x, y))                \
+  RED_BIN(red_pms_##SUF, T, T, r->scalar.f, x + (T)(y * s)) \
+  RED_UN(red_scale_##SUF, T, T, r->scalar.f, x* s)          \
   RED_UN(red_div_##SUF, T, T, 0, x / (T)k)
 
 RED_FLOAT(f32, float, red_maxf, red_minf)
 RED_FLOAT(f64, double, red_maxd, red_mind)
 
 /* ---- narrow float kernels -------------------------------------------------------------
- * Widen to float, operate, narrow with round-to-nearest-even, element by
- * element in one loop (GCC vectorises the branch-free conversions, so no
- * intermediate block buffer is needed). Premulsum rounds the scaled input
- * to the type first, as red_pre does, so reduce_n equals the pairwise chain. */
-#define RED_NARROW(SUF, T, TOF, FROMF)                                                  \
-  RED_BIN(red_sum_##SUF, T, float, 0, FROMF(TOF(x) + TOF(y)))                           \
-  RED_BIN(red_prod_##SUF, T, float, 0, FROMF(TOF(x) * TOF(y)))                          \
-  RED_BIN(red_max_##SUF, T, float, 0, FROMF(red_maxf(TOF(x), TOF(y))))                  \
-  RED_BIN(red_min_##SUF, T, float, 0, FROMF(red_minf(TOF(x), TOF(y))))                  \
-  RED_BIN(red_pms_##SUF, T, float, r->scalar.f, FROMF(TOF(x) + TOF(FROMF(TOF(y) * s)))) \
-  RED_UN(red_scale_##SUF, T, float, r->scalar.f, FROMF(TOF(x) * s))                     \
-  RED_UN(red_div_##SUF, T, float, 0, FROMF(TOF(x) / (float)k))
+ * Widen to float, operate, narrow with round-to-nearest-even. The loops run
+ * over 32-bit words holding 2 (16-bit types) or 4 (fp8) elements, each lane
+ * handled the same way, so the vectorised code never packs or unpacks
+ * between 8/16- and 32-bit lanes (expensive on SSE2; 2x for bf16). Lanes are
+ * treated alike, so the byte order does not matter. A tail of fewer than one
+ * word runs element by element. Premulsum rounds the scaled input to the
+ * type first, as red_pre does, so reduce_n equals the pairwise chain. */
+static inline uint32_t red_ld32(const unsigned char* p) {
+  uint32_t w;
+  memcpy(&w, p, sizeof w);
+  return w;
+}
+static inline void red_st32(unsigned char* p, uint32_t w) { memcpy(p, &w, sizeof w); }
+static inline uint32_t red_ldn(const unsigned char* p, size_t es) {
+  if (es == 1) return p[0];
+  uint16_t v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+static inline void red_stn(unsigned char* p, size_t es, uint32_t c) {
+  if (es == 1) {
+    p[0] = (unsigned char)c;
+  } else {
+    uint16_t v = (uint16_t)c;
+    memcpy(p, &v, sizeof v);
+  }
+}
 
-RED_NARROW(f16, uint16_t, red_h2f, red_f2h)
-RED_NARROW(bf16, uint16_t, red_b2f, red_f2b)
-RED_NARROW(e4m3, uint8_t, red_e4m3_2f, red_f2e4m3)
-RED_NARROW(e5m2, uint8_t, red_e5m2_2f, red_f2e5m2)
+/* Binary narrow kernel: EXPR maps codes x, y (uint32_t) and scalar s to a code. */
+#define RED_NBIN_LOOP(PRAGMA, elem, ES)                                                                  \
+  size_t nw = n / L;                                                                                     \
+  PRAGMA for (size_t i = 0; i < nw; i++) {                                                               \
+    uint32_t wa = red_ld32(a + 4 * i), wb = red_ld32(b + 4 * i), wd = 0;                                 \
+    for (unsigned j = 0; j < L; j++) wd |= elem((wa >> (B * j)) & M, (wb >> (B * j)) & M, s) << (B * j); \
+    red_st32(d + 4 * i, wd);                                                                             \
+  }                                                                                                      \
+  for (size_t i = nw * L; i < n; i++)                                                                    \
+    red_stn(d + i * ES, ES, elem(red_ldn(a + i * ES, ES), red_ldn(b + i * ES, ES), s));
+
+#define RED_NBIN(NAME, ES, EXPR)                                                                                     \
+  static inline uint32_t NAME##_elem(uint32_t x, uint32_t y, float s) {                                              \
+    (void)s;                                                                                                         \
+    return (EXPR);                                                                                                   \
+  }                                                                                                                  \
+  static void NAME##_nr(unsigned char* restrict d, const unsigned char* restrict a, const unsigned char* restrict b, \
+                        size_t n, float s) {                                                                         \
+    enum { L = 4 / ES, B = 8 * ES, M = (1u << B) - 1 };                                                              \
+    RED_NBIN_LOOP(, NAME##_elem, ES)                                                                                 \
+  }                                                                                                                  \
+  static void NAME##_al(unsigned char* d, const unsigned char* a, const unsigned char* b, size_t n, float s) {       \
+    enum { L = 4 / ES, B = 8 * ES, M = (1u << B) - 1 };                                                              \
+    RED_NBIN_LOOP(RED_IVDEP, NAME##_elem, ES)                                                                        \
+  }                                                                                                                  \
+  static void NAME(void* d, const void* a, const void* b, size_t n, const struct red_op* r) {                        \
+    float s = (float)r->scalar.f;                                                                                    \
+    if (d == a || d == b)                                                                                            \
+      NAME##_al(d, a, b, n, s);                                                                                      \
+    else                                                                                                             \
+      NAME##_nr(d, a, b, n, s);                                                                                      \
+  }
+
+/* Unary narrow kernel: EXPR maps code x, scalar s and integer k to a code. */
+#define RED_NUN_LOOP(PRAGMA, elem, ES)                                                 \
+  size_t nw = n / L;                                                                   \
+  PRAGMA for (size_t i = 0; i < nw; i++) {                                             \
+    uint32_t wa = red_ld32(a + 4 * i), wd = 0;                                         \
+    for (unsigned j = 0; j < L; j++) wd |= elem((wa >> (B * j)) & M, s, k) << (B * j); \
+    red_st32(d + 4 * i, wd);                                                           \
+  }                                                                                    \
+  for (size_t i = nw * L; i < n; i++) red_stn(d + i * ES, ES, elem(red_ldn(a + i * ES, ES), s, k));
+
+#define RED_NUN(NAME, ES, SINIT, EXPR)                                                                          \
+  static inline uint32_t NAME##_elem(uint32_t x, float s, int k) {                                              \
+    (void)s;                                                                                                    \
+    (void)k;                                                                                                    \
+    return (EXPR);                                                                                              \
+  }                                                                                                             \
+  static void NAME##_nr(unsigned char* restrict d, const unsigned char* restrict a, size_t n, float s, int k) { \
+    enum { L = 4 / ES, B = 8 * ES, M = (1u << B) - 1 };                                                         \
+    RED_NUN_LOOP(, NAME##_elem, ES)                                                                             \
+  }                                                                                                             \
+  static void NAME##_al(unsigned char* d, const unsigned char* a, size_t n, float s, int k) {                   \
+    enum { L = 4 / ES, B = 8 * ES, M = (1u << B) - 1 };                                                         \
+    RED_NUN_LOOP(RED_IVDEP, NAME##_elem, ES)                                                                    \
+  }                                                                                                             \
+  static void NAME(void* d, const void* a, size_t n, const struct red_op* r, int k) {                           \
+    (void)r;                                                                                                    \
+    float s = (float)(SINIT);                                                                                   \
+    if (d == a)                                                                                                 \
+      NAME##_al(d, a, n, s, k);                                                                                 \
+    else                                                                                                        \
+      NAME##_nr(d, a, n, s, k);                                                                                 \
+  }
+
+#define RED_NARROW(SUF, ES, TOF, FROMF)                               \
+  RED_NBIN(red_sum_##SUF, ES, FROMF(TOF(x) + TOF(y)))                 \
+  RED_NBIN(red_prod_##SUF, ES, FROMF(TOF(x) * TOF(y)))                \
+  RED_NBIN(red_max_##SUF, ES, FROMF(red_maxf(TOF(x), TOF(y))))        \
+  RED_NBIN(red_min_##SUF, ES, FROMF(red_minf(TOF(x), TOF(y))))        \
+  RED_NBIN(red_pms_##SUF, ES, FROMF(TOF(x) + TOF(FROMF(TOF(y) * s)))) \
+  RED_NUN(red_scale_##SUF, ES, r->scalar.f, FROMF(TOF(x) * s))        \
+  RED_NUN(red_div_##SUF, ES, 0, FROMF(TOF(x) / (float)k))
+
+RED_NARROW(f16, 2, red_h2f, red_f2h)
+RED_NARROW(bf16, 2, red_b2f, red_f2b)
+RED_NARROW(e4m3, 1, red_e4m3_2f, red_f2e4m3)
+RED_NARROW(e5m2, 1, red_e5m2_2f, red_f2e5m2)
 
 /* ---- dispatch --------------------------------------------------------------------------- */
 
-#define RED_ROW(SA, SO) {red_sum_##SA, red_prod_##SA, red_max_##SO, red_min_##SO, red_pms_##SA}
+#define RED_ROW(SA, SO) \
+  { red_sum_##SA, red_prod_##SA, red_max_##SO, red_min_##SO, red_pms_##SA }
 static const red_bin_fn red_bin_table[ncclNumTypes][5] = {
-    [ncclInt8] = RED_ROW(u8, i8),          [ncclUint8] = RED_ROW(u8, u8),
-    [ncclInt32] = RED_ROW(u32, i32),       [ncclUint32] = RED_ROW(u32, u32),
-    [ncclInt64] = RED_ROW(u64, i64),       [ncclUint64] = RED_ROW(u64, u64),
-    [ncclFloat16] = RED_ROW(f16, f16),     [ncclFloat32] = RED_ROW(f32, f32),
-    [ncclFloat64] = RED_ROW(f64, f64),     [ncclBfloat16] = RED_ROW(bf16, bf16),
+    [ncclInt8] = RED_ROW(u8, i8),           [ncclUint8] = RED_ROW(u8, u8),
+    [ncclInt32] = RED_ROW(u32, i32),        [ncclUint32] = RED_ROW(u32, u32),
+    [ncclInt64] = RED_ROW(u64, i64),        [ncclUint64] = RED_ROW(u64, u64),
+    [ncclFloat16] = RED_ROW(f16, f16),      [ncclFloat32] = RED_ROW(f32, f32),
+    [ncclFloat64] = RED_ROW(f64, f64),      [ncclBfloat16] = RED_ROW(bf16, bf16),
     [ncclFloat8e4m3] = RED_ROW(e4m3, e4m3), [ncclFloat8e5m2] = RED_ROW(e5m2, e5m2),
 };
-static const red_un_fn red_scale_table[ncclNumTypes] = {
-    red_scale_u8,  red_scale_u8,  red_scale_u32, red_scale_u32,  red_scale_u64,  red_scale_u64,
-    red_scale_f16, red_scale_f32, red_scale_f64, red_scale_bf16, red_scale_e4m3, red_scale_e5m2};
-static const red_un_fn red_div_table[ncclNumTypes] = {
-    red_div_i8,  red_div_u8,  red_div_i32, red_div_u32,  red_div_i64,  red_div_u64,
-    red_div_f16, red_div_f32, red_div_f64, red_div_bf16, red_div_e4m3, red_div_e5m2};
+static const red_un_fn red_scale_table[ncclNumTypes] = {red_scale_u8,  red_scale_u8,   red_scale_u32,  red_scale_u32,
+                                                        red_scale_u64, red_scale_u64,  red_scale_f16,  red_scale_f32,
+                                                        red_scale_f64, red_scale_bf16, red_scale_e4m3, red_scale_e5m2};
+static const red_un_fn red_div_table[ncclNumTypes] = {red_div_i8,  red_div_u8,   red_div_i32,  red_div_u32,
+                                                      red_div_i64, red_div_u64,  red_div_f16,  red_div_f32,
+                                                      red_div_f64, red_div_bf16, red_div_e4m3, red_div_e5m2};
 
 static int red_kind_valid(int kind) { return kind >= RED_SUM && kind <= RED_PREMULSUM; }
 
 int red_op_init(struct red_op* r, ncclRedOp_t op, ncclDataType_t dt) {
   if (r == NULL || !dtype_valid(dt) || (int)op < (int)ncclSum || (int)op > (int)ncclAvg) return -1;
-  static const int kinds[] = {[ncclSum] = RED_SUM, [ncclProd] = RED_PROD, [ncclMax] = RED_MAX,
-                              [ncclMin] = RED_MIN, [ncclAvg] = RED_SUM};
+  static const int kinds[] = {
+      [ncclSum] = RED_SUM, [ncclProd] = RED_PROD, [ncclMax] = RED_MAX, [ncclMin] = RED_MIN, [ncclAvg] = RED_SUM};
   memset(r, 0, sizeof *r);
   r->dt = dt;
   r->kind = kinds[op];
@@ -332,15 +428,56 @@ int red_op_init_premulsum(struct red_op* r, const void* scalar, ncclDataType_t d
   r->dt = dt;
   r->kind = RED_PREMULSUM;
   switch (dt) {
-    case ncclInt8: { int8_t v; memcpy(&v, scalar, sizeof v); r->scalar.i = v; break; }
-    case ncclUint8: { uint8_t v; memcpy(&v, scalar, sizeof v); r->scalar.u = v; break; }
-    case ncclInt32: { int32_t v; memcpy(&v, scalar, sizeof v); r->scalar.i = v; break; }
-    case ncclUint32: { uint32_t v; memcpy(&v, scalar, sizeof v); r->scalar.u = v; break; }
-    case ncclInt64: { int64_t v; memcpy(&v, scalar, sizeof v); r->scalar.i = v; break; }
-    case ncclUint64: { uint64_t v; memcpy(&v, scalar, sizeof v); r->scalar.u = v; break; }
-    case ncclFloat32: { float v; memcpy(&v, scalar, sizeof v); r->scalar.f = v; break; }
-    case ncclFloat64: { double v; memcpy(&v, scalar, sizeof v); r->scalar.f = v; break; }
-    case ncclFloat16: case ncclBfloat16: {
+    case ncclInt8: {
+      int8_t v;
+      memcpy(&v, scalar, sizeof v);
+      r->scalar.i = v;
+      break;
+    }
+    case ncclUint8: {
+      uint8_t v;
+      memcpy(&v, scalar, sizeof v);
+      r->scalar.u = v;
+      break;
+    }
+    case ncclInt32: {
+      int32_t v;
+      memcpy(&v, scalar, sizeof v);
+      r->scalar.i = v;
+      break;
+    }
+    case ncclUint32: {
+      uint32_t v;
+      memcpy(&v, scalar, sizeof v);
+      r->scalar.u = v;
+      break;
+    }
+    case ncclInt64: {
+      int64_t v;
+      memcpy(&v, scalar, sizeof v);
+      r->scalar.i = v;
+      break;
+    }
+    case ncclUint64: {
+      uint64_t v;
+      memcpy(&v, scalar, sizeof v);
+      r->scalar.u = v;
+      break;
+    }
+    case ncclFloat32: {
+      float v;
+      memcpy(&v, scalar, sizeof v);
+      r->scalar.f = v;
+      break;
+    }
+    case ncclFloat64: {
+      double v;
+      memcpy(&v, scalar, sizeof v);
+      r->scalar.f = v;
+      break;
+    }
+    case ncclFloat16:
+    case ncclBfloat16: {
       uint16_t v;
       memcpy(&v, scalar, sizeof v);
       r->scalar.f = dt == ncclFloat16 ? red_h2f(v) : red_b2f(v);

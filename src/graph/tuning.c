@@ -1,38 +1,133 @@
-/* Cost model: latency + bytes / bandwidth per algorithm step and transport,
- * used by ncclGroupSimulateEnd (and, as algorithms multiply, to choose among
- * them). The constants are this machine's rough figures (docs/BENCHMARKS.md);
- * they are estimates, not promises. */
+/* Cost model and algorithm choice: latency + bytes / bandwidth per algorithm
+ * and transport. Picks, per call, the cheapest algorithm the user allows
+ * (NCCL_ALGO, NCCL_PROTO) and logs the choice under NCCL_DEBUG_SUBSYS=TUNING.
+ * The constants are this machine's rough figures (docs/BENCHMARKS.md); the
+ * same model answers ncclGroupSimulateEnd. */
+#include <strings.h>
+#include <string.h>
+#include <unistd.h>
+
 #include "../coll/coll.h"
 
+static const char* algo_names[ALGO_COUNT] = {"Ring", "Tree", "Direct"};
+const char* algo_name(int algo) { return algo >= 0 && algo < ALGO_COUNT ? algo_names[algo] : "?"; }
+
+/* NCCL's list syntax: "A,B" allows only those, "^A,B" allows all but those. */
+static int parse_list(const char* s, const char* const* names, int count, int* mask) {
+  if (!s || !*s) return 0;
+  int exclude = s[0] == '^';
+  int listed = 0;
+  char buf[256];
+  snprintf(buf, sizeof(buf), "%s", s + exclude);
+  char* save = NULL;
+  for (char* tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    while (*tok == ' ') tok++;
+    int found = 0;
+    for (int i = 0; i < count; i++)
+      if (strcasecmp(tok, names[i]) == 0) {
+        listed |= 1 << i;
+        found = 1;
+      }
+    if (!found) return -1;
+  }
+  *mask = exclude ? (~listed & ((1 << count) - 1)) : listed;
+  return 0;
+}
+
+ncclResult_t tuning_init(struct ncclComm* comm) {
+  int algos = (1 << ALGO_COUNT) - 1;
+  const char* s = param_str(P_NCCL_ALGO);
+  if (parse_list(s, algo_names, ALGO_COUNT, &algos) != 0)
+    return err_set(ncclInvalidArgument, "NCCL_ALGO=\"%s\": expected a list of Ring, Tree, Direct (optionally ^-prefixed)", s);
+  static const char* protos[] = {"Simple", "LL", "LL128"};
+  int pmask = 7;
+  s = param_str(P_NCCL_PROTO);
+  if (parse_list(s, protos, 3, &pmask) != 0)
+    return err_set(ncclInvalidArgument, "NCCL_PROTO=\"%s\": expected a list of Simple, LL, LL128 (optionally ^-prefixed)", s);
+  if (!(pmask & 1)) algos &= ~((1 << ALGO_RING) | (1 << ALGO_TREE));
+  if (!(pmask & 2)) algos &= ~(1 << ALGO_DIRECT);
+  comm->algo_mask = algos;
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  comm->oversub = comm->local_size > ncpu ? (double)comm->local_size / (double)ncpu : 1.0;
+  INFO(LOG_TUNING | LOG_ENV, "algorithms allowed: %s%s%s(mask 0x%x)", algos & 1 ? "Ring " : "", algos & 2 ? "Tree " : "",
+       algos & 4 ? "Direct " : "", algos);
+  return ncclSuccess;
+}
+
 struct link_cost {
-  double alpha_us; /* per step */
-  double gbps;     /* payload GB/s per link */
+  double alpha_us; /* per dependent step */
+  double gbps;     /* payload bandwidth of one link */
 };
 
 static struct link_cost cost_for(const struct ncclComm* comm) {
-  /* Ranks on different hosts (or NCCL_SHM_DISABLE) use sockets. */
   int shm = comm->nhosts == 1 && !param_int(P_NCCL_SHM_DISABLE, 0, 1);
-  struct link_cost c = {shm ? 1.0 : 15.0, shm ? 5.0 : 1.0};
+  struct link_cost c = {shm ? 0.6 : 15.0, shm ? 8.0 : 1.2};
+  /* With more ranks than CPUs every step can cost a context switch. */
+  if (comm->oversub > 1) c.alpha_us += 8.0 * comm->oversub;
   return c;
 }
 
-double coll_estimate_us(const struct coll_args* a) {
+static int log2ceil(int n) {
+  int l = 0;
+  while ((1 << l) < n) l++;
+  return l;
+}
+
+double algo_estimate_us(const struct coll_args* a, int algo) {
   const struct ncclComm* comm = a->comm;
   int n = comm->nranks;
   double bytes = (double)a->count * (double)dtype_size(a->dt);
   struct link_cost c = cost_for(comm);
-  double steps, moved;
+  double bw = c.gbps * 1e3; /* bytes per microsecond */
+  if (n == 1) return 0.2 + bytes / (4 * bw);
   switch (a->kind) {
-    case COLL_ALLREDUCE: steps = 2.0 * (n - 1); moved = 2.0 * (n - 1) / n * bytes; break;
-    case COLL_ALLGATHER: steps = n - 1; moved = (n - 1) * bytes; break;
-    case COLL_REDUCESCATTER: steps = n - 1; moved = (n - 1) * bytes; break;
+    case COLL_ALLREDUCE:
+      if (algo == ALGO_DIRECT) return 0.4 * c.alpha_us + 0.3 + (n + 1) * bytes / (2 * bw);
+      if (algo == ALGO_TREE) return 2.0 * log2ceil(n) * c.alpha_us + 2.0 * bytes / bw;
+      return 2.0 * (n - 1) * c.alpha_us + 2.0 * (n - 1) / n * bytes / bw;
+    case COLL_REDUCESCATTER:
+      if (algo == ALGO_DIRECT) return 0.4 * c.alpha_us + 0.3 + (2.0 * n) * bytes / (2 * bw);
+      return (n - 1) * c.alpha_us + (n - 1) * bytes / bw;
+    case COLL_ALLGATHER:
+      if (algo == ALGO_DIRECT) return 0.4 * c.alpha_us + 0.3 + (n + 1) * bytes / (2 * bw);
+      return (n - 1) * c.alpha_us + (n - 1) * bytes / bw;
     case COLL_BROADCAST:
-    case COLL_REDUCE: steps = n - 1; moved = bytes; break;
-    case COLL_ALLTOALL:
-    case COLL_GATHER:
-    case COLL_SCATTER: steps = 1; moved = (n - 1) * bytes; break;
-    default: steps = 1; moved = bytes; break;
+    case COLL_REDUCE:
+      if (algo == ALGO_DIRECT) return 0.4 * c.alpha_us + 0.3 + (n + 1) * bytes / (2 * bw);
+      return (n - 1) * c.alpha_us + bytes / bw;
+    default: /* point-to-point based: one step, everything through the root or the links */
+      return c.alpha_us + (n - 1) * bytes / bw;
   }
-  if (n == 1) return bytes / (c.gbps * 4e3);
-  return steps * c.alpha_us + moved / (c.gbps * 1e3);
+}
+
+/* Bytes a rank's mailbox must hold for the direct algorithm. */
+static size_t direct_bytes(const struct coll_args* a) {
+  size_t b = a->count * dtype_size(a->dt);
+  return a->kind == COLL_REDUCESCATTER ? b * (size_t)a->comm->nranks : b;
+}
+
+int tuning_choose(const struct coll_args* a) {
+  int cand = 1 << ALGO_RING;
+  if (a->kind == COLL_ALLREDUCE) cand |= 1 << ALGO_TREE;
+  if (a->kind <= COLL_REDUCESCATTER && direct_eligible(a, direct_bytes(a))) cand |= 1 << ALGO_DIRECT;
+  int allowed = cand & a->comm->algo_mask;
+  if (!allowed) allowed = 1 << ALGO_RING; /* nothing allowed fits this call: the ring always works */
+  int best = -1;
+  double best_t = 0;
+  for (int al = 0; al < ALGO_COUNT; al++) {
+    if (!(allowed & (1 << al))) continue;
+    double t = algo_estimate_us(a, al);
+    if (best < 0 || t < best_t) {
+      best = al;
+      best_t = t;
+    }
+  }
+  TRACE(LOG_TUNING, "%s %zu x %s on %d ranks: %s (%.1f us predicted)", coll_name(a->kind), a->count,
+        dtype_name(a->dt), a->comm->nranks, algo_name(best), best_t);
+  return best;
+}
+
+double coll_estimate_us(const struct coll_args* a) {
+  if (a->kind > COLL_REDUCESCATTER) return algo_estimate_us(a, ALGO_RING);
+  return algo_estimate_us(a, tuning_choose(a));
 }

@@ -165,7 +165,14 @@ ncclResult_t shm_recv_setup(struct conn* c, void* info, size_t* info_len) {
   }
   s->ctrl = s->map;
   s->data = (char*)s->map + ctrl_bytes();
-  struct shm_info in = {(int32_t)getpid(), s->memfd, s->map_len, c->nslots, c->slot_bytes};
+  /* Zeroed first: the padding after nslots goes to the peer too. */
+  struct shm_info in;
+  memset(&in, 0, sizeof(in));
+  in.pid = (int32_t)getpid();
+  in.fd = s->memfd;
+  in.map_len = s->map_len;
+  in.nslots = c->nslots;
+  in.slot_bytes = c->slot_bytes;
   memcpy(info, &in, sizeof(in));
   *info_len = sizeof(in);
   return ncclSuccess;

@@ -1,9 +1,11 @@
 /* Runs the communicator lifecycle many times in one process, for valgrind:
- * ncclCommInitAll with several threads, 1-rank ncclCommInitRank, and the
- * error paths (bad arguments, a rank that never arrives) that must release
- * everything they took. Public API only; exits non-zero on any failure.
+ * ncclCommInitAll with several threads, 1-rank ncclCommInitRank, a few
+ * collectives on each, and the error paths (bad arguments, a failed group,
+ * a rank that never arrives) that must release everything they took.
+ * Public API only; exits non-zero on any failure.
  * Usage: lifecycle_loop [iterations] */
 #define _GNU_SOURCE
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +33,56 @@
     }                                                                                                  \
   } while (0)
 
+#define CHECK_FLOATS(got, want, n)                                                                    \
+  do {                                                                                                \
+    for (int k_ = 0; k_ < (n); k_++)                                                                  \
+      if ((got)[k_] != (want)[k_]) {                                                                  \
+        fprintf(stderr, "FAIL %s:%d: %s[%d] = %g, expected %g\n", __FILE__, __LINE__, #got, k_,       \
+                (double)(got)[k_], (double)(want)[k_]);                                               \
+        return 1;                                                                                     \
+      }                                                                                               \
+  } while (0)
+
+#define NEL 1000 /* elements per rank: a few slots of traffic, cheap under valgrind */
+
+/* One thread drives every rank of an ncclCommInitAll clique: each call goes
+ * into one group, which runs each comm on its own thread. */
+static int init_all_collectives(ncclComm_t* comms, int ndev) {
+  static float in[8][NEL], out[8][NEL], gathered[8][8 * NEL];
+  float want[NEL];
+  for (int i = 0; i < NEL; i++) want[i] = 0;
+  for (int r = 0; r < ndev; r++)
+    for (int i = 0; i < NEL; i++) {
+      in[r][i] = (float)(i % 97) + (float)r;
+      want[i] += in[r][i];
+      out[r][i] = -1;
+    }
+  CHECK(ncclGroupStart());
+  for (int r = 0; r < ndev; r++) CHECK(ncclAllReduce(in[r], out[r], NEL, ncclFloat, ncclSum, comms[r], NULL));
+  CHECK(ncclGroupEnd());
+  for (int r = 0; r < ndev; r++) CHECK_FLOATS(out[r], want, NEL);
+
+  /* Broadcast from the last rank, then an allgather, in one group. */
+  CHECK(ncclGroupStart());
+  for (int r = 0; r < ndev; r++) CHECK(ncclBroadcast(in[r], out[r], NEL, ncclFloat, ndev - 1, comms[r], NULL));
+  for (int r = 0; r < ndev; r++) CHECK(ncclAllGather(in[r], gathered[r], NEL, ncclFloat, comms[r], NULL));
+  CHECK(ncclGroupEnd());
+  for (int r = 0; r < ndev; r++) {
+    CHECK_FLOATS(out[r], in[ndev - 1], NEL);
+    for (int q = 0; q < ndev; q++) CHECK_FLOATS(gathered[r] + (size_t)q * NEL, in[q], NEL);
+  }
+
+  /* A ring of sends and receives: rank r gets rank r-1's data. */
+  CHECK(ncclGroupStart());
+  for (int r = 0; r < ndev; r++) {
+    CHECK(ncclSend(in[r], NEL, ncclFloat, (r + 1) % ndev, comms[r], NULL));
+    CHECK(ncclRecv(out[r], NEL, ncclFloat, (r + ndev - 1) % ndev, comms[r], NULL));
+  }
+  CHECK(ncclGroupEnd());
+  for (int r = 0; r < ndev; r++) CHECK_FLOATS(out[r], in[(r + ndev - 1) % ndev], NEL);
+  return 0;
+}
+
 static int init_all_round(int ndev) {
   ncclComm_t comms[8];
   CHECK(ncclCommInitAll(comms, ndev, NULL));
@@ -43,7 +95,49 @@ static int init_all_round(int ndev) {
       return 1;
     }
   }
+  if (init_all_collectives(comms, ndev)) return 1;
   for (int i = 0; i < ndev; i++) CHECK(ncclCommDestroy(comms[i]));
+  return 0;
+}
+
+/* Collectives on a 1-rank comm: results equal the input (times the
+ * premul-sum scalar), and a failed group frees what it queued. */
+static int one_rank_collectives(ncclComm_t c) {
+  float in[NEL], out[NEL], want[NEL];
+  for (int i = 0; i < NEL; i++) {
+    in[i] = (float)(i % 31);
+    want[i] = 3 * in[i];
+    out[i] = -1;
+  }
+  CHECK(ncclAllReduce(in, out, NEL, ncclFloat, ncclSum, c, NULL));
+  CHECK_FLOATS(out, in, NEL);
+  float scalar = 3;
+  ncclRedOp_t op;
+  CHECK(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, c));
+  CHECK(ncclAllReduce(in, out, NEL, ncclFloat, op, c, NULL));
+  CHECK_FLOATS(out, want, NEL);
+  CHECK(ncclRedOpDestroy(op, c));
+  /* A premul-sum op left alive: the comm's teardown frees it. */
+  CHECK(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarDevice, c));
+  CHECK(ncclGroupStart());
+  CHECK(ncclSend(in, NEL, ncclFloat, 0, c, NULL));
+  CHECK(ncclRecv(out, NEL, ncclFloat, 0, c, NULL));
+  CHECK(ncclGroupEnd());
+  CHECK_FLOATS(out, in, NEL);
+  CHECK(ncclAlltoAll(want, out, NEL, ncclFloat, c, NULL));
+  CHECK_FLOATS(out, want, NEL);
+  /* A group with a bad call: queued work is dropped, never run. */
+  CHECK(ncclGroupStart());
+  CHECK(ncclAllReduce(in, out, NEL, ncclFloat, ncclSum, c, NULL));
+  CHECK_FAILS(ncclBroadcast(in, out, NEL, ncclFloat, 1, c, NULL), ncclInvalidArgument);
+  CHECK_FAILS(ncclGroupEnd(), ncclInvalidArgument);
+  CHECK_FLOATS(out, want, NEL);
+  /* A simulated group is dropped the same way. */
+  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+  CHECK(ncclGroupStart());
+  CHECK(ncclAllReduce(in, out, NEL, ncclFloat, ncclSum, c, NULL));
+  CHECK(ncclGroupSimulateEnd(&sim));
+  CHECK_FLOATS(out, want, NEL);
   return 0;
 }
 
@@ -54,6 +148,7 @@ static int one_rank_round(int i) {
   CHECK(ncclCommInitRank(&c, 1, id, 0));
   collie_peer_info_t info = {.size = sizeof(info)};
   CHECK(collie_comm_peer_info(c, 0, &info));
+  if (one_rank_collectives(c)) return 1;
   /* Alternate the three ways out of a communicator. */
   if (i % 3 == 0) {
     CHECK(ncclCommFinalize(c));
@@ -79,7 +174,11 @@ static int error_round(void) {
   int devs[2] = {0, -1};
   ncclComm_t comms[2];
   CHECK_FAILS(ncclCommInitAll(comms, 2, devs), ncclInvalidArgument);
-  CHECK_FAILS(ncclAllReduce(NULL, NULL, 0, ncclFloat, ncclSum, NULL, NULL), ncclInvalidUsage);
+  CHECK_FAILS(ncclAllReduce(NULL, NULL, 0, ncclFloat, ncclSum, NULL, NULL), ncclInvalidArgument);
+  CHECK_FAILS(ncclGroupEnd(), ncclInvalidUsage);
+  /* Still a stub (device memory): fails cleanly. */
+  void* p = (void*)(uintptr_t)1;
+  CHECK_FAILS(ncclMemAlloc(&p, 64), ncclInvalidUsage);
   setenv("NCCL_COMM_ID", "::1:5", 1);
   CHECK_FAILS(ncclGetUniqueId(&id), ncclInvalidArgument);
   unsetenv("NCCL_COMM_ID");

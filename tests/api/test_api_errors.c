@@ -1,7 +1,8 @@
 /* Argument and usage errors of the public API, seen the way an application
  * sees them: only nccl.h and collie.h, linked against the shared libcollie.
  * Every failing call must return the documented code and leave a message in
- * ncclGetLastError that names the culprit. Single process, 1-rank comms. */
+ * ncclGetLastError that names the culprit. Single process, 1-rank comms,
+ * on which the collectives' results (copies, premul-sum) are checked too. */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
@@ -381,18 +382,17 @@ static void test_error_strings(void** state) {
 
 /* --------------------------------------------------------------- stubs */
 
+/* Exactly the entry points still in src/stubs.c: each fails with
+ * ncclInvalidUsage and names itself. */
 static void test_stubs(void** state) {
   (void)state;
   ncclComm_t c = one_rank_comm();
   float buf[4] = {0};
-  void* p = NULL;
+  void* p = (void*)(uintptr_t)0x1;
   void* handle = NULL;
   ncclWindow_t win = NULL;
-  ncclRedOp_t op = ncclSum;
-  float scalar = 2.0f;
   ncclComm_t nc = (ncclComm_t)(uintptr_t)0x1;
   int exclude[1] = {0};
-  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
 
   EXPECT_ERR(ncclMemAlloc(&p, 64), ncclInvalidUsage, "ncclMemAlloc");
   EXPECT_ERR(ncclMemFree(buf), ncclInvalidUsage, "ncclMemFree");
@@ -406,31 +406,510 @@ static void test_stubs(void** state) {
   nc = (ncclComm_t)(uintptr_t)0x1;
   EXPECT_ERR(ncclCommShrink(c, exclude, 1, &nc, NULL, 0), ncclInvalidUsage, "ncclCommShrink");
   assert_null(nc);
-  EXPECT_ERR(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, c), ncclInvalidUsage,
-             "ncclRedOpCreatePreMulSum");
-  EXPECT_ERR(ncclRedOpDestroy(ncclNumOps, c), ncclInvalidUsage, "ncclRedOpDestroy");
-  EXPECT_ERR(ncclReduce(buf, buf, 4, ncclFloat, ncclSum, 0, c, NULL), ncclInvalidUsage, "ncclReduce");
-  EXPECT_ERR(ncclBcast(buf, 4, ncclFloat, 0, c, NULL), ncclInvalidUsage, "ncclBcast");
-  EXPECT_ERR(ncclBroadcast(buf, buf, 4, ncclFloat, 0, c, NULL), ncclInvalidUsage, "ncclBroadcast");
-  EXPECT_ERR(ncclAllReduce(buf, buf, 4, ncclFloat, ncclSum, c, NULL), ncclInvalidUsage, "ncclAllReduce");
-  EXPECT_ERR(ncclReduceScatter(buf, buf, 4, ncclFloat, ncclSum, c, NULL), ncclInvalidUsage, "ncclReduceScatter");
-  EXPECT_ERR(ncclAllGather(buf, buf, 4, ncclFloat, c, NULL), ncclInvalidUsage, "ncclAllGather");
-  EXPECT_ERR(ncclAlltoAll(buf, buf, 4, ncclFloat, c, NULL), ncclInvalidUsage, "ncclAlltoAll");
-  EXPECT_ERR(ncclGather(buf, buf, 4, ncclFloat, 0, c, NULL), ncclInvalidUsage, "ncclGather");
-  EXPECT_ERR(ncclScatter(buf, buf, 4, ncclFloat, 0, c, NULL), ncclInvalidUsage, "ncclScatter");
-  EXPECT_ERR(ncclSend(buf, 4, ncclFloat, 0, c, NULL), ncclInvalidUsage, "ncclSend");
-  EXPECT_ERR(ncclRecv(buf, 4, ncclFloat, 0, c, NULL), ncclInvalidUsage, "ncclRecv");
-  EXPECT_ERR(ncclGroupStart(), ncclInvalidUsage, "ncclGroupStart");
-  EXPECT_ERR(ncclGroupEnd(), ncclInvalidUsage, "ncclGroupEnd");
-  EXPECT_ERR(ncclGroupSimulateEnd(&sim), ncclInvalidUsage, "ncclGroupSimulateEnd");
   /* The profiling twins reach the same code. */
-  EXPECT_ERR(pncclAllReduce(buf, buf, 4, ncclFloat, ncclSum, c, NULL), ncclInvalidUsage, "ncclAllReduce");
+  EXPECT_ERR(pncclMemAlloc(&p, 64), ncclInvalidUsage, "ncclMemAlloc");
   EXPECT_ERR(pncclCommCount(NULL, NULL), ncclInvalidArgument, "ncclCommCount");
 
   /* The communicator is still usable after all that. */
   int n = 0;
   EXPECT_OK(ncclCommCount(c, &n));
   assert_int_equal(n, 1);
+  float in[4] = {1, 2, 3, 4};
+  EXPECT_OK(ncclAllReduce(in, buf, 4, ncclFloat, ncclSum, c, NULL));
+  assert_memory_equal(buf, in, sizeof(in));
+  EXPECT_OK(ncclCommDestroy(c));
+}
+
+/* --------------------------------------------------------------- collectives: arguments */
+
+/* EXPECT_ERR2: like EXPECT_ERR, and the message also contains `word2`. */
+#define EXPECT_ERR2(call, code, word, word2)                                                        \
+  do {                                                                                              \
+    EXPECT_ERR(call, code, word);                                                                   \
+    if (strstr(ncclGetLastError(NULL), (word2)) == NULL)                                            \
+      fail_msg("line %d: %s: last error \"%s\" does not mention \"%s\"", __LINE__, #call,            \
+               ncclGetLastError(NULL), (word2));                                                    \
+  } while (0)
+
+/* Every collective and p2p entry point, called with one argument made bad by
+ * the caller: `dt`, `op`, `root` (the peer for send/receive), the two buffers
+ * and the count. Calls the entry point `which` (0..NCALLS-1) and names it. */
+enum { C_ALLREDUCE, C_REDUCE, C_BROADCAST, C_BCAST, C_ALLGATHER, C_REDUCESCATTER, C_ALLTOALL, C_GATHER, C_SCATTER,
+       C_SEND, C_RECV, NCALLS };
+
+struct call_args {
+  const void* send;
+  void* recv;
+  size_t count;
+  ncclDataType_t dt;
+  ncclRedOp_t op;
+  int root;
+  ncclComm_t comm;
+};
+
+static ncclResult_t call_coll(int which, const struct call_args* a, const char** name) {
+  switch (which) {
+    case C_ALLREDUCE:
+      *name = "ncclAllReduce";
+      return ncclAllReduce(a->send, a->recv, a->count, a->dt, a->op, a->comm, NULL);
+    case C_REDUCE:
+      *name = "ncclReduce";
+      return ncclReduce(a->send, a->recv, a->count, a->dt, a->op, a->root, a->comm, NULL);
+    case C_BROADCAST:
+      *name = "ncclBroadcast";
+      return ncclBroadcast(a->send, a->recv, a->count, a->dt, a->root, a->comm, NULL);
+    case C_BCAST:
+      /* ncclBcast reports its errors under the name ncclBroadcast. */
+      *name = "ncclB";
+      return ncclBcast(a->recv, a->count, a->dt, a->root, a->comm, NULL);
+    case C_ALLGATHER:
+      *name = "ncclAllGather";
+      return ncclAllGather(a->send, a->recv, a->count, a->dt, a->comm, NULL);
+    case C_REDUCESCATTER:
+      *name = "ncclReduceScatter";
+      return ncclReduceScatter(a->send, a->recv, a->count, a->dt, a->op, a->comm, NULL);
+    case C_ALLTOALL:
+      *name = "ncclAlltoAll";
+      return ncclAlltoAll(a->send, a->recv, a->count, a->dt, a->comm, NULL);
+    case C_GATHER:
+      *name = "ncclGather";
+      return ncclGather(a->send, a->recv, a->count, a->dt, a->root, a->comm, NULL);
+    case C_SCATTER:
+      *name = "ncclScatter";
+      return ncclScatter(a->send, a->recv, a->count, a->dt, a->root, a->comm, NULL);
+    case C_SEND:
+      *name = "ncclSend";
+      return ncclSend(a->send, a->count, a->dt, a->root, a->comm, NULL);
+    case C_RECV:
+      *name = "ncclRecv";
+      return ncclRecv(a->recv, a->count, a->dt, a->root, a->comm, NULL);
+    default: fail_msg("no call %d", which); return ncclInternalError;
+  }
+}
+
+static int call_has_op(int which) { return which == C_ALLREDUCE || which == C_REDUCE || which == C_REDUCESCATTER; }
+static int call_has_root(int which) {
+  return which == C_REDUCE || which == C_BROADCAST || which == C_BCAST || which == C_GATHER || which == C_SCATTER ||
+         which == C_SEND || which == C_RECV;
+}
+static int call_reads_send(int which) { return which != C_BCAST && which != C_RECV; }
+static int call_writes_recv(int which) { return which != C_SEND; }
+
+/* One call through call_coll, checked like EXPECT_ERR: the code, a fresh
+ * message naming the entry point and containing `word`. */
+static void expect_coll_err(int which, const struct call_args* a, ncclResult_t code, const char* word, const char* why,
+                            int line) {
+  const char* name = "?";
+  char sentinel[1024];
+  snprintf(sentinel, sizeof(sentinel), "%s", prime_last_error(word));
+  ncclResult_t r = call_coll(which, a, &name);
+  char what[160];
+  snprintf(what, sizeof(what), "%s (%s)", name, why);
+  check_error(r, code, word, sentinel, what, line);
+  if (strstr(ncclGetLastError(NULL), name) == NULL)
+    fail_msg("line %d: %s: last error \"%s\" does not name the call", line, what, ncclGetLastError(NULL));
+}
+
+static void test_collective_args(void** state) {
+  (void)state;
+  ncclComm_t c = one_rank_comm();
+  float sbuf[8] = {0}, rbuf[8] = {0};
+  const struct call_args good = {sbuf, rbuf, 4, ncclFloat, ncclSum, 0, c};
+
+  for (int w = 0; w < NCALLS; w++) {
+    struct call_args a = good;
+
+    a.comm = NULL;
+    expect_coll_err(w, &a, ncclInvalidArgument, "comm", "NULL comm", __LINE__);
+
+    a = good;
+    a.dt = (ncclDataType_t)-1;
+    expect_coll_err(w, &a, ncclInvalidArgument, "datatype", "datatype -1", __LINE__);
+    a.dt = ncclNumTypes;
+    expect_coll_err(w, &a, ncclInvalidArgument, "datatype", "datatype ncclNumTypes", __LINE__);
+
+    if (call_has_op(w)) {
+      a = good;
+      a.op = (ncclRedOp_t)-1;
+      expect_coll_err(w, &a, ncclInvalidArgument, "operator", "op -1", __LINE__);
+      a.op = (ncclRedOp_t)(ncclNumOps + 100);
+      expect_coll_err(w, &a, ncclInvalidArgument, "operator", "op never created", __LINE__);
+      a.op = ncclMaxRedOp;
+      expect_coll_err(w, &a, ncclInvalidArgument, "operator", "op ncclMaxRedOp", __LINE__);
+      a.op = ncclNumOps; /* the first run-time handle, none created yet */
+      expect_coll_err(w, &a, ncclInvalidArgument, "operator", "op ncclNumOps", __LINE__);
+    }
+
+    if (call_has_root(w)) {
+      const char* what = w == C_SEND || w == C_RECV ? "peer" : "root";
+      a = good;
+      a.root = -1;
+      expect_coll_err(w, &a, ncclInvalidArgument, what, "root/peer -1", __LINE__);
+      a.root = 1; /* nranks */
+      expect_coll_err(w, &a, ncclInvalidArgument, what, "root/peer nranks", __LINE__);
+    }
+
+    /* NULL buffers with a count: refused (on 1 rank, rank 0 is the root). */
+    if (call_reads_send(w)) {
+      a = good;
+      a.send = NULL;
+      expect_coll_err(w, &a, ncclInvalidArgument, "sendbuff", "NULL sendbuff", __LINE__);
+    }
+    if (call_writes_recv(w)) {
+      a = good;
+      a.recv = NULL;
+      expect_coll_err(w, &a, ncclInvalidArgument, w == C_BCAST ? "buff" : "recvbuff", "NULL recvbuff", __LINE__);
+    }
+
+    /* SIZE_MAX/2 floats is more bytes than an address space holds. */
+    a = good;
+    a.count = SIZE_MAX / 2;
+    expect_coll_err(w, &a, ncclInvalidArgument, "overflow", "count SIZE_MAX/2", __LINE__);
+    a.count = SIZE_MAX;
+    expect_coll_err(w, &a, ncclInvalidArgument, "overflow", "count SIZE_MAX", __LINE__);
+    a.count = SIZE_MAX / 4 + 1;
+    expect_coll_err(w, &a, ncclInvalidArgument, "overflow", "count SIZE_MAX/4+1", __LINE__);
+
+    /* A count of 0 with NULL buffers moves nothing and succeeds. A lone
+     * send or receive needs its partner, so those two go as a pair below. */
+    if (w != C_SEND && w != C_RECV) {
+      a = good;
+      a.send = NULL;
+      a.recv = NULL;
+      a.count = 0;
+      const char* name = "?";
+      ncclResult_t r = call_coll(w, &a, &name);
+      if (r != ncclSuccess)
+        fail_msg("%s with count 0 and NULL buffers returned %d: %s", name, (int)r, ncclGetLastError(NULL));
+    }
+  }
+  EXPECT_OK(ncclGroupStart());
+  EXPECT_OK(ncclSend(NULL, 0, ncclFloat, 0, c, NULL));
+  EXPECT_OK(ncclRecv(NULL, 0, ncclFloat, 0, c, NULL));
+  EXPECT_OK(ncclGroupEnd());
+
+  /* Alltoall cannot run in place; a count of 0 touches nothing, so it may. */
+  EXPECT_ERR2(ncclAlltoAll(sbuf, sbuf, 4, ncclFloat, c, NULL), ncclInvalidArgument, "ncclAlltoAll", "in-place");
+  EXPECT_OK(ncclAlltoAll(sbuf, sbuf, 0, ncclFloat, c, NULL));
+
+  /* The profiling twin checks the same way. */
+  EXPECT_ERR2(pncclAllReduce(sbuf, rbuf, 4, ncclFloat, ncclSum, NULL, NULL), ncclInvalidArgument, "ncclAllReduce",
+              "comm");
+
+  /* None of the failures above touched the output. */
+  for (int i = 0; i < 8; i++) assert_true(rbuf[i] == 0.0f);
+
+  /* A collective after ncclCommFinalize is a usage error, not an argument error. */
+  EXPECT_OK(ncclCommFinalize(c));
+  EXPECT_ERR2(ncclAllReduce(sbuf, rbuf, 4, ncclFloat, ncclSum, c, NULL), ncclInvalidUsage, "ncclAllReduce",
+              "finalized");
+  EXPECT_ERR2(ncclSend(sbuf, 4, ncclFloat, 0, c, NULL), ncclInvalidUsage, "ncclSend", "finalized");
+  EXPECT_ERR2(ncclBroadcast(sbuf, rbuf, 4, ncclFloat, 0, c, NULL), ncclInvalidUsage, "ncclBroadcast", "finalized");
+  EXPECT_OK(ncclCommDestroy(c));
+}
+
+/* --------------------------------------------------------------- collectives: groups */
+
+static void test_collective_groups(void** state) {
+  (void)state;
+  ncclComm_t c = one_rank_comm();
+  float in[5] = {1, 2, 3, 4, 5};
+  float out[5] = {0};
+  const float zero[5] = {0};
+  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+
+  EXPECT_ERR2(ncclGroupEnd(), ncclInvalidUsage, "ncclGroupEnd", "ncclGroupStart");
+  EXPECT_ERR2(ncclGroupSimulateEnd(&sim), ncclInvalidUsage, "ncclGroupSimulateEnd", "ncclGroupStart");
+  EXPECT_ERR2(ncclGroupSimulateEnd(NULL), ncclInvalidUsage, "ncclGroupSimulateEnd", "ncclGroupStart");
+
+  /* An argument error inside a group: the call says so at once, the group's
+   * end fails too, and nothing of the group runs (not even its valid calls). */
+  EXPECT_OK(ncclGroupStart());
+  EXPECT_OK(ncclAllReduce(in, out, 5, ncclFloat, ncclSum, c, NULL));
+  EXPECT_ERR2(ncclAllReduce(in, out, 5, (ncclDataType_t)-1, ncclSum, c, NULL), ncclInvalidArgument, "ncclAllReduce",
+              "datatype");
+  EXPECT_ERR2(ncclGroupEnd(), ncclInvalidArgument, "ncclGroupEnd", "datatype");
+  assert_memory_equal(out, zero, sizeof(zero));
+  /* The failed group is over: the next group starts clean and runs. */
+  EXPECT_ERR(ncclGroupEnd(), ncclInvalidUsage, "ncclGroupStart");
+  EXPECT_OK(ncclGroupStart());
+  EXPECT_OK(ncclAllReduce(in, out, 5, ncclFloat, ncclSum, c, NULL));
+  EXPECT_OK(ncclGroupEnd());
+  assert_memory_equal(out, in, sizeof(in));
+
+  /* The same with a p2p error in a nested group. */
+  memset(out, 0, sizeof(out));
+  EXPECT_OK(ncclGroupStart());
+  EXPECT_OK(ncclGroupStart());
+  EXPECT_OK(ncclSend(in, 5, ncclFloat, 0, c, NULL));
+  EXPECT_ERR2(ncclRecv(out, 5, ncclFloat, 1, c, NULL), ncclInvalidArgument, "ncclRecv", "peer");
+  EXPECT_OK(ncclRecv(out, 5, ncclFloat, 0, c, NULL));
+  EXPECT_OK(ncclGroupEnd()); /* inner: nothing runs yet */
+  EXPECT_ERR2(ncclGroupEnd(), ncclInvalidArgument, "ncclGroupEnd", "peer");
+  assert_memory_equal(out, zero, sizeof(zero));
+
+  /* Nested groups run at the outermost end only. */
+  EXPECT_OK(ncclGroupStart());
+  EXPECT_OK(ncclGroupStart());
+  EXPECT_OK(ncclAllReduce(in, out, 5, ncclFloat, ncclSum, c, NULL));
+  EXPECT_OK(ncclGroupEnd());
+  assert_memory_equal(out, zero, sizeof(zero));
+  EXPECT_OK(ncclGroupEnd());
+  assert_memory_equal(out, in, sizeof(in));
+
+  /* Simulation estimates the group and runs none of it. */
+  memset(out, 0, sizeof(out));
+  EXPECT_OK(ncclGroupStart());
+  EXPECT_OK(ncclAllReduce(in, out, 5, ncclFloat, ncclSum, c, NULL));
+  EXPECT_OK(ncclBroadcast(in, out, 5, ncclFloat, 0, c, NULL));
+  EXPECT_OK(ncclGroupSimulateEnd(&sim));
+  assert_true(sim.estimatedTime >= 0.0f);
+  assert_memory_equal(out, zero, sizeof(zero));
+  /* ... and closes the group. */
+  EXPECT_ERR(ncclGroupEnd(), ncclInvalidUsage, "ncclGroupStart");
+  /* An empty group simulates to a time too, and a NULL simInfo is allowed. */
+  sim.estimatedTime = -1.0f;
+  EXPECT_OK(ncclGroupStart());
+  EXPECT_OK(ncclGroupSimulateEnd(&sim));
+  assert_true(sim.estimatedTime >= 0.0f);
+  EXPECT_OK(ncclGroupStart());
+  EXPECT_OK(ncclAllReduce(in, out, 5, ncclFloat, ncclSum, c, NULL));
+  EXPECT_OK(ncclGroupSimulateEnd(NULL));
+  assert_memory_equal(out, zero, sizeof(zero));
+
+  /* A group with a failed call simulates to that error, like ncclGroupEnd. */
+  sim.estimatedTime = -1.0f;
+  EXPECT_OK(ncclGroupStart());
+  EXPECT_OK(ncclAllReduce(in, out, 5, ncclFloat, ncclSum, c, NULL));
+  EXPECT_ERR2(ncclAllReduce(in, out, 5, ncclFloat, (ncclRedOp_t)-1, c, NULL), ncclInvalidArgument, "ncclAllReduce",
+              "operator");
+  EXPECT_ERR2(ncclGroupSimulateEnd(&sim), ncclInvalidArgument, "ncclGroupSimulateEnd", "operator");
+  assert_true(sim.estimatedTime == -1.0f);
+  assert_memory_equal(out, zero, sizeof(zero));
+  EXPECT_ERR(ncclGroupEnd(), ncclInvalidUsage, "ncclGroupStart");
+
+  /* A simInfo not made with the initializer is refused. Whether the group
+   * stays open is not specified; either way one ncclGroupEnd leaves the
+   * thread outside any group. */
+  ncclSimInfo_t bad = NCCL_SIM_INFO_INITIALIZER;
+  bad.magic = 0;
+  EXPECT_OK(ncclGroupStart());
+  EXPECT_ERR2(ncclGroupSimulateEnd(&bad), ncclInvalidArgument, "ncclGroupSimulateEnd", "simInfo");
+  ncclResult_t r = ncclGroupEnd();
+  assert_true(r == ncclSuccess || r == ncclInvalidUsage);
+  EXPECT_ERR(ncclGroupEnd(), ncclInvalidUsage, "ncclGroupStart");
+
+  /* The communicator works after all of it. */
+  memset(out, 0, sizeof(out));
+  EXPECT_OK(ncclAllReduce(in, out, 5, ncclFloat, ncclSum, c, NULL));
+  assert_memory_equal(out, in, sizeof(in));
+  EXPECT_OK(ncclCommDestroy(c));
+}
+
+/* --------------------------------------------------------------- collectives: reduction operators */
+
+static void test_collective_redops(void** state) {
+  (void)state;
+  ncclComm_t c = one_rank_comm();
+  float scalar = 3.0f;
+  ncclRedOp_t op = ncclSum;
+  float in[5] = {1, 2, 3, 4, 5};
+  float out[5] = {0};
+
+  EXPECT_ERR2(ncclRedOpCreatePreMulSum(NULL, &scalar, ncclFloat, ncclScalarHostImmediate, c), ncclInvalidArgument,
+              "ncclRedOpCreatePreMulSum", "op");
+  EXPECT_ERR2(ncclRedOpCreatePreMulSum(&op, NULL, ncclFloat, ncclScalarHostImmediate, c), ncclInvalidArgument,
+              "ncclRedOpCreatePreMulSum", "scalar");
+  EXPECT_ERR2(ncclRedOpCreatePreMulSum(&op, &scalar, (ncclDataType_t)-1, ncclScalarHostImmediate, c),
+              ncclInvalidArgument, "ncclRedOpCreatePreMulSum", "datatype");
+  EXPECT_ERR2(ncclRedOpCreatePreMulSum(&op, &scalar, ncclNumTypes, ncclScalarHostImmediate, c), ncclInvalidArgument,
+              "ncclRedOpCreatePreMulSum", "datatype");
+  EXPECT_ERR2(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, (ncclScalarResidence_t)2, c), ncclInvalidArgument,
+              "ncclRedOpCreatePreMulSum", "residence");
+  EXPECT_ERR2(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, (ncclScalarResidence_t)-1, c), ncclInvalidArgument,
+              "ncclRedOpCreatePreMulSum", "residence");
+  EXPECT_ERR2(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, NULL), ncclInvalidArgument,
+              "ncclRedOpCreatePreMulSum", "comm");
+  assert_int_equal(op, ncclSum); /* untouched by the failures */
+
+  EXPECT_ERR2(ncclRedOpDestroy(ncclSum, c), ncclInvalidArgument, "ncclRedOpDestroy", "built in");
+  EXPECT_ERR2(ncclRedOpDestroy(ncclAvg, c), ncclInvalidArgument, "ncclRedOpDestroy", "built in");
+  EXPECT_ERR2(ncclRedOpDestroy(ncclNumOps, c), ncclInvalidArgument, "ncclRedOpDestroy", "not created");
+  EXPECT_ERR2(ncclRedOpDestroy((ncclRedOp_t)(ncclNumOps + 100), c), ncclInvalidArgument, "ncclRedOpDestroy",
+              "not created");
+  EXPECT_ERR2(ncclRedOpDestroy(ncclMaxRedOp, c), ncclInvalidArgument, "ncclRedOpDestroy", "not created");
+  EXPECT_ERR2(ncclRedOpDestroy((ncclRedOp_t)-1, c), ncclInvalidArgument, "ncclRedOpDestroy", "not created");
+
+  EXPECT_OK(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, c));
+  assert_true((int)op >= ncclNumOps);
+  EXPECT_ERR2(ncclRedOpDestroy(op, NULL), ncclInvalidArgument, "ncclRedOpDestroy", "comm");
+  /* Created for float: any other type is refused. */
+  int32_t iin[5] = {1, 2, 3, 4, 5}, iout[5] = {0};
+  EXPECT_ERR2(ncclAllReduce(iin, iout, 5, ncclInt32, op, c, NULL), ncclInvalidArgument, "ncclAllReduce", "datatype");
+  EXPECT_ERR2(ncclReduce(iin, iout, 5, ncclInt32, op, 0, c, NULL), ncclInvalidArgument, "ncclReduce", "datatype");
+  EXPECT_ERR2(ncclReduceScatter(in, out, 5, ncclDouble, op, c, NULL), ncclInvalidArgument, "ncclReduceScatter",
+              "datatype");
+  /* Another handle next to it that was never created is still unknown. */
+  EXPECT_ERR2(ncclRedOpDestroy((ncclRedOp_t)(op + 1), c), ncclInvalidArgument, "ncclRedOpDestroy", "not created");
+  EXPECT_ERR2(ncclAllReduce(in, out, 5, ncclFloat, (ncclRedOp_t)(op + 1), c, NULL), ncclInvalidArgument,
+              "ncclAllReduce", "operator");
+  EXPECT_OK(ncclRedOpDestroy(op, c));
+  EXPECT_ERR2(ncclRedOpDestroy(op, c), ncclInvalidArgument, "ncclRedOpDestroy", "not created");
+  /* A destroyed operator is gone. */
+  EXPECT_ERR2(ncclAllReduce(in, out, 5, ncclFloat, op, c, NULL), ncclInvalidArgument, "ncclAllReduce", "operator");
+  EXPECT_ERR2(ncclReduce(in, out, 5, ncclFloat, op, 0, c, NULL), ncclInvalidArgument, "ncclReduce", "operator");
+  for (int i = 0; i < 5; i++) assert_true(out[i] == 0.0f && iout[i] == 0);
+
+  /* An operator belongs to the comm it was made on. */
+  ncclComm_t c2 = one_rank_comm();
+  EXPECT_OK(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, c));
+  EXPECT_ERR2(ncclRedOpDestroy(op, c2), ncclInvalidArgument, "ncclRedOpDestroy", "not created");
+  EXPECT_ERR2(ncclAllReduce(in, out, 5, ncclFloat, op, c2, NULL), ncclInvalidArgument, "ncclAllReduce", "operator");
+  EXPECT_OK(ncclRedOpDestroy(op, c));
+  EXPECT_OK(ncclCommDestroy(c2));
+
+  /* Many operators at once, all destroyed: the table grows and is released
+   * with the comm (valgrind checks). */
+  ncclRedOp_t many[40];
+  for (int i = 0; i < 40; i++) EXPECT_OK(ncclRedOpCreatePreMulSum(&many[i], &scalar, ncclFloat, ncclScalarDevice, c));
+  for (int i = 0; i < 40; i++)
+    for (int j = 0; j < i; j++) assert_true(many[i] != many[j]);
+  for (int i = 0; i < 40; i += 2) EXPECT_OK(ncclRedOpDestroy(many[i], c));
+  /* Left alive on purpose: ncclCommDestroy must free them. */
+  EXPECT_OK(ncclCommDestroy(c));
+}
+
+/* --------------------------------------------------------------- collectives: 1-rank results */
+
+static void expect_floats(const float* got, const float* want, int n, const char* what, int line) {
+  for (int i = 0; i < n; i++)
+    if (got[i] != want[i]) fail_msg("line %d: %s: element %d is %g, expected %g", line, what, i, got[i], want[i]);
+}
+#define EXPECT_FLOATS(got, want, n, what) expect_floats((got), (want), (n), (what), __LINE__)
+
+static void test_collective_one_rank(void** state) {
+  (void)state;
+  ncclComm_t c = one_rank_comm();
+  const float in[5] = {1.5f, -2, 3, 4.25f, 5};
+  float out[5], buf[5];
+
+#define RESET() (memset(out, 0, sizeof(out)), memcpy(buf, in, sizeof(in)))
+  /* Sum, avg, max, min, prod over one rank: the input itself. */
+  const ncclRedOp_t ops[] = {ncclSum, ncclAvg, ncclMax, ncclMin, ncclProd};
+  for (size_t k = 0; k < sizeof(ops) / sizeof(ops[0]); k++) {
+    RESET();
+    EXPECT_OK(ncclAllReduce(in, out, 5, ncclFloat, ops[k], c, NULL));
+    EXPECT_FLOATS(out, in, 5, "ncclAllReduce");
+    EXPECT_OK(ncclAllReduce(buf, buf, 5, ncclFloat, ops[k], c, NULL));
+    EXPECT_FLOATS(buf, in, 5, "ncclAllReduce in place");
+    RESET();
+    EXPECT_OK(ncclReduce(in, out, 5, ncclFloat, ops[k], 0, c, NULL));
+    EXPECT_FLOATS(out, in, 5, "ncclReduce");
+    RESET();
+    EXPECT_OK(ncclReduceScatter(in, out, 5, ncclFloat, ops[k], c, NULL));
+    EXPECT_FLOATS(out, in, 5, "ncclReduceScatter");
+  }
+  /* An integer average on one rank is the input too. */
+  int32_t iin[3] = {7, -7, 100}, iout[3] = {0};
+  EXPECT_OK(ncclAllReduce(iin, iout, 3, ncclInt32, ncclAvg, c, NULL));
+  assert_memory_equal(iout, iin, sizeof(iin));
+
+  RESET();
+  EXPECT_OK(ncclBcast(buf, 5, ncclFloat, 0, c, NULL));
+  EXPECT_FLOATS(buf, in, 5, "ncclBcast");
+  EXPECT_OK(ncclBroadcast(in, out, 5, ncclFloat, 0, c, NULL));
+  EXPECT_FLOATS(out, in, 5, "ncclBroadcast");
+  RESET();
+  EXPECT_OK(ncclAllGather(in, out, 5, ncclFloat, c, NULL));
+  EXPECT_FLOATS(out, in, 5, "ncclAllGather");
+  RESET();
+  EXPECT_OK(ncclAllGather(buf, buf, 5, ncclFloat, c, NULL));
+  EXPECT_FLOATS(buf, in, 5, "ncclAllGather in place");
+  RESET();
+  EXPECT_OK(ncclAlltoAll(in, out, 5, ncclFloat, c, NULL));
+  EXPECT_FLOATS(out, in, 5, "ncclAlltoAll");
+  RESET();
+  EXPECT_OK(ncclGather(in, out, 5, ncclFloat, 0, c, NULL));
+  EXPECT_FLOATS(out, in, 5, "ncclGather");
+  RESET();
+  EXPECT_OK(ncclScatter(in, out, 5, ncclFloat, 0, c, NULL));
+  EXPECT_FLOATS(out, in, 5, "ncclScatter");
+
+  /* Send and receive to self, paired in a group, in either order. */
+  RESET();
+  EXPECT_OK(ncclGroupStart());
+  EXPECT_OK(ncclSend(in, 5, ncclFloat, 0, c, NULL));
+  EXPECT_OK(ncclRecv(out, 5, ncclFloat, 0, c, NULL));
+  EXPECT_OK(ncclGroupEnd());
+  EXPECT_FLOATS(out, in, 5, "ncclSend/ncclRecv to self");
+  RESET();
+  EXPECT_OK(ncclGroupStart());
+  EXPECT_OK(ncclRecv(out, 5, ncclFloat, 0, c, NULL));
+  EXPECT_OK(ncclSend(in, 5, ncclFloat, 0, c, NULL));
+  EXPECT_OK(ncclGroupEnd());
+  EXPECT_FLOATS(out, in, 5, "ncclRecv/ncclSend to self");
+
+  /* A group mixing collectives and p2p runs them all, in order. */
+  RESET();
+  float out2[5] = {0};
+  EXPECT_OK(ncclGroupStart());
+  EXPECT_OK(ncclAllReduce(in, out, 5, ncclFloat, ncclSum, c, NULL));
+  EXPECT_OK(ncclSend(out, 5, ncclFloat, 0, c, NULL));
+  EXPECT_OK(ncclRecv(out2, 5, ncclFloat, 0, c, NULL));
+  EXPECT_OK(ncclGroupEnd());
+  EXPECT_FLOATS(out2, in, 5, "ncclAllReduce then send/recv in a group");
+#undef RESET
+  EXPECT_OK(ncclCommDestroy(c));
+}
+
+static void test_collective_premulsum(void** state) {
+  (void)state;
+  ncclComm_t c = one_rank_comm();
+  const float in[5] = {1, 2, -3, 4.5f, 0.25f};
+  float want3[5], want5[5], out[5];
+  for (int i = 0; i < 5; i++) {
+    want3[i] = in[i] * 3.0f;
+    want5[i] = in[i] * 5.0f;
+  }
+
+  /* Host-immediate: the value is copied at creation. */
+  float s = 3.0f;
+  ncclRedOp_t imm;
+  EXPECT_OK(ncclRedOpCreatePreMulSum(&imm, &s, ncclFloat, ncclScalarHostImmediate, c));
+  s = 7.0f;
+  memset(out, 0, sizeof(out));
+  EXPECT_OK(ncclAllReduce(in, out, 5, ncclFloat, imm, c, NULL));
+  EXPECT_FLOATS(out, want3, 5, "premulsum (host immediate, variable changed afterwards)");
+  memset(out, 0, sizeof(out));
+  EXPECT_OK(ncclReduce(in, out, 5, ncclFloat, imm, 0, c, NULL));
+  EXPECT_FLOATS(out, want3, 5, "ncclReduce premulsum");
+  memset(out, 0, sizeof(out));
+  EXPECT_OK(ncclReduceScatter(in, out, 5, ncclFloat, imm, c, NULL));
+  EXPECT_FLOATS(out, want3, 5, "ncclReduceScatter premulsum");
+
+  /* "Device" residence given a host pointer: read when the call is made. */
+  float d = 3.0f;
+  ncclRedOp_t dev;
+  EXPECT_OK(ncclRedOpCreatePreMulSum(&dev, &d, ncclFloat, ncclScalarDevice, c));
+  assert_true(dev != imm);
+  memset(out, 0, sizeof(out));
+  EXPECT_OK(ncclAllReduce(in, out, 5, ncclFloat, dev, c, NULL));
+  EXPECT_FLOATS(out, want3, 5, "premulsum (device residence)");
+  d = 5.0f;
+  memset(out, 0, sizeof(out));
+  EXPECT_OK(ncclAllReduce(in, out, 5, ncclFloat, dev, c, NULL));
+  EXPECT_FLOATS(out, want5, 5, "premulsum (device residence, variable changed)");
+  EXPECT_OK(ncclRedOpDestroy(dev, c));
+  EXPECT_OK(ncclRedOpDestroy(imm, c));
+
+  /* Integers: scalar 3 for int32. */
+  int32_t iin[4] = {1, -2, 30, 0}, iout[4] = {0}, iwant[4] = {3, -6, 90, 0};
+  int32_t is = 3;
+  ncclRedOp_t iop;
+  EXPECT_OK(ncclRedOpCreatePreMulSum(&iop, &is, ncclInt32, ncclScalarHostImmediate, c));
+  EXPECT_OK(ncclAllReduce(iin, iout, 4, ncclInt32, iop, c, NULL));
+  assert_memory_equal(iout, iwant, sizeof(iwant));
+  EXPECT_OK(ncclRedOpDestroy(iop, c));
   EXPECT_OK(ncclCommDestroy(c));
 }
 
@@ -526,6 +1005,11 @@ int main(void) {
       cmocka_unit_test(test_peer_info),
       cmocka_unit_test(test_error_strings),
       cmocka_unit_test(test_stubs),
+      cmocka_unit_test(test_collective_args),
+      cmocka_unit_test(test_collective_groups),
+      cmocka_unit_test(test_collective_redops),
+      cmocka_unit_test(test_collective_one_rank),
+      cmocka_unit_test(test_collective_premulsum),
       cmocka_unit_test_teardown(test_init_from_env, clear_env_fixture),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

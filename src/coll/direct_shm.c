@@ -1,0 +1,361 @@
+/* Direct shared-memory algorithms for small messages on one host ("one
+ * shot"): every rank copies its input into its own mailbox in shared memory
+ * and raises a flag; every rank then reads what it needs straight from the
+ * peers' mailboxes. One exchange of flags instead of 2(n-1) ring steps.
+ * Reductions combine the mailboxes in rank order on every rank, so all ranks
+ * get bitwise identical results. Mailboxes are double-buffered by call
+ * parity; a rank reuses a buffer only after every peer has finished reading
+ * it (their `done` counters), so no call overwrites data still being read.
+ * The segments are memfds mapped through /proc/<pid>/fd (nothing in /dev/shm). */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "coll.h"
+
+#define MB_CTRL_BYTES 4096
+#define TAG_DIRECT_SETUP 0x7f000010u
+#define TAG_DIRECT_DONE 0x7f000011u
+
+struct mb_ctrl {
+  uint32_t ready; /* seq of the call whose data sits in the mailbox */
+  uint32_t ready_waiters;
+  char pad0[56];
+  uint32_t done; /* seq of the last call whose peers' data this rank has finished reading */
+  uint32_t done_waiters;
+  char pad1[56];
+  /* The call board: every collective publishes its sequence number and
+   * token here, so a rank that has waited a while can tell a peer that is
+   * merely slow from one that called something else (which would otherwise
+   * hang both when their calls picked different algorithms). */
+  uint64_t call_token;
+  uint32_t call_seq;
+  int32_t call_root;
+  char pad2[48];
+};
+
+struct direct_state {
+  int n;
+  uint32_t call_seq;
+  uint64_t call_token;
+  int32_t call_root;
+  size_t cap; /* bytes per mailbox buffer */
+  uint32_t seq;
+  struct mb_ctrl** ctrl; /* by rank */
+  char** data;           /* by rank: 2 buffers of cap bytes */
+  void** maps;
+  size_t map_len;
+};
+
+size_t direct_max_bytes(void) { return 256 * 1024; }
+
+static long futex(uint32_t* a, int op, uint32_t v, const struct timespec* ts) {
+  return syscall(SYS_futex, a, op, v, ts, NULL, 0);
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ volatile("yield");
+#endif
+}
+
+static void publish(uint32_t* word, uint32_t* waiters, uint32_t v) {
+  __atomic_store_n(word, v, __ATOMIC_RELEASE);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (__atomic_load_n(waiters, __ATOMIC_RELAXED)) futex(word, FUTEX_WAKE, 64, NULL);
+}
+
+/* Waits until (int32)(*word - want) >= 0. */
+static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* waiters, uint32_t want, int peer) {
+  int64_t deadline = 0;
+  for (int it = 0;; it++) {
+    uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+    if ((int32_t)(v - want) >= 0) return ncclSuccess;
+    if (it < comm->spin) {
+      cpu_relax();
+      continue;
+    }
+    if (it < comm->spin + 16) {
+      sched_yield();
+      continue;
+    }
+    if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED))
+      return err_set(ncclSystemError, "rank %d: operation aborted", comm->rank);
+    NCCLCHECK(board_check(comm));
+    if (deadline == 0) deadline = prim_deadline(comm);
+    if (deadline > 0 && time_ms() > deadline)
+      return err_set(ncclRemoteError, "rank %d: timed out waiting for rank %d (COLLIE_TIMEOUT)", comm->rank, peer);
+    __atomic_fetch_add(waiters, 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(word, __ATOMIC_ACQUIRE) == v) {
+      struct timespec ts = {0, 100 * 1000 * 1000};
+      futex(word, FUTEX_WAIT, v, &ts);
+    }
+    __atomic_fetch_sub(waiters, 1, __ATOMIC_RELAXED);
+  }
+}
+
+void direct_free(struct ncclComm* comm) {
+  struct direct_state* d = comm->direct;
+  if (!d) return;
+  for (int i = 0; i < d->n; i++)
+    if (d->maps && d->maps[i]) munmap(d->maps[i], d->map_len);
+  free(d->ctrl);
+  free(d->data);
+  free(d->maps);
+  free(d);
+  comm->direct = NULL;
+}
+
+struct mb_info {
+  int32_t pid;
+  int32_t fd;
+};
+
+static ncclResult_t direct_setup(struct ncclComm* comm) {
+  if (comm->direct) return ncclSuccess;
+  int n = comm->nranks;
+  struct direct_state* d = calloc(1, sizeof(*d));
+  if (!d) return err_set(ncclSystemError, "out of memory for the direct algorithm");
+  comm->direct = d;
+  d->n = n;
+  d->cap = direct_max_bytes();
+  d->map_len = MB_CTRL_BYTES + 2 * d->cap;
+  d->ctrl = calloc((size_t)n, sizeof(*d->ctrl));
+  d->data = calloc((size_t)n, sizeof(*d->data));
+  d->maps = calloc((size_t)n, sizeof(*d->maps));
+  struct mb_info* all = calloc((size_t)n, sizeof(*all));
+  ncclResult_t res = ncclSuccess;
+  int fd = -1;
+  if (!d->ctrl || !d->data || !d->maps || !all) {
+    res = err_set(ncclSystemError, "out of memory for the direct algorithm");
+    goto out;
+  }
+  fd = memfd_create("collie-direct", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, (off_t)d->map_len) != 0) {
+    res = err_set(ncclSystemError, "direct: cannot create a %zu-byte mailbox: %s", d->map_len, strerror(errno));
+    goto out;
+  }
+  all[comm->rank] = (struct mb_info){(int32_t)getpid(), fd};
+  NCCLCHECKGOTO(bootstrap_allgather(comm->bs, all, sizeof(*all)), res, out);
+  for (int i = 0; i < n; i++) {
+    int f = fd;
+    if (i != comm->rank) {
+      char path[64];
+      snprintf(path, sizeof(path), "/proc/%d/fd/%d", all[i].pid, all[i].fd);
+      f = open(path, O_RDWR | O_CLOEXEC);
+      if (f < 0) {
+        res = err_set(ncclSystemError, "direct: cannot open rank %d's mailbox %s: %s (set NCCL_ALGO=^Direct)", i,
+                      path, strerror(errno));
+        break;
+      }
+    }
+    void* m = mmap(NULL, d->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+    if (f != fd) close(f);
+    if (m == MAP_FAILED) {
+      res = err_set(ncclSystemError, "direct: cannot map rank %d's mailbox: %s", i, strerror(errno));
+      break;
+    }
+    d->maps[i] = m;
+    d->ctrl[i] = m;
+    d->data[i] = (char*)m + MB_CTRL_BYTES;
+  }
+  /* Everybody mapped everything before anyone drops its fd. */
+  ncclResult_t r2 = bootstrap_barrier(comm->bs);
+  if (res == ncclSuccess) res = r2;
+out:
+  if (fd >= 0) close(fd);
+  free(all);
+  if (res != ncclSuccess) direct_free(comm);
+  return res;
+}
+
+/* Starts a call: returns my mailbox buffer once every peer finished reading
+ * the call that last used it. */
+static ncclResult_t direct_begin(struct ncclComm* comm, char** mine) {
+  NCCLCHECK(direct_setup(comm));
+  struct direct_state* d = comm->direct;
+  uint32_t seq = ++d->seq;
+  for (int i = 0; i < d->n; i++) {
+    if (i == comm->rank || seq < 3) continue;
+    NCCLCHECK(wait_seq(comm, &d->ctrl[i]->done, &d->ctrl[i]->done_waiters, seq - 2, i));
+  }
+  *mine = d->data[comm->rank] + (seq & 1) * d->cap;
+  return ncclSuccess;
+}
+
+static const char* mailbox(struct direct_state* d, int i) { return d->data[i] + (d->seq & 1) * d->cap; }
+
+/* Publishes my mailbox and waits for the listed peers' (all if src < 0). */
+static ncclResult_t direct_exchange(struct ncclComm* comm, int src) {
+  struct direct_state* d = comm->direct;
+  struct mb_ctrl* me = d->ctrl[comm->rank];
+  publish(&me->ready, &me->ready_waiters, d->seq);
+  for (int i = 0; i < d->n; i++) {
+    if (i == comm->rank || (src >= 0 && i != src)) continue;
+    NCCLCHECK(wait_seq(comm, &d->ctrl[i]->ready, &d->ctrl[i]->ready_waiters, d->seq, i));
+  }
+  /* A peer's board was written before its ready flag: same call, same arguments? */
+  ncclResult_t res = board_check(comm);
+  if (res != ncclSuccess) publish(&me->done, &me->done_waiters, d->seq);
+  return res;
+}
+
+static void direct_end(struct ncclComm* comm) {
+  struct direct_state* d = comm->direct;
+  struct mb_ctrl* me = d->ctrl[comm->rank];
+  publish(&me->done, &me->done_waiters, d->seq);
+}
+
+ncclResult_t board_publish(struct ncclComm* comm, uint64_t token, int root) {
+  if (comm->nhosts != 1 || comm->nranks == 1 || param_int(P_NCCL_SHM_DISABLE, 0, 1)) return ncclSuccess;
+  NCCLCHECK(direct_setup(comm));
+  struct direct_state* d = comm->direct;
+  struct mb_ctrl* me = d->ctrl[comm->rank];
+  d->call_seq++;
+  d->call_token = token;
+  d->call_root = root;
+  __atomic_store_n(&me->call_token, token, __ATOMIC_RELAXED);
+  __atomic_store_n(&me->call_root, root, __ATOMIC_RELAXED);
+  __atomic_store_n(&me->call_seq, d->call_seq, __ATOMIC_RELEASE);
+  return ncclSuccess;
+}
+
+static void describe_token(uint64_t t, char* buf, size_t n) {
+  static const char* kinds[] = {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
+                                "alltoall", "gather", "scatter", "send/recv", "send/recv"};
+  unsigned kind = (unsigned)(t >> 48) & 0xf;
+  snprintf(buf, n, "%s of %llu bytes of %s", kind < 10 ? kinds[kind] : "?",
+           (unsigned long long)(t & 0xffffffffffffULL), dtype_name((ncclDataType_t)((t >> 52) & 0xf)));
+}
+
+ncclResult_t board_check(struct ncclComm* comm) {
+  struct direct_state* d = comm->direct;
+  if (!d || !d->call_seq) return ncclSuccess;
+  for (int i = 0; i < d->n; i++) {
+    if (i == comm->rank) continue;
+    uint32_t seq = __atomic_load_n(&d->ctrl[i]->call_seq, __ATOMIC_ACQUIRE);
+    uint64_t tok = __atomic_load_n(&d->ctrl[i]->call_token, __ATOMIC_RELAXED);
+    int32_t root = __atomic_load_n(&d->ctrl[i]->call_root, __ATOMIC_RELAXED);
+    if (seq != d->call_seq || (tok == d->call_token && root == d->call_root)) continue;
+    /* Re-read: the peer may have been moving to its next call. */
+    if (__atomic_load_n(&d->ctrl[i]->call_seq, __ATOMIC_ACQUIRE) != seq) continue;
+    char mine[128], theirs[128];
+    describe_token(d->call_token, mine, sizeof(mine));
+    describe_token(tok, theirs, sizeof(theirs));
+    if (tok == d->call_token)
+      return err_set(ncclInvalidUsage, "rank %d: collective #%u (%s) has root %d here but root %d on rank %d",
+                     comm->rank, seq, mine, d->call_root, root, i);
+    return err_set(ncclInvalidUsage,
+                   "rank %d: collective #%u does not match across ranks: this rank called %s, rank %d called %s",
+                   comm->rank, seq, mine, i, theirs);
+  }
+  return ncclSuccess;
+}
+
+int direct_eligible(const struct coll_args* a, size_t mailbox_bytes) {
+  const struct ncclComm* comm = a->comm;
+  return comm->nhosts == 1 && comm->nranks > 1 && mailbox_bytes <= direct_max_bytes() &&
+         !param_int(P_NCCL_SHM_DISABLE, 0, 1);
+}
+
+/* Reduces element range [off, off+count) of every rank's mailbox into dst. */
+static void reduce_all(struct direct_state* d, const struct red_op* op, char* dst, size_t off_bytes, size_t count,
+                       int avg) {
+  const void* srcs[64];
+  int n = d->n;
+  if (n <= 64) {
+    for (int i = 0; i < n; i++) srcs[i] = mailbox(d, i) + off_bytes;
+    red_reduce_n(op, dst, srcs, n, count);
+  } else {
+    red_pre(op, dst, mailbox(d, 0) + off_bytes, count);
+    for (int i = 1; i < n; i++) red_reduce(op, dst, dst, mailbox(d, i) + off_bytes, count);
+  }
+  if (avg) red_div(op->dt, dst, dst, count, n);
+}
+
+ncclResult_t direct_allreduce(struct coll_args* a) {
+  struct ncclComm* comm = a->comm;
+  size_t bytes = a->count * dtype_size(a->dt);
+  char* mine;
+  NCCLCHECK(direct_begin(comm, &mine));
+  memcpy(mine, a->sendbuff, bytes);
+  NCCLCHECK(direct_exchange(comm, -1));
+  reduce_all(comm->direct, &a->op, a->recvbuff, 0, a->count, a->avg);
+  direct_end(comm);
+  return ncclSuccess;
+}
+
+ncclResult_t direct_reduce(struct coll_args* a) {
+  struct ncclComm* comm = a->comm;
+  size_t bytes = a->count * dtype_size(a->dt);
+  char* mine;
+  NCCLCHECK(direct_begin(comm, &mine));
+  memcpy(mine, a->sendbuff, bytes);
+  if (comm->rank == a->root) {
+    NCCLCHECK(direct_exchange(comm, -1));
+    reduce_all(comm->direct, &a->op, a->recvbuff, 0, a->count, a->avg);
+  } else {
+    struct mb_ctrl* me = comm->direct->ctrl[comm->rank];
+    publish(&me->ready, &me->ready_waiters, comm->direct->seq);
+  }
+  /* Non-roots must not reuse their mailbox before the root read it: the done
+   * counters of direct_begin cover that (the root publishes done). */
+  direct_end(comm);
+  return ncclSuccess;
+}
+
+ncclResult_t direct_reducescatter(struct coll_args* a) {
+  struct ncclComm* comm = a->comm;
+  size_t esz = dtype_size(a->dt), bytes = a->count * esz;
+  char* mine;
+  NCCLCHECK(direct_begin(comm, &mine));
+  memcpy(mine, a->sendbuff, bytes * (size_t)comm->nranks);
+  NCCLCHECK(direct_exchange(comm, -1));
+  reduce_all(comm->direct, &a->op, a->recvbuff, (size_t)comm->rank * bytes, a->count, a->avg);
+  direct_end(comm);
+  return ncclSuccess;
+}
+
+ncclResult_t direct_allgather(struct coll_args* a) {
+  struct ncclComm* comm = a->comm;
+  size_t bytes = a->count * dtype_size(a->dt);
+  char* mine;
+  NCCLCHECK(direct_begin(comm, &mine));
+  memcpy(mine, a->sendbuff, bytes);
+  NCCLCHECK(direct_exchange(comm, -1));
+  for (int i = 0; i < comm->nranks; i++) {
+    char* dst = (char*)a->recvbuff + (size_t)i * bytes;
+    if (i == comm->rank && dst == a->sendbuff) continue;
+    memcpy(dst, i == comm->rank ? (const char*)a->sendbuff : mailbox(comm->direct, i), bytes);
+  }
+  direct_end(comm);
+  return ncclSuccess;
+}
+
+ncclResult_t direct_broadcast(struct coll_args* a) {
+  struct ncclComm* comm = a->comm;
+  size_t bytes = a->count * dtype_size(a->dt);
+  char* mine;
+  NCCLCHECK(direct_begin(comm, &mine));
+  if (comm->rank == a->root) {
+    memcpy(mine, a->sendbuff, bytes);
+    struct mb_ctrl* me = comm->direct->ctrl[comm->rank];
+    publish(&me->ready, &me->ready_waiters, comm->direct->seq);
+    if (a->recvbuff != a->sendbuff) memcpy(a->recvbuff, a->sendbuff, bytes);
+  } else {
+    NCCLCHECK(direct_exchange(comm, a->root));
+    memcpy(a->recvbuff, mailbox(comm->direct, a->root), bytes);
+  }
+  direct_end(comm);
+  return ncclSuccess;
+}

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# collie-perf's command line (tools/perf_common.c): help, usage errors and
+# their exit status, size suffixes, the operation taken from a link's name.
+# Nothing here needs a working collective: every case stops before init.
+# Usage: test_perf_args.sh PATH/TO/collie-perf
+set -u
+
+if [ $# -ne 1 ] || [ ! -x "$1" ]; then
+    echo "usage: $0 PATH/TO/collie-perf" >&2
+    exit 2
+fi
+PERF=$(readlink -f "$1")
+pass=0
+fail=0
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/perf-args-test.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+
+# run EXPECTED_STATUS DESCRIPTION -- command...: checks the exit status; the
+# output is kept in $tmp/out and $tmp/err for further checks.
+run() {
+    local want=$1 what=$2
+    shift 3
+    timeout -k 5 60 "$@" >"$tmp/out" 2>"$tmp/err"
+    local got=$?
+    if [ "$got" = "$want" ]; then
+        echo "ok - $what"
+        pass=$((pass + 1))
+        return 0
+    fi
+    echo "not ok - $what (exit $got, expected $want)"
+    sed 's/^/#   stderr: /' "$tmp/err" | head -10
+    sed 's/^/#   stdout: /' "$tmp/out" | head -10
+    fail=$((fail + 1))
+    return 1
+}
+
+# check DESCRIPTION -- command...: a further condition on the last run.
+check() {
+    local what=$1
+    shift 2
+    if "$@"; then
+        echo "ok - $what"
+        pass=$((pass + 1))
+    else
+        echo "not ok - $what"
+        fail=$((fail + 1))
+    fi
+}
+
+run 0 "-h exits 0" -- "$PERF" -h
+check "-h prints the usage on stdout" -- grep -q '^usage: collie-perf OPERATION' "$tmp/out"
+check "-h lists every operation" -- grep -q 'all_reduce all_gather broadcast reduce reduce_scatter alltoall' "$tmp/out"
+run 0 "--help exits 0" -- "$PERF" --help
+run 0 "-h after an operation exits 0" -- "$PERF" all_reduce -b 8 -h
+
+run 2 "no operation exits 2" -- "$PERF"
+check "no operation: message and usage on stderr" -- grep -q 'no operation' "$tmp/err"
+run 2 "bad operation name exits 2" -- "$PERF" all_reduse -b 8
+check "bad operation: named in the message" -- grep -q "unknown operation 'all_reduse'" "$tmp/err"
+check "bad operation: usage on stderr" -- grep -q '^usage: collie-perf' "$tmp/err"
+check "bad operation: nothing on stdout" -- test ! -s "$tmp/out"
+run 2 "two operations exit 2" -- "$PERF" all_reduce broadcast
+
+run 2 "bad size suffix exits 2" -- "$PERF" all_reduce -b 8X
+check "bad size suffix: named in the message" -- grep -q "invalid size for -b/--minbytes: '8X'" "$tmp/err"
+check "bad size suffix: usage on stderr" -- grep -q '^usage: collie-perf' "$tmp/err"
+run 2 "trailing garbage after a suffix exits 2" -- "$PERF" all_reduce -e 8MBX
+run 0 "sizes with K/M/G, a fraction and B parse (then -h)" -- "$PERF" all_reduce -b 1.5K -e 8MB -i 1g -h
+run 2 "negative size exits 2" -- "$PERF" all_reduce -b -8
+run 2 "empty size exits 2" -- "$PERF" all_reduce -b ''
+run 2 "bad -i exits 2" -- "$PERF" all_reduce -i 1Q
+run 2 "-b larger than -e exits 2" -- "$PERF" all_reduce -b 2M -e 1M
+run 2 "unknown datatype exits 2" -- "$PERF" all_reduce -d float128
+run 2 "unknown op exits 2" -- "$PERF" all_reduce -o mulsum
+run 2 "-n 0 exits 2" -- "$PERF" all_reduce -n 0
+run 2 "-a 4 exits 2" -- "$PERF" all_reduce -a 4
+run 2 "-t 2 exits 2 (one rank per process)" -- "$PERF" all_reduce -t 2
+run 2 "unknown option exits 2" -- "$PERF" all_reduce --frobnicate
+run 2 "missing option value exits 2" -- "$PERF" all_reduce -b
+run 2 "a zero step exits 2" -- "$PERF" all_reduce -b 8 -e 64 -i 0
+
+# The operation from the program's name, as with nccl-tests' binaries.
+ln -s "$PERF" "$tmp/all_gather_perf"
+run 0 "all_gather_perf -h exits 0" -- "$tmp/all_gather_perf" -h
+run 2 "all_gather_perf with an operation argument exits 2" -- "$tmp/all_gather_perf" broadcast
+check "... and says the argument is unexpected" -- grep -q "unexpected argument 'broadcast'" "$tmp/err"
+ln -s "$PERF" "$tmp/nonsense_perf"
+run 2 "an unknown *_perf name still needs an operation" -- "$tmp/nonsense_perf"
+
+echo "# $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
