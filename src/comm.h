@@ -23,11 +23,13 @@ struct ncclComm {
   uint32_t abort_flag;
   ncclResult_t async_error;
   int finalized;
+  int broken; /* a collective failed part-way: connectors are poisoned */
   /* Connectors by peer, set up on first use (transport/connect.c). */
   struct conn** send_conns;
   struct conn** recv_conns;
   int nslots;
   size_t slot_bytes;
+  int shm_disable; /* NCCL_SHM_DISABLE, read at init */
   int algo_mask;  /* 1 << ALGO_* allowed by NCCL_ALGO / NCCL_PROTO */
   double oversub; /* local ranks per CPU, at least 1 */
   struct direct_state* direct; /* coll/direct_shm.c mailboxes, set up on first use */

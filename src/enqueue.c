@@ -98,6 +98,8 @@ static ncclResult_t resolve_op(struct ncclComm* comm, ncclRedOp_t op, ncclDataTy
   const void* scalar = u->residence == ncclScalarHostImmediate ? (const void*)&u->value : u->ptr;
   if (red_op_init_premulsum(&a->op, scalar, dt) != 0)
     return err_set(ncclInvalidArgument, "%s: cannot use operator %d", fn, (int)op);
+  /* A device-resident scalar is read when the operation runs (ncclGroupEnd for grouped calls). */
+  a->scalar_ptr = u->residence == ncclScalarDevice ? u->ptr : NULL;
   return ncclSuccess;
 }
 
@@ -151,6 +153,7 @@ static __thread ncclResult_t group_error;
 static __thread char group_cause[1024];
 
 static ncclResult_t run_coll(struct coll_args* a) {
+  if (a->scalar_ptr) red_op_init_premulsum(&a->op, a->scalar_ptr, a->dt);
   NCCLCHECK(board_publish(a->comm, coll_token(a, a->count * dtype_size(a->dt)), a->root));
   int algo = a->kind <= COLL_REDUCESCATTER && a->count > 0 ? tuning_choose(a) : ALGO_RING;
   switch (a->kind) {
@@ -191,7 +194,10 @@ static ncclResult_t run_comm_tasks(struct task* t) {
       res = run_coll(&t->a);
       t = t->next;
     }
-    if (res != ncclSuccess && res != ncclInvalidArgument)
+    if (res == ncclSuccess) res = transport_flush(comm);
+    /* Errors found before any data moved (e.g. an unmatched send to self)
+     * leave the communicator usable; anything after that breaks it. */
+    if (res != ncclSuccess && (res != ncclInvalidUsage || comm->broken) && res != ncclInvalidArgument)
       __atomic_store_n(&comm->async_error, res, __ATOMIC_RELEASE);
     log_set_rank(saved);
   }

@@ -572,10 +572,11 @@ static int fail(const struct perf_backend* b, const char* what) {
   return PERF_EXIT_FAILED;
 }
 
-static void buffers_for(struct run_state* s, const struct layout* l, size_t ts, int in_place, int root,
-                        char** send, char** recv) {
+/* NCCL's buffers for one call: out-of-place, the two buffers; in place, both
+ * inside the receive buffer at the offsets of the layout. */
+static void buffers_for(struct run_state* s, const struct layout* l, size_t ts, int in_place, char** send,
+                        char** recv) {
   int rank = s->b->rank;
-  (void)root;
   if (!in_place) {
     *send = s->sendbuf;
     *recv = s->recvbuf;
@@ -593,7 +594,7 @@ static int64_t check_once(struct run_state* s, const struct layout* l, int type,
   size_t ts = perf_type_size(type);
   int me = b->rank, n = b->nranks;
   char *send, *recv;
-  buffers_for(s, l, ts, in_place, root, &send, &recv);
+  buffers_for(s, l, ts, in_place, &send, &recv);
   uint32_t seed = ++s->seed;
   int pop = coll_reduces(c) ? op : OP_COPY;
 
@@ -667,7 +668,7 @@ static int bench_one(struct run_state* s, const struct layout* l, int type, int 
   enum perf_coll c = a->coll;
   size_t ts = perf_type_size(type);
   char *send, *recv;
-  buffers_for(s, l, ts, in_place, root, &send, &recv);
+  buffers_for(s, l, ts, in_place, &send, &recv);
 
   if (in_place && c == PERF_ALLTOALL && (b->flags & PERF_NO_INPLACE_ALLTOALL)) {
     if (b->rank == 0) printf("  %7s  %6s  %6s  %5s", "N/A", "N/A", "N/A", "N/A");

@@ -31,6 +31,7 @@ struct coll_args {
   int avg;          /* ncclAvg: divide the sum by nranks */
   int root;         /* broadcast, reduce, gather, scatter */
   int peer;         /* send, recv */
+  const void* scalar_ptr; /* PreMulSum with ncclScalarDevice: read at run time */
 };
 
 /* Token identifying an operation on a connector: both sides must compute the

@@ -24,22 +24,36 @@
 #define TAG_DIRECT_SETUP 0x7f000010u
 #define TAG_DIRECT_DONE 0x7f000011u
 
+#define INLINE_BYTES 40
+
+/* One cache line per call parity: the ready flag, the call's arguments and,
+ * for payloads up to INLINE_BYTES, the data itself, so a peer gets all of it
+ * in one cache-line transfer. */
+struct mb_line {
+  uint32_t seq; /* the direct call whose data this line (and mailbox half) holds */
+  uint32_t waiters;
+  int32_t root;
+  uint32_t pad;
+  uint64_t token;
+  char data[INLINE_BYTES];
+};
+
 struct mb_ctrl {
-  uint32_t ready; /* seq of the call whose data sits in the mailbox */
-  uint32_t ready_waiters;
-  char pad0[56];
-  uint32_t done; /* seq of the last call whose peers' data this rank has finished reading */
-  uint32_t done_waiters;
-  char pad1[56];
+  struct mb_line line[2];
   /* The call board: every collective publishes its sequence number and
-   * token here, so a rank that has waited a while can tell a peer that is
+   * arguments here, so a rank that has waited a while can tell a peer that is
    * merely slow from one that called something else (which would otherwise
    * hang both when their calls picked different algorithms). */
-  uint64_t call_token;
   uint32_t call_seq;
   int32_t call_root;
-  char pad2[48];
+  uint64_t call_token;
+  char pad0[48];
+  uint32_t done; /* seq of the last direct call whose peers' data this rank has finished reading */
+  uint32_t done_waiters;
+  char pad1[56];
 };
+_Static_assert(sizeof(struct mb_line) == 64, "one cache line");
+_Static_assert(sizeof(struct mb_ctrl) == 256, "four cache lines");
 
 struct direct_state {
   int n;
@@ -48,6 +62,7 @@ struct direct_state {
   int32_t call_root;
   size_t cap; /* bytes per mailbox buffer */
   uint32_t seq;
+  int last_symmetric; /* the previous direct call had every rank wait for every other */
   struct mb_ctrl** ctrl; /* by rank */
   char** data;           /* by rank: 2 buffers of cap bytes */
   void** maps;
@@ -90,7 +105,11 @@ static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* wa
     }
     if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED))
       return err_set(ncclSystemError, "rank %d: operation aborted", comm->rank);
-    NCCLCHECK(board_check(comm));
+    ncclResult_t b = board_check(comm);
+    if (b != ncclSuccess) {
+      comm->broken = 1;
+      return b;
+    }
     if (deadline == 0) deadline = prim_deadline(comm);
     if (deadline > 0 && time_ms() > deadline)
       return err_set(ncclRemoteError, "rank %d: timed out waiting for rank %d (COLLIE_TIMEOUT)", comm->rank, peer);
@@ -179,37 +198,60 @@ out:
   return res;
 }
 
-/* Starts a call: returns my mailbox buffer once every peer finished reading
- * the call that last used it. */
-static ncclResult_t direct_begin(struct ncclComm* comm, char** mine) {
+/* Starts a call whose payload is `bytes` (per rank): returns where to put it
+ * (the inline part of my line, or my mailbox), once no peer can still be
+ * reading what the same buffer held two calls ago. After a symmetric call
+ * (everybody waited for everybody) that is already certain: each peer
+ * published that call only after finishing the one before. */
+static ncclResult_t direct_begin(struct ncclComm* comm, size_t bytes, char** mine) {
   NCCLCHECK(direct_setup(comm));
   struct direct_state* d = comm->direct;
   uint32_t seq = ++d->seq;
-  for (int i = 0; i < d->n; i++) {
-    if (i == comm->rank || seq < 3) continue;
-    NCCLCHECK(wait_seq(comm, &d->ctrl[i]->done, &d->ctrl[i]->done_waiters, seq - 2, i));
+  if (!d->last_symmetric && seq >= 3) {
+    for (int i = 0; i < d->n; i++) {
+      if (i == comm->rank) continue;
+      NCCLCHECK(wait_seq(comm, &d->ctrl[i]->done, &d->ctrl[i]->done_waiters, seq - 2, i));
+    }
   }
-  *mine = d->data[comm->rank] + (seq & 1) * d->cap;
+  struct mb_line* l = &d->ctrl[comm->rank]->line[seq & 1];
+  *mine = bytes <= INLINE_BYTES ? l->data : d->data[comm->rank] + (seq & 1) * d->cap;
   return ncclSuccess;
 }
 
-static const char* mailbox(struct direct_state* d, int i) { return d->data[i] + (d->seq & 1) * d->cap; }
+static const char* peer_data(struct direct_state* d, int i, size_t bytes) {
+  return bytes <= INLINE_BYTES ? d->ctrl[i]->line[d->seq & 1].data : d->data[i] + (d->seq & 1) * d->cap;
+}
 
-/* Publishes my mailbox and waits for the listed peers' (all if src < 0). */
+static void publish_ready(struct ncclComm* comm) {
+  struct direct_state* d = comm->direct;
+  struct mb_line* l = &d->ctrl[comm->rank]->line[d->seq & 1];
+  l->token = d->call_token;
+  l->root = d->call_root;
+  publish(&l->seq, &l->waiters, d->seq);
+}
+
+/* Publishes my line and waits for peer `src`'s (every peer's if src < 0);
+ * then checks that they are on the same call with the same arguments. */
 static ncclResult_t direct_exchange(struct ncclComm* comm, int src) {
   struct direct_state* d = comm->direct;
-  struct mb_ctrl* me = d->ctrl[comm->rank];
-  publish(&me->ready, &me->ready_waiters, d->seq);
-  for (int i = 0; i < d->n; i++) {
+  publish_ready(comm);
+  ncclResult_t res = ncclSuccess;
+  for (int i = 0; i < d->n && res == ncclSuccess; i++) {
     if (i == comm->rank || (src >= 0 && i != src)) continue;
-    NCCLCHECK(wait_seq(comm, &d->ctrl[i]->ready, &d->ctrl[i]->ready_waiters, d->seq, i));
+    struct mb_line* l = &d->ctrl[i]->line[d->seq & 1];
+    res = wait_seq(comm, &l->seq, &l->waiters, d->seq, i);
+    if (res == ncclSuccess && (l->token != d->call_token || l->root != d->call_root)) res = board_check(comm);
   }
-  /* A peer's board was written before its ready flag: same call, same arguments? */
-  ncclResult_t res = board_check(comm);
-  if (res != ncclSuccess) publish(&me->done, &me->done_waiters, d->seq);
+  if (res != ncclSuccess) {
+    comm->broken = 1;
+    struct mb_ctrl* me = d->ctrl[comm->rank];
+    publish(&me->done, &me->done_waiters, d->seq);
+  }
+  d->last_symmetric = src < 0;
   return res;
 }
 
+/* Ends a call: peers may reuse the buffers this rank read. */
 static void direct_end(struct ncclComm* comm) {
   struct direct_state* d = comm->direct;
   struct mb_ctrl* me = d->ctrl[comm->rank];
@@ -217,13 +259,16 @@ static void direct_end(struct ncclComm* comm) {
 }
 
 ncclResult_t board_publish(struct ncclComm* comm, uint64_t token, int root) {
-  if (comm->nhosts != 1 || comm->nranks == 1 || param_int(P_NCCL_SHM_DISABLE, 0, 1)) return ncclSuccess;
+  if (comm->nhosts != 1 || comm->nranks == 1 || comm->shm_disable) return ncclSuccess;
   NCCLCHECK(direct_setup(comm));
   struct direct_state* d = comm->direct;
   struct mb_ctrl* me = d->ctrl[comm->rank];
   d->call_seq++;
   d->call_token = token;
   d->call_root = root;
+  /* A seqlock: readers ignore the entry while call_seq is 0 or changes under them. */
+  __atomic_store_n(&me->call_seq, 0, __ATOMIC_RELAXED);
+  __atomic_thread_fence(__ATOMIC_RELEASE);
   __atomic_store_n(&me->call_token, token, __ATOMIC_RELAXED);
   __atomic_store_n(&me->call_root, root, __ATOMIC_RELAXED);
   __atomic_store_n(&me->call_seq, d->call_seq, __ATOMIC_RELEASE);
@@ -244,11 +289,13 @@ ncclResult_t board_check(struct ncclComm* comm) {
   for (int i = 0; i < d->n; i++) {
     if (i == comm->rank) continue;
     uint32_t seq = __atomic_load_n(&d->ctrl[i]->call_seq, __ATOMIC_ACQUIRE);
+    if (seq != d->call_seq) continue;
     uint64_t tok = __atomic_load_n(&d->ctrl[i]->call_token, __ATOMIC_RELAXED);
     int32_t root = __atomic_load_n(&d->ctrl[i]->call_root, __ATOMIC_RELAXED);
-    if (seq != d->call_seq || (tok == d->call_token && root == d->call_root)) continue;
-    /* Re-read: the peer may have been moving to its next call. */
-    if (__atomic_load_n(&d->ctrl[i]->call_seq, __ATOMIC_ACQUIRE) != seq) continue;
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    /* The peer may be moving to its next call: only a stable entry counts. */
+    if (__atomic_load_n(&d->ctrl[i]->call_seq, __ATOMIC_RELAXED) != seq) continue;
+    if (tok == d->call_token && root == d->call_root) continue;
     char mine[128], theirs[128];
     describe_token(d->call_token, mine, sizeof(mine));
     describe_token(tok, theirs, sizeof(theirs));
@@ -265,20 +312,20 @@ ncclResult_t board_check(struct ncclComm* comm) {
 int direct_eligible(const struct coll_args* a, size_t mailbox_bytes) {
   const struct ncclComm* comm = a->comm;
   return comm->nhosts == 1 && comm->nranks > 1 && mailbox_bytes <= direct_max_bytes() &&
-         !param_int(P_NCCL_SHM_DISABLE, 0, 1);
+         !comm->shm_disable;
 }
 
 /* Reduces element range [off, off+count) of every rank's mailbox into dst. */
-static void reduce_all(struct direct_state* d, const struct red_op* op, char* dst, size_t off_bytes, size_t count,
-                       int avg) {
+static void reduce_all(struct direct_state* d, const struct red_op* op, char* dst, size_t bytes, size_t off_bytes,
+                       size_t count, int avg) {
   const void* srcs[64];
   int n = d->n;
   if (n <= 64) {
-    for (int i = 0; i < n; i++) srcs[i] = mailbox(d, i) + off_bytes;
+    for (int i = 0; i < n; i++) srcs[i] = peer_data(d, i, bytes) + off_bytes;
     red_reduce_n(op, dst, srcs, n, count);
   } else {
-    red_pre(op, dst, mailbox(d, 0) + off_bytes, count);
-    for (int i = 1; i < n; i++) red_reduce(op, dst, dst, mailbox(d, i) + off_bytes, count);
+    red_pre(op, dst, peer_data(d, 0, bytes) + off_bytes, count);
+    for (int i = 1; i < n; i++) red_reduce(op, dst, dst, peer_data(d, i, bytes) + off_bytes, count);
   }
   if (avg) red_div(op->dt, dst, dst, count, n);
 }
@@ -287,10 +334,10 @@ ncclResult_t direct_allreduce(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
   char* mine;
-  NCCLCHECK(direct_begin(comm, &mine));
+  NCCLCHECK(direct_begin(comm, bytes, &mine));
   memcpy(mine, a->sendbuff, bytes);
   NCCLCHECK(direct_exchange(comm, -1));
-  reduce_all(comm->direct, &a->op, a->recvbuff, 0, a->count, a->avg);
+  reduce_all(comm->direct, &a->op, a->recvbuff, bytes, 0, a->count, a->avg);
   direct_end(comm);
   return ncclSuccess;
 }
@@ -299,29 +346,28 @@ ncclResult_t direct_reduce(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
   char* mine;
-  NCCLCHECK(direct_begin(comm, &mine));
+  NCCLCHECK(direct_begin(comm, bytes, &mine));
   memcpy(mine, a->sendbuff, bytes);
   if (comm->rank == a->root) {
     NCCLCHECK(direct_exchange(comm, -1));
-    reduce_all(comm->direct, &a->op, a->recvbuff, 0, a->count, a->avg);
+    reduce_all(comm->direct, &a->op, a->recvbuff, bytes, 0, a->count, a->avg);
   } else {
-    struct mb_ctrl* me = comm->direct->ctrl[comm->rank];
-    publish(&me->ready, &me->ready_waiters, comm->direct->seq);
+    publish_ready(comm);
   }
-  /* Non-roots must not reuse their mailbox before the root read it: the done
-   * counters of direct_begin cover that (the root publishes done). */
+  /* Non-roots wait for nobody: the next call must check the done counters. */
+  comm->direct->last_symmetric = 0;
   direct_end(comm);
   return ncclSuccess;
 }
 
 ncclResult_t direct_reducescatter(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
-  size_t esz = dtype_size(a->dt), bytes = a->count * esz;
+  size_t esz = dtype_size(a->dt), bytes = a->count * esz, total = bytes * (size_t)comm->nranks;
   char* mine;
-  NCCLCHECK(direct_begin(comm, &mine));
-  memcpy(mine, a->sendbuff, bytes * (size_t)comm->nranks);
+  NCCLCHECK(direct_begin(comm, total, &mine));
+  memcpy(mine, a->sendbuff, total);
   NCCLCHECK(direct_exchange(comm, -1));
-  reduce_all(comm->direct, &a->op, a->recvbuff, (size_t)comm->rank * bytes, a->count, a->avg);
+  reduce_all(comm->direct, &a->op, a->recvbuff, total, (size_t)comm->rank * bytes, a->count, a->avg);
   direct_end(comm);
   return ncclSuccess;
 }
@@ -330,13 +376,13 @@ ncclResult_t direct_allgather(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
   char* mine;
-  NCCLCHECK(direct_begin(comm, &mine));
+  NCCLCHECK(direct_begin(comm, bytes, &mine));
   memcpy(mine, a->sendbuff, bytes);
   NCCLCHECK(direct_exchange(comm, -1));
   for (int i = 0; i < comm->nranks; i++) {
     char* dst = (char*)a->recvbuff + (size_t)i * bytes;
     if (i == comm->rank && dst == a->sendbuff) continue;
-    memcpy(dst, i == comm->rank ? (const char*)a->sendbuff : mailbox(comm->direct, i), bytes);
+    memcpy(dst, i == comm->rank ? (const char*)a->sendbuff : peer_data(comm->direct, i, bytes), bytes);
   }
   direct_end(comm);
   return ncclSuccess;
@@ -346,16 +392,16 @@ ncclResult_t direct_broadcast(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
   char* mine;
-  NCCLCHECK(direct_begin(comm, &mine));
+  NCCLCHECK(direct_begin(comm, bytes, &mine));
   if (comm->rank == a->root) {
     memcpy(mine, a->sendbuff, bytes);
-    struct mb_ctrl* me = comm->direct->ctrl[comm->rank];
-    publish(&me->ready, &me->ready_waiters, comm->direct->seq);
+    publish_ready(comm);
     if (a->recvbuff != a->sendbuff) memcpy(a->recvbuff, a->sendbuff, bytes);
   } else {
     NCCLCHECK(direct_exchange(comm, a->root));
-    memcpy(a->recvbuff, mailbox(comm->direct, a->root), bytes);
+    memcpy(a->recvbuff, peer_data(comm->direct, a->root, bytes), bytes);
   }
+  comm->direct->last_symmetric = 0;
   direct_end(comm);
   return ncclSuccess;
 }

@@ -43,7 +43,11 @@ static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline) {
   }
   if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED))
     return err_set(ncclSystemError, "rank %d: operation aborted", comm->rank);
-  NCCLCHECK(board_check(comm));
+  ncclResult_t b = board_check(comm);
+  if (b != ncclSuccess) {
+    comm->broken = 1;
+    return b;
+  }
   if (*deadline == 0) *deadline = prim_deadline(comm);
   if (*deadline > 0 && time_ms() > *deadline)
     return err_set(ncclRemoteError, "rank %d: timed out waiting for rank %d (%s) (COLLIE_TIMEOUT)", comm->rank,
@@ -156,7 +160,7 @@ ncclResult_t prim_recv_reduce_copy(struct prim_link* r, struct prim_link* s, con
 }
 
 ncclResult_t prim_fail(struct ncclComm* comm, struct prim_link* links, int n, ncclResult_t res) {
-  (void)comm;
+  comm->broken = 1;
   for (int i = 0; i < n; i++)
     if (links[i].c) links[i].c->ops->fail(links[i].c);
   return res;

@@ -109,6 +109,7 @@ ncclResult_t tree_allreduce(struct coll_args* a) {
     }
   }
   if (res != ncclSuccess) {
+    comm->broken = 1;
     for (int i = 0; i < np; i++) {
       sc[i]->ops->fail(sc[i]);
       rc[i]->ops->fail(rc[i]);

@@ -60,7 +60,7 @@ struct link_cost {
 };
 
 static struct link_cost cost_for(const struct ncclComm* comm) {
-  int shm = comm->nhosts == 1 && !param_int(P_NCCL_SHM_DISABLE, 0, 1);
+  int shm = comm->nhosts == 1 && !comm->shm_disable;
   struct link_cost c = {shm ? 0.6 : 15.0, shm ? 8.0 : 1.2};
   /* With more ranks than CPUs every step can cost a context switch. */
   if (comm->oversub > 1) c.alpha_us += 8.0 * comm->oversub;

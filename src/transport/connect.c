@@ -24,7 +24,7 @@ struct conn_info {
 
 /* shm when both ranks share a host (same host hash) and it is not disabled. */
 static int choose_type(struct ncclComm* comm, int peer) {
-  if (param_int(P_NCCL_SHM_DISABLE, 0, 1)) return CONN_SOCKET;
+  if (comm->shm_disable) return CONN_SOCKET;
   if (comm->peers[peer].host_hash != comm->peers[comm->rank].host_hash) return CONN_SOCKET;
   return CONN_SHM;
 }
@@ -147,6 +147,25 @@ ncclResult_t transport_progress(struct ncclComm* comm) {
     if (c && c->type == CONN_SOCKET) NCCLCHECK(c->ops->progress(c));
     c = comm->recv_conns[i];
     if (c && c->type == CONN_SOCKET && c->opseq != (uint64_t)-1) NCCLCHECK(c->ops->progress(c));
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t transport_flush(struct ncclComm* comm) {
+  if (!comm->send_conns) return ncclSuccess;
+  for (int i = 0; i < comm->nranks; i++) {
+    struct conn* c = comm->send_conns[i];
+    if (!c || c->type != CONN_SOCKET) continue;
+    while (c->ops->pending(c)) {
+      /* Keep receiving too: the peer may need our reads to make room. */
+      NCCLCHECK(transport_progress(comm));
+      if (!c->ops->pending(c)) break;
+      if (c->ops->peer_failed(c))
+        return err_set(ncclRemoteError, "rank %d: connection to rank %d failed while flushing", comm->rank, i);
+      if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED))
+        return err_set(ncclSystemError, "rank %d: aborted while flushing", comm->rank);
+      c->ops->wait(c, 10);
+    }
   }
   return ncclSuccess;
 }

@@ -93,6 +93,10 @@ static ncclResult_t sock_progress_recv(struct conn* c) {
       }
       if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return ncclSuccess;
       s->failed = 1;
+      /* A close between slots is how a peer that finished (and destroyed its
+       * communicator) says goodbye: what it sent is still ours to consume. A
+       * waiter that needs more than that sees peer_failed. */
+      if (rc == 0 && s->off == 0) return ncclSuccess;
       return err_set(ncclRemoteError, "socket: rank %d (%s) closed its connection to rank %d%s%s", c->peer,
                      bootstrap_peer_host(c->comm->bs, c->peer), c->comm->rank, rc == 0 ? "" : ": ",
                      rc == 0 ? "" : strerror(errno));
@@ -160,9 +164,14 @@ static void sock_close(struct conn* c) {
   c->priv = NULL;
 }
 
+static int sock_pending(struct conn* c) {
+  struct sock_conn* s = c->priv;
+  return c->is_send && s->done != s->pos;
+}
+
 static const struct conn_ops sock_ops = {sock_send_slot, sock_send_commit, sock_recv_slot, sock_recv_release,
-                                         sock_progress,  sock_wait,        sock_fail,      sock_peer_failed,
-                                         sock_close};
+                                         sock_progress,  sock_wait,        sock_fail,      sock_pending,
+                                         sock_peer_failed, sock_close};
 
 static ncclResult_t sock_alloc(struct conn* c) {
   struct sock_conn* s = calloc(1, sizeof(*s));

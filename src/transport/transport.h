@@ -60,6 +60,8 @@ struct conn_ops {
   void (*wait)(struct conn* c, int timeout_ms);
   /* Tell the other side this one failed (poison), without blocking. */
   void (*fail)(struct conn* c);
+  /* Slots committed but not yet handed to the peer (socket: not yet written). */
+  int (*pending)(struct conn* c);
   /* Has the peer failed/closed? */
   int (*peer_failed)(struct conn* c);
   void (*close)(struct conn* c);
@@ -75,6 +77,10 @@ ncclResult_t transport_connect(struct ncclComm* comm, const int* send_peers, int
 void transport_close_all(struct ncclComm* comm);
 /* Progress every socket connector (pending sends and receives). */
 ncclResult_t transport_progress(struct ncclComm* comm);
+/* Waits until every slot committed on a socket connector has left this
+ * process: an operation is complete only then (the caller may destroy the
+ * communicator next, and closing a socket drops what it still holds). */
+ncclResult_t transport_flush(struct ncclComm* comm);
 
 /* Transport constructors (connect.c exchanges `info` blobs through the bootstrap). */
 #define TRANSPORT_INFO_BYTES 256
