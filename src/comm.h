@@ -10,6 +10,12 @@
 
 #define COMM_MAGIC 0x436f6c6c6965436dULL /* "CollieCm" */
 
+struct tune_memo {
+  int valid, algo;
+  ncclDataType_t dt;
+  size_t count;
+};
+
 struct ncclComm {
   uint64_t magic;
   int rank;
@@ -30,6 +36,7 @@ struct ncclComm {
   int nslots;
   size_t slot_bytes;
   int shm_disable; /* NCCL_SHM_DISABLE, read at init */
+  struct tune_memo memo[8]; /* last algorithm choice per collective kind */
   int algo_mask;  /* 1 << ALGO_* allowed by NCCL_ALGO / NCCL_PROTO */
   double oversub; /* local ranks per CPU, at least 1 */
   struct direct_state* direct; /* coll/direct_shm.c mailboxes, set up on first use */

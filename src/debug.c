@@ -29,7 +29,8 @@ __attribute__((constructor)) static void log_lock_atfork(void) {
 }
 static FILE* log_file;  /* NULL: stderr */
 static char log_host[64];
-static __thread int log_rank = -1;
+/* initial-exec: read on every call; no __tls_get_addr from the shared library. */
+static __thread __attribute__((tls_model("initial-exec"))) int log_rank = -1;
 
 void log_set_rank(int rank) { log_rank = rank; }
 int log_get_rank(void) { return log_rank; }

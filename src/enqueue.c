@@ -145,7 +145,7 @@ struct task {
   struct coll_args a;
 };
 
-static __thread int group_depth;
+static __thread __attribute__((tls_model("initial-exec"))) int group_depth;
 static __thread struct task *group_head, *group_tail;
 static __thread ncclResult_t group_error;
 /* The message of the group's first failing call, quoted by ncclGroupEnd:
@@ -155,7 +155,17 @@ static __thread char group_cause[1024];
 static ncclResult_t run_coll(struct coll_args* a) {
   if (a->scalar_ptr) red_op_init_premulsum(&a->op, a->scalar_ptr, a->dt);
   NCCLCHECK(board_publish(a->comm, coll_token(a, a->count * dtype_size(a->dt)), a->root));
-  int algo = a->kind <= COLL_REDUCESCATTER && a->count > 0 ? tuning_choose(a) : ALGO_RING;
+  int algo = ALGO_RING;
+  if (a->kind <= COLL_REDUCESCATTER && a->count > 0) {
+    /* Same call shape as last time: same choice (the model is a pure function of it). */
+    struct tune_memo* m = &a->comm->memo[a->kind];
+    if (m->count == a->count && m->dt == a->dt && m->valid) {
+      algo = m->algo;
+    } else {
+      algo = tuning_choose(a);
+      *m = (struct tune_memo){1, algo, a->dt, a->count};
+    }
+  }
   switch (a->kind) {
     case COLL_ALLREDUCE:
       return algo == ALGO_DIRECT ? direct_allreduce(a) : algo == ALGO_TREE ? tree_allreduce(a) : ring_allreduce(a);
@@ -176,7 +186,7 @@ static ncclResult_t run_comm_tasks(struct task* t) {
   while (t && res == ncclSuccess) {
     struct ncclComm* comm = t->a.comm;
     int saved = log_get_rank();
-    log_set_rank(comm->rank);
+    if (saved != comm->rank) log_set_rank(comm->rank);
     if (t->a.kind == COLL_SEND || t->a.kind == COLL_RECV) {
       int n = 0;
       for (struct task* u = t; u && (u->a.kind == COLL_SEND || u->a.kind == COLL_RECV); u = u->next) n++;
@@ -199,7 +209,7 @@ static ncclResult_t run_comm_tasks(struct task* t) {
      * leave the communicator usable; anything after that breaks it. */
     if (res != ncclSuccess && (res != ncclInvalidUsage || comm->broken) && res != ncclInvalidArgument)
       __atomic_store_n(&comm->async_error, res, __ATOMIC_RELEASE);
-    log_set_rank(saved);
+    if (saved != comm->rank) log_set_rank(saved);
   }
   return res;
 }

@@ -83,9 +83,13 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* No fence between the store and the waiter check: a full fence here would
+ * wait for the store to reach the cache on every call. The waiter closes
+ * the gap instead (wait_seq): after announcing itself it keeps polling for
+ * far longer than a store takes to become visible before it sleeps, and it
+ * never sleeps without a timeout. */
 static void publish(uint32_t* word, uint32_t* waiters, uint32_t v) {
   __atomic_store_n(word, v, __ATOMIC_RELEASE);
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
   if (__atomic_load_n(waiters, __ATOMIC_RELAXED)) futex(word, FUTEX_WAKE, 64, NULL);
 }
 
@@ -113,10 +117,14 @@ static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* wa
     if (deadline == 0) deadline = prim_deadline(comm);
     if (deadline > 0 && time_ms() > deadline)
       return err_set(ncclRemoteError, "rank %d: timed out waiting for rank %d (COLLIE_TIMEOUT)", comm->rank, peer);
-    __atomic_fetch_add(waiters, 1, __ATOMIC_RELAXED);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    if (__atomic_load_n(word, __ATOMIC_ACQUIRE) == v) {
-      struct timespec ts = {0, 100 * 1000 * 1000};
+    __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
+    int moved = 0;
+    for (int k = 0; k < 512 && !moved; k++) {
+      moved = __atomic_load_n(word, __ATOMIC_ACQUIRE) != v;
+      cpu_relax();
+    }
+    if (!moved) {
+      struct timespec ts = {0, 20 * 1000 * 1000};
       futex(word, FUTEX_WAIT, v, &ts);
     }
     __atomic_fetch_sub(waiters, 1, __ATOMIC_RELAXED);
