@@ -166,6 +166,7 @@ static ncclResult_t run_coll(struct coll_args* a) {
       *m = (struct tune_memo){1, algo, a->dt, a->count};
     }
   }
+  if (algo == ALGO_DIRECT && !shm_direct(a)) return net_direct_run(a);
   switch (a->kind) {
     case COLL_ALLREDUCE:
       return algo == ALGO_DIRECT ? direct_allreduce(a) : algo == ALGO_TREE ? tree_allreduce(a) : ring_allreduce(a);

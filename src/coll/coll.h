@@ -80,9 +80,15 @@ ncclResult_t board_check(struct ncclComm* comm);
 
 ncclResult_t tree_allreduce(struct coll_args* a);
 
+/* One-shot over point-to-point connectors: small messages between hosts. */
+size_t net_direct_max_bytes(void);
+int net_direct_eligible(const struct coll_args* a, size_t bytes);
+ncclResult_t net_direct_run(struct coll_args* a);
+
 /* Tuning (graph/tuning.c): algorithm choice and the cost model. */
 enum { ALGO_RING, ALGO_TREE, ALGO_DIRECT, ALGO_COUNT };
 const char* algo_name(int algo);
+int shm_direct(const struct coll_args* a);
 ncclResult_t tuning_init(struct ncclComm* comm); /* reads NCCL_ALGO / NCCL_PROTO */
 int tuning_choose(const struct coll_args* a);
 double algo_estimate_us(const struct coll_args* a, int algo);

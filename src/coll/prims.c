@@ -102,11 +102,16 @@ ncclResult_t prim_recv_release(struct prim_link* l) { return l->c->ops->recv_rel
 ncclResult_t prim_send(struct prim_link* s, const void* src, size_t bytes) {
   void* slot;
   NCCLCHECK(prim_send_slot(s, &slot));
+  if (s->c->ops->send_commit_ext && bytes) {
+    struct slot_hdr h = {s->opseq, s->total, (uint32_t)bytes, 0};
+    return s->c->ops->send_commit_ext(s->c, &h, src);
+  }
   if (bytes) memcpy(slot, src, bytes);
   return prim_send_commit(s, bytes);
 }
 
 ncclResult_t prim_send_pre(struct prim_link* s, const struct red_op* op, const void* src, size_t count) {
+  if (op->kind != RED_PREMULSUM) return prim_send(s, src, count * dtype_size(op->dt));
   void* slot;
   NCCLCHECK(prim_send_slot(s, &slot));
   if (count) red_pre(op, slot, src, count);
@@ -124,6 +129,12 @@ ncclResult_t prim_recv_copy_send(struct prim_link* r, struct prim_link* s, void*
   const void* in;
   void* out;
   NCCLCHECK(prim_recv_slot(r, bytes, &in));
+  if (dst && s->c->ops->send_commit_ext) {
+    /* Forward from the destination: it holds the same bytes and stays put. */
+    if (bytes) memcpy(dst, in, bytes);
+    NCCLCHECK(prim_recv_release(r));
+    return prim_send(s, dst, bytes);
+  }
   NCCLCHECK(prim_send_slot(s, &out));
   if (bytes) {
     memcpy(out, in, bytes);

@@ -80,6 +80,11 @@ double algo_estimate_us(const struct coll_args* a, int algo) {
   struct link_cost c = cost_for(comm);
   double bw = c.gbps * 1e3; /* bytes per microsecond */
   if (n == 1) return 0.2 + bytes / (4 * bw);
+  if (algo == ALGO_DIRECT && !shm_direct(a)) {
+    /* One exchange; every message costs a little sender time. */
+    double per = a->kind == COLL_BROADCAST || a->kind == COLL_REDUCE ? 1.0 : (double)(n - 1);
+    return c.alpha_us + 0.1 * c.alpha_us * per + per * bytes / bw;
+  }
   switch (a->kind) {
     case COLL_ALLREDUCE:
       if (algo == ALGO_DIRECT) return 0.4 * c.alpha_us + 0.3 + (n + 1) * bytes / (2 * bw);
@@ -100,6 +105,9 @@ double algo_estimate_us(const struct coll_args* a, int algo) {
   }
 }
 
+/* Direct means shared-memory mailboxes on one host, point-to-point otherwise. */
+int shm_direct(const struct coll_args* a) { return a->comm->nhosts == 1 && !a->comm->shm_disable; }
+
 /* Bytes a rank's mailbox must hold for the direct algorithm. */
 static size_t direct_bytes(const struct coll_args* a) {
   size_t b = a->count * dtype_size(a->dt);
@@ -109,7 +117,10 @@ static size_t direct_bytes(const struct coll_args* a) {
 int tuning_choose(const struct coll_args* a) {
   int cand = 1 << ALGO_RING;
   if (a->kind == COLL_ALLREDUCE) cand |= 1 << ALGO_TREE;
-  if (a->kind <= COLL_REDUCESCATTER && direct_eligible(a, direct_bytes(a))) cand |= 1 << ALGO_DIRECT;
+  if (a->kind <= COLL_REDUCESCATTER &&
+      (shm_direct(a) ? direct_eligible(a, direct_bytes(a))
+                     : net_direct_eligible(a, a->count * dtype_size(a->dt))))
+    cand |= 1 << ALGO_DIRECT;
   int allowed = cand & a->comm->algo_mask;
   if (!allowed) allowed = 1 << ALGO_RING; /* nothing allowed fits this call: the ring always works */
   int best = -1;

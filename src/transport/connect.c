@@ -14,7 +14,6 @@
 #define TAG_CONN_INFO 0x7f000001u
 #define TAG_CONN_ACK 0x7f000002u
 
-int sock_conn_fd(struct conn* c);
 
 struct conn_info {
   int32_t type;
@@ -39,6 +38,9 @@ static ncclResult_t ensure_tables(struct ncclComm* comm) {
     return err_set(ncclInvalidUsage, "NCCL_NET=%s: only the Socket network transport is built so far", net);
   int64_t nslots = param_int(P_COLLIE_NSLOTS, 2, 16);
   int64_t buff = param_int(P_NCCL_BUFFSIZE, 4096 * 2, (int64_t)1 << 30);
+  /* Sockets move whole slots per system call: between hosts (or with shared
+   * memory off) default to 4 MiB per connector unless NCCL_BUFFSIZE says otherwise. */
+  if (!getenv("NCCL_BUFFSIZE") && (comm->nhosts > 1 || comm->shm_disable)) buff = 4 << 20;
   comm->nslots = (int)nslots;
   comm->slot_bytes = ((size_t)buff / (size_t)nslots) & ~(size_t)63;
   return ncclSuccess;

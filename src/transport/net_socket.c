@@ -1,109 +1,154 @@
 /* Socket (TCP) connectors, for ranks on different hosts or when shared
  * memory is off. Each side keeps its own ring of slots in local memory; the
- * bytes of a committed slot (header + payload) are written to the socket by
+ * bytes of a committed slot (header + payload) are written to a socket by
  * progress(), and the receiver's progress() reads them into its free slots.
- * TCP provides the flow control. Everything is nonblocking: progress is made
- * by whoever waits (transport_wait polls every socket of the communicator). */
+ * A connector may use several TCP connections (NCCL_NSOCKS_PERTHREAD x
+ * NCCL_SOCKET_NTHREADS): slot k travels on connection k % nsocks, so each
+ * connection carries its slots in order and the receiver knows where each
+ * belongs. TCP provides the flow control. Everything is nonblocking: progress
+ * is made by whoever waits. */
 #include <errno.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "../bootstrap/socket.h"
 #include "../comm.h"
 #include "transport.h"
 
-struct sock_conn {
+#define SOCK_MAX_CONNS 16
+
+struct sock_link {
   int fd;
+  uint32_t next; /* next slot index this connection carries (k with k % n == index) */
+  size_t off;    /* bytes of that slot (header first) moved so far */
+};
+
+struct sock_conn {
+  int nlinks;
+  struct sock_link link[SOCK_MAX_CONNS];
   int listen_fd; /* receiver, until the sender connected */
   char* slots;
   struct slot_hdr* hdrs;
+  const char** ext; /* sender: payload outside the slot (send_commit_ext), else NULL */
   uint32_t pos;  /* sender: slots committed; receiver: slots consumed */
-  uint32_t done; /* sender: slots fully written; receiver: slots fully read */
-  size_t off;    /* bytes of the current slot (header first) moved so far */
-  int failed;    /* the link broke or the peer poisoned it */
+  uint32_t done; /* slots moved completely: every slot below is done */
+  int failed;    /* the link broke or the peer poisoned/closed it */
 };
 
 struct sock_hello {
   uint64_t comm_hash;
   int32_t rank;
-  int32_t pad;
+  int32_t index; /* which of the connector's connections this is */
 };
-
-int sock_conn_fd(struct conn* c); /* for transport_wait */
-int sock_conn_fd(struct conn* c) { return ((struct sock_conn*)c->priv)->fd; }
 
 static char* slot_data(struct conn* c, uint32_t i) {
   struct sock_conn* s = c->priv;
   return s->slots + (size_t)(i % (uint32_t)c->nslots) * c->slot_bytes;
 }
 
-/* Moves the current slot's header then payload; returns bytes of this slot. */
 static size_t slot_len(const struct slot_hdr* h) {
   return sizeof(*h) + ((h->flags & SLOT_ERROR) ? 0 : h->bytes);
 }
 
+/* done = the lowest slot some connection has not finished. */
+static void update_done(struct sock_conn* s) {
+  uint32_t lo = s->link[0].next;
+  for (int i = 1; i < s->nlinks; i++)
+    if ((int32_t)(s->link[i].next - lo) < 0) lo = s->link[i].next;
+  s->done = lo;
+}
+
 static ncclResult_t sock_progress_send(struct conn* c) {
   struct sock_conn* s = c->priv;
-  while (s->done != s->pos) {
-    struct slot_hdr* h = &s->hdrs[s->done % (uint32_t)c->nslots];
-    size_t len = slot_len(h);
-    while (s->off < len) {
-      const char* p = s->off < sizeof(*h) ? (const char*)h + s->off : slot_data(c, s->done) + (s->off - sizeof(*h));
-      size_t n = s->off < sizeof(*h) ? sizeof(*h) - s->off : len - s->off;
-      ssize_t rc = send(s->fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (rc > 0) {
-        s->off += (size_t)rc;
-        continue;
+  for (int li = 0; li < s->nlinks; li++) {
+    struct sock_link* l = &s->link[li];
+    while ((int32_t)(s->pos - l->next) > 0) {
+      struct slot_hdr* h = &s->hdrs[l->next % (uint32_t)c->nslots];
+      size_t len = slot_len(h);
+      int blocked = 0;
+      while (l->off < len) {
+        /* Header and payload in one call: one segment for small slots. */
+        struct iovec iov[2];
+        int niov = 0;
+        if (l->off < sizeof(*h)) iov[niov++] = (struct iovec){(char*)h + l->off, sizeof(*h) - l->off};
+        size_t poff = l->off > sizeof(*h) ? l->off - sizeof(*h) : 0;
+        const char* src = s->ext[l->next % (uint32_t)c->nslots];
+        if (!src) src = slot_data(c, l->next);
+        if (len > sizeof(*h)) iov[niov++] = (struct iovec){(char*)src + poff, len - sizeof(*h) - poff};
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+        ssize_t rc = sendmsg(l->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (rc > 0) {
+          l->off += (size_t)rc;
+          continue;
+        }
+        if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+          blocked = 1;
+          break;
+        }
+        s->failed = 1;
+        return err_set(ncclRemoteError, "socket: rank %d lost its connection to rank %d (%s): %s", c->comm->rank,
+                       c->peer, bootstrap_peer_host(c->comm->bs, c->peer), rc == 0 ? "closed" : strerror(errno));
       }
-      if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return ncclSuccess;
-      s->failed = 1;
-      return err_set(ncclRemoteError, "socket: rank %d lost its connection to rank %d (%s): %s", c->comm->rank,
-                     c->peer, bootstrap_peer_host(c->comm->bs, c->peer), rc == 0 ? "closed" : strerror(errno));
+      if (blocked) break;
+      l->off = 0;
+      l->next += (uint32_t)s->nlinks;
     }
-    s->off = 0;
-    s->done++;
   }
+  update_done(s);
   return ncclSuccess;
 }
 
 static ncclResult_t sock_progress_recv(struct conn* c) {
   struct sock_conn* s = c->priv;
-  while ((uint32_t)(s->done - s->pos) < (uint32_t)c->nslots && !s->failed) {
-    struct slot_hdr* h = &s->hdrs[s->done % (uint32_t)c->nslots];
-    size_t need = s->off < sizeof(*h) ? sizeof(*h) : slot_len(h);
-    while (s->off < need) {
-      char* p = s->off < sizeof(*h) ? (char*)h + s->off : slot_data(c, s->done) + (s->off - sizeof(*h));
-      size_t n = need - s->off;
-      ssize_t rc = recv(s->fd, p, n, MSG_DONTWAIT);
-      if (rc > 0) {
-        s->off += (size_t)rc;
-        if (s->off == sizeof(*h)) {
-          if (!(h->flags & SLOT_ERROR) && h->bytes > c->slot_bytes) {
-            s->failed = 1;
-            return err_set(ncclRemoteError, "socket: rank %d sent a %u-byte slot (max %zu): corrupt stream", c->peer,
-                           h->bytes, c->slot_bytes);
+  for (int li = 0; li < s->nlinks && !s->failed; li++) {
+    struct sock_link* l = &s->link[li];
+    /* Only into free slots: at most nslots ahead of what was consumed. */
+    while ((uint32_t)(l->next - s->pos) < (uint32_t)c->nslots) {
+      struct slot_hdr* h = &s->hdrs[l->next % (uint32_t)c->nslots];
+      size_t need = l->off < sizeof(*h) ? sizeof(*h) : slot_len(h);
+      int blocked = 0;
+      while (l->off < need) {
+        char* p = l->off < sizeof(*h) ? (char*)h + l->off : slot_data(c, l->next) + (l->off - sizeof(*h));
+        ssize_t rc = recv(l->fd, p, need - l->off, MSG_DONTWAIT);
+        if (rc > 0) {
+          l->off += (size_t)rc;
+          if (l->off == sizeof(*h)) {
+            if (!(h->flags & SLOT_ERROR) && h->bytes > c->slot_bytes) {
+              s->failed = 1;
+              return err_set(ncclRemoteError, "socket: rank %d sent a %u-byte slot (max %zu): corrupt stream", c->peer,
+                             h->bytes, c->slot_bytes);
+            }
+            need = slot_len(h);
           }
-          need = slot_len(h);
+          continue;
         }
-        continue;
+        if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+          blocked = 1;
+          break;
+        }
+        s->failed = 1;
+        /* A close between slots is how a peer that finished (and destroyed
+         * its communicator) says goodbye: what it sent is still ours to
+         * consume. A waiter that needs more than that sees peer_failed. */
+        if (rc == 0 && l->off == 0) {
+          update_done(s);
+          return ncclSuccess;
+        }
+        return err_set(ncclRemoteError, "socket: rank %d (%s) closed its connection to rank %d%s%s", c->peer,
+                       bootstrap_peer_host(c->comm->bs, c->peer), c->comm->rank, rc == 0 ? "" : ": ",
+                       rc == 0 ? "" : strerror(errno));
       }
-      if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return ncclSuccess;
-      s->failed = 1;
-      /* A close between slots is how a peer that finished (and destroyed its
-       * communicator) says goodbye: what it sent is still ours to consume. A
-       * waiter that needs more than that sees peer_failed. */
-      if (rc == 0 && s->off == 0) return ncclSuccess;
-      return err_set(ncclRemoteError, "socket: rank %d (%s) closed its connection to rank %d%s%s", c->peer,
-                     bootstrap_peer_host(c->comm->bs, c->peer), c->comm->rank, rc == 0 ? "" : ": ",
-                     rc == 0 ? "" : strerror(errno));
+      if (blocked) break;
+      l->off = 0;
+      l->next += (uint32_t)s->nlinks;
     }
-    s->off = 0;
-    s->done++;
   }
+  update_done(s);
   return ncclSuccess;
 }
 
@@ -117,11 +162,16 @@ static void* sock_send_slot(struct conn* c) {
   return slot_data(c, s->pos);
 }
 
-static ncclResult_t sock_send_commit(struct conn* c, const struct slot_hdr* h) {
+static ncclResult_t sock_send_commit_ext(struct conn* c, const struct slot_hdr* h, const void* data) {
   struct sock_conn* s = c->priv;
   s->hdrs[s->pos % (uint32_t)c->nslots] = *h;
+  s->ext[s->pos % (uint32_t)c->nslots] = data;
   s->pos++;
   return sock_progress_send(c);
+}
+
+static ncclResult_t sock_send_commit(struct conn* c, const struct slot_hdr* h) {
+  return sock_send_commit_ext(c, h, NULL);
 }
 
 static const void* sock_recv_slot(struct conn* c, struct slot_hdr* h) {
@@ -139,29 +189,18 @@ static ncclResult_t sock_recv_release(struct conn* c) {
 
 static void sock_wait(struct conn* c, int timeout_ms) {
   struct sock_conn* s = c->priv;
-  struct pollfd p = {.fd = s->fd, .events = c->is_send ? POLLOUT : POLLIN};
-  poll(&p, 1, timeout_ms);
+  struct pollfd p[SOCK_MAX_CONNS];
+  for (int i = 0; i < s->nlinks; i++) p[i] = (struct pollfd){.fd = s->link[i].fd, .events = c->is_send ? POLLOUT : POLLIN};
+  poll(p, (nfds_t)s->nlinks, timeout_ms);
 }
 
 static void sock_fail(struct conn* c) {
   struct sock_conn* s = c->priv;
-  if (!s || s->fd < 0) return;
-  /* Closing the write side is the poison: the peer reads EOF. */
-  shutdown(s->fd, SHUT_RDWR);
-  s->failed = 1;
-}
-
-static int sock_peer_failed(struct conn* c) { return ((struct sock_conn*)c->priv)->failed; }
-
-static void sock_close(struct conn* c) {
-  struct sock_conn* s = c->priv;
   if (!s) return;
-  if (s->fd >= 0) close(s->fd);
-  if (s->listen_fd >= 0) close(s->listen_fd);
-  free(s->slots);
-  free(s->hdrs);
-  free(s);
-  c->priv = NULL;
+  /* Shutting the connections down is the poison: the peer reads EOF / EPIPE. */
+  for (int i = 0; i < s->nlinks; i++)
+    if (s->link[i].fd >= 0) shutdown(s->link[i].fd, SHUT_RDWR);
+  s->failed = 1;
 }
 
 static int sock_pending(struct conn* c) {
@@ -169,66 +208,111 @@ static int sock_pending(struct conn* c) {
   return c->is_send && s->done != s->pos;
 }
 
-static const struct conn_ops sock_ops = {sock_send_slot, sock_send_commit, sock_recv_slot, sock_recv_release,
+static int sock_peer_failed(struct conn* c) { return ((struct sock_conn*)c->priv)->failed; }
+
+static void sock_close(struct conn* c) {
+  struct sock_conn* s = c->priv;
+  if (!s) return;
+  for (int i = 0; i < s->nlinks; i++)
+    if (s->link[i].fd >= 0) close(s->link[i].fd);
+  if (s->listen_fd >= 0) close(s->listen_fd);
+  free(s->slots);
+  free(s->hdrs);
+  free(s->ext);
+  free(s);
+  c->priv = NULL;
+}
+
+static const struct conn_ops sock_ops = {sock_send_slot, sock_send_commit, sock_send_commit_ext, sock_recv_slot, sock_recv_release,
                                          sock_progress,  sock_wait,        sock_fail,      sock_pending,
                                          sock_peer_failed, sock_close};
 
-static ncclResult_t sock_alloc(struct conn* c) {
+static int nsocks_wanted(void) {
+  int64_t per = param_int(P_NCCL_NSOCKS_PERTHREAD, 1, SOCK_MAX_CONNS);
+  int64_t threads = param_int(P_NCCL_SOCKET_NTHREADS, 1, SOCK_MAX_CONNS);
+  int64_t n = per * threads;
+  return (int)(n > SOCK_MAX_CONNS ? SOCK_MAX_CONNS : n);
+}
+
+static ncclResult_t sock_alloc(struct conn* c, int nlinks) {
   struct sock_conn* s = calloc(1, sizeof(*s));
   if (!s) return err_set(ncclSystemError, "socket transport: out of memory");
-  s->fd = s->listen_fd = -1;
+  s->listen_fd = -1;
+  s->nlinks = nlinks;
+  for (int i = 0; i < SOCK_MAX_CONNS; i++) {
+    s->link[i].fd = -1;
+    s->link[i].next = (uint32_t)i;
+  }
   c->priv = s;
   c->ops = &sock_ops;
   s->slots = malloc((size_t)c->nslots * c->slot_bytes);
   s->hdrs = calloc((size_t)c->nslots, sizeof(*s->hdrs));
-  if (!s->slots || !s->hdrs) return err_set(ncclSystemError, "socket transport: out of memory for slots");
+  s->ext = calloc((size_t)c->nslots, sizeof(*s->ext));
+  if (!s->slots || !s->hdrs || !s->ext) return err_set(ncclSystemError, "socket transport: out of memory for slots");
   return ncclSuccess;
 }
 
+struct sock_info {
+  union sock_addr addr;
+  int32_t nlinks;
+};
+
 ncclResult_t sock_recv_setup(struct conn* c, void* info, size_t* info_len) {
-  NCCLCHECK(sock_alloc(c));
+  NCCLCHECK(sock_alloc(c, nsocks_wanted()));
   struct sock_conn* s = c->priv;
-  union sock_addr addr = *bootstrap_peer_addr(c->comm->bs, c->comm->rank);
-  if (addr.sa.sa_family == AF_INET) addr.sin.sin_port = 0;
-  else addr.sin6.sin6_port = 0;
-  NCCLCHECK(sock_listen(&addr, &s->listen_fd));
-  memcpy(info, &addr, sizeof(addr));
-  *info_len = sizeof(addr);
+  struct sock_info in;
+  memset(&in, 0, sizeof(in));
+  in.addr = *bootstrap_peer_addr(c->comm->bs, c->comm->rank);
+  if (in.addr.sa.sa_family == AF_INET) in.addr.sin.sin_port = 0;
+  else in.addr.sin6.sin6_port = 0;
+  NCCLCHECK(sock_listen(&in.addr, &s->listen_fd));
+  in.nlinks = s->nlinks;
+  memcpy(info, &in, sizeof(in));
+  *info_len = sizeof(in);
   return ncclSuccess;
 }
 
 ncclResult_t sock_send_connect(struct conn* c, const void* info, size_t info_len) {
-  NCCLCHECK(sock_alloc(c));
+  struct sock_info in;
+  if (info_len != sizeof(in)) return err_set(ncclInternalError, "socket: bad connection info from rank %d", c->peer);
+  memcpy(&in, info, sizeof(in));
+  if (in.nlinks < 1 || in.nlinks > SOCK_MAX_CONNS)
+    return err_set(ncclInternalError, "socket: rank %d asked for %d connections", c->peer, in.nlinks);
+  NCCLCHECK(sock_alloc(c, in.nlinks));
   struct sock_conn* s = c->priv;
-  union sock_addr addr;
-  if (info_len != sizeof(addr)) return err_set(ncclInternalError, "socket: bad connection info from rank %d", c->peer);
-  memcpy(&addr, info, sizeof(addr));
   int64_t deadline = time_ms() + param_int(P_COLLIE_BOOTSTRAP_TIMEOUT, 1, 86400) * 1000;
-  int st = sock_connect(&addr, deadline, &c->comm->abort_flag, &s->fd);
-  if (st != SOCK_OK)
-    return err_set(ncclRemoteError, "socket: rank %d cannot connect to rank %d (%s): %s", c->comm->rank, c->peer,
-                   bootstrap_peer_host(c->comm->bs, c->peer), sock_status_str(st));
-  struct sock_hello hello = {c->comm->comm_hash, c->comm->rank, 0};
-  if (sock_send_all(s->fd, &hello, sizeof(hello), deadline, &c->comm->abort_flag) != SOCK_OK)
-    return err_set(ncclRemoteError, "socket: rank %d: handshake with rank %d failed", c->comm->rank, c->peer);
-  int sz = 4 << 20;
-  setsockopt(s->fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+  for (int i = 0; i < s->nlinks; i++) {
+    int st = sock_connect(&in.addr, deadline, &c->comm->abort_flag, &s->link[i].fd);
+    if (st != SOCK_OK)
+      return err_set(ncclRemoteError, "socket: rank %d cannot connect to rank %d (%s): %s", c->comm->rank, c->peer,
+                     bootstrap_peer_host(c->comm->bs, c->peer), sock_status_str(st));
+    struct sock_hello hello = {c->comm->comm_hash, c->comm->rank, i};
+    if (sock_send_all(s->link[i].fd, &hello, sizeof(hello), deadline, &c->comm->abort_flag) != SOCK_OK)
+      return err_set(ncclRemoteError, "socket: rank %d: handshake with rank %d failed", c->comm->rank, c->peer);
+    int sz = 4 << 20;
+    setsockopt(s->link[i].fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+  }
   return ncclSuccess;
 }
 
 ncclResult_t sock_recv_connected(struct conn* c) {
   struct sock_conn* s = c->priv;
   int64_t deadline = time_ms() + param_int(P_COLLIE_BOOTSTRAP_TIMEOUT, 1, 86400) * 1000;
-  while (s->fd < 0) {
+  int got = 0;
+  while (got < s->nlinks) {
     union sock_addr from;
     int fd;
     int st = sock_accept(s->listen_fd, &fd, &from);
     if (st == SOCK_OK) {
       struct sock_hello hello;
       if (sock_recv_all(fd, &hello, sizeof(hello), time_ms() + 5000, &c->comm->abort_flag) == SOCK_OK &&
-          hello.comm_hash == c->comm->comm_hash && hello.rank == c->peer) {
-        s->fd = fd;
-        break;
+          hello.comm_hash == c->comm->comm_hash && hello.rank == c->peer && hello.index >= 0 &&
+          hello.index < s->nlinks && s->link[hello.index].fd < 0) {
+        s->link[hello.index].fd = fd;
+        int sz = 4 << 20;
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+        got++;
+        continue;
       }
       bootstrap_note_dropped(&from, "socket transport", "bad handshake");
       close(fd);
@@ -241,7 +325,5 @@ ncclResult_t sock_recv_connected(struct conn* c) {
   }
   close(s->listen_fd);
   s->listen_fd = -1;
-  int sz = 4 << 20;
-  setsockopt(s->fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
   return ncclSuccess;
 }

@@ -50,6 +50,10 @@ struct conn_ops {
   void* (*send_slot)(struct conn* c);
   /* Sender: publish the acquired slot. */
   ncclResult_t (*send_commit)(struct conn* c, const struct slot_hdr* h);
+  /* Sender, optional (NULL if unsupported): publish the acquired slot with its
+   * payload taken from `data` (caller memory, unchanged until the operation
+   * ends) instead of the slot: saves a copy where bytes leave by system call. */
+  ncclResult_t (*send_commit_ext)(struct conn* c, const struct slot_hdr* h, const void* data);
   /* Receiver: the oldest filled slot (its header copied to *h), or NULL. */
   const void* (*recv_slot)(struct conn* c, struct slot_hdr* h);
   /* Receiver: give the slot back to the sender. */

@@ -1,0 +1,101 @@
+/* One-shot algorithms over point-to-point connectors, for small messages
+ * between hosts (or with shared memory off): every rank sends what each peer
+ * needs straight to it and combines what it receives, in rank order so all
+ * ranks get identical results. One network latency instead of the ring's
+ * 2(n-1); the price is n-1 messages per rank, so the tuner uses it only for
+ * small messages. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll.h"
+
+size_t net_direct_max_bytes(void) { return 64 * 1024; }
+
+int net_direct_eligible(const struct coll_args* a, size_t bytes) {
+  const struct ncclComm* comm = a->comm;
+  return comm->nranks > 1 && comm->nranks <= 32 && bytes <= net_direct_max_bytes();
+}
+
+/* Sends `out[p]` (bytes each, NULL: nothing) to every peer p and receives
+ * from every peer p into tmp + p*bytes where `want[p]` is set. */
+static ncclResult_t exchange(struct coll_args* a, const char* const* out, const char* want, char* tmp, size_t bytes) {
+  struct ncclComm* comm = a->comm;
+  int n = comm->nranks, r = comm->rank;
+  struct p2p_op* ops = calloc((size_t)(2 * n), sizeof(*ops));
+  if (!ops) return err_set(ncclSystemError, "out of memory in a one-shot %s", coll_name(a->kind));
+  int k = 0;
+  uint64_t tok = coll_token(a, a->count * dtype_size(a->dt));
+  for (int i = 1; i < n; i++) {
+    int p = (r + i) % n, q = (r - i + n) % n;
+    if (out[p]) ops[k++] = (struct p2p_op){.peer = p, .is_send = 1, .buf = (char*)out[p], .bytes = bytes, .token = tok};
+    if (want[q]) ops[k++] = (struct p2p_op){.peer = q, .is_send = 0, .buf = tmp + (size_t)q * bytes, .bytes = bytes, .token = tok};
+  }
+  ncclResult_t res = p2p_run(comm, ops, k, 0);
+  free(ops);
+  return res;
+}
+
+/* dst = OP over ranks of src(rank), rank order; src(me) is `mine`. */
+static void combine(struct coll_args* a, char* dst, const char* tmp, const char* mine, size_t bytes) {
+  int n = a->comm->nranks;
+  const void* srcs[32];
+  for (int i = 0; i < n; i++) srcs[i] = i == a->comm->rank ? mine : tmp + (size_t)i * bytes;
+  red_reduce_n(&a->op, dst, srcs, n, a->count);
+  if (a->avg) red_div(a->dt, dst, dst, a->count, n);
+}
+
+ncclResult_t net_direct_run(struct coll_args* a) {
+  struct ncclComm* comm = a->comm;
+  int n = comm->nranks, r = comm->rank;
+  size_t esz = dtype_size(a->dt), bytes = a->count * esz;
+  const char* in = a->sendbuff;
+  char* outb = a->recvbuff;
+  const char* out[32];
+  char want[32];
+  char* tmp = malloc(bytes * (size_t)n + 1);
+  if (!tmp) return err_set(ncclSystemError, "out of memory in a one-shot %s", coll_name(a->kind));
+  ncclResult_t res = ncclSuccess;
+  for (int p = 0; p < n; p++) {
+    out[p] = p == r ? NULL : in;
+    want[p] = p != r;
+  }
+  switch (a->kind) {
+    case COLL_ALLREDUCE:
+      res = exchange(a, out, want, tmp, bytes);
+      if (res == ncclSuccess) combine(a, outb, tmp, in, bytes);
+      break;
+    case COLL_ALLGATHER:
+      res = exchange(a, out, want, outb, bytes);
+      if (res == ncclSuccess && outb + (size_t)r * bytes != in) memcpy(outb + (size_t)r * bytes, in, bytes);
+      break;
+    case COLL_REDUCE:
+      for (int p = 0; p < n; p++) {
+        out[p] = p == a->root && r != a->root ? in : NULL;
+        want[p] = r == a->root && p != r;
+      }
+      res = exchange(a, out, want, tmp, bytes);
+      if (res == ncclSuccess && r == a->root) combine(a, outb, tmp, in, bytes);
+      break;
+    case COLL_BROADCAST:
+      for (int p = 0; p < n; p++) {
+        out[p] = r == a->root && p != r ? in : NULL;
+        want[p] = p == a->root && r != a->root;
+      }
+      res = exchange(a, out, want, tmp, bytes);
+      if (res == ncclSuccess) {
+        if (r != a->root) memcpy(outb, tmp + (size_t)a->root * bytes, bytes);
+        else if (outb != in) memcpy(outb, in, bytes);
+      }
+      break;
+    case COLL_REDUCESCATTER:
+      /* Block p goes to rank p; this rank combines block r from everyone. */
+      for (int p = 0; p < n; p++) out[p] = p == r ? NULL : in + (size_t)p * bytes;
+      res = exchange(a, out, want, tmp, bytes);
+      if (res == ncclSuccess) combine(a, outb, tmp, in + (size_t)r * bytes, bytes);
+      break;
+    default:
+      res = err_set(ncclInternalError, "one-shot %s is not an algorithm", coll_name(a->kind));
+  }
+  free(tmp);
+  return res;
+}
