@@ -251,7 +251,7 @@ static ncclResult_t direct_exchange(struct ncclComm* comm, int src) {
     if (res == ncclSuccess && (l->token != d->call_token || l->root != d->call_root)) res = board_check(comm);
   }
   if (res != ncclSuccess) {
-    comm->broken = 1;
+    transport_poison(comm);
     struct mb_ctrl* me = d->ctrl[comm->rank];
     publish(&me->done, &me->done_waiters, d->seq);
   }

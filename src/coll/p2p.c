@@ -141,11 +141,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     /* Several connectors may be pending: sleep briefly on one of them. */
     if (blocked) blocked->ops->wait(blocked, 1);
   }
-  if (res != ncclSuccess) {
-    comm->broken = 1;
-    for (int i = 0; i < n; i++)
-      if (ops[i].peer != comm->rank && ops[i].link.c) ops[i].link.c->ops->fail(ops[i].link.c);
-  }
+  if (res != ncclSuccess) transport_poison(comm);
 out:
   free(speers);
   free(rpeers);

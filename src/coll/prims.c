@@ -85,11 +85,14 @@ ncclResult_t prim_recv_slot(struct prim_link* l, size_t bytes, const void** slot
                        c->comm->rank, c->peer);
       if (h.opseq != l->opseq || h.total != l->total || h.bytes != bytes)
         return err_set(ncclInvalidUsage,
-                       "rank %d: rank %d's call does not match this one (operation %llu moving %llu bytes, slot of "
-                       "%u bytes; expected operation %llu, %llu bytes, slot of %zu): ranks passed different "
-                       "counts, datatypes or operations",
-                       c->comm->rank, c->peer, (unsigned long long)h.opseq, (unsigned long long)h.total, h.bytes,
-                       (unsigned long long)l->opseq, (unsigned long long)l->total, bytes);
+                       "rank %d: rank %d's call does not match this one (its operation #%llu: %s of %llu bytes of %s, "
+                       "slot of %u bytes; here #%llu: %s of %llu bytes of %s, slot of %zu): ranks passed different "
+                       "counts, datatypes, operators or collectives",
+                       c->comm->rank, c->peer, (unsigned long long)h.opseq, coll_name((int)(h.total >> 48 & 0xf)),
+                       (unsigned long long)(h.total & 0xffffffffffffULL), dtype_name((ncclDataType_t)(h.total >> 52 & 0xf)),
+                       h.bytes, (unsigned long long)l->opseq, coll_name((int)(l->total >> 48 & 0xf)),
+                       (unsigned long long)(l->total & 0xffffffffffffULL),
+                       dtype_name((ncclDataType_t)(l->total >> 52 & 0xf)), bytes);
       *slot = p;
       return ncclSuccess;
     }
@@ -171,8 +174,8 @@ ncclResult_t prim_recv_reduce_copy(struct prim_link* r, struct prim_link* s, con
 }
 
 ncclResult_t prim_fail(struct ncclComm* comm, struct prim_link* links, int n, ncclResult_t res) {
-  comm->broken = 1;
-  for (int i = 0; i < n; i++)
-    if (links[i].c) links[i].c->ops->fail(links[i].c);
+  (void)links;
+  (void)n;
+  transport_poison(comm);
   return res;
 }

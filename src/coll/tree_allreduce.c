@@ -108,13 +108,7 @@ ncclResult_t tree_allreduce(struct coll_args* a) {
       res = tree_chunk(a, &t[tr], sl, rl, &partial, range_off[tr] + off, len);
     }
   }
-  if (res != ncclSuccess) {
-    comm->broken = 1;
-    for (int i = 0; i < np; i++) {
-      sc[i]->ops->fail(sc[i]);
-      rc[i]->ops->fail(rc[i]);
-    }
-  }
+  if (res != ncclSuccess) transport_poison(comm);
   free(sl);
   free(rl);
   return res;

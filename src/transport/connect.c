@@ -171,3 +171,12 @@ ncclResult_t transport_flush(struct ncclComm* comm) {
   }
   return ncclSuccess;
 }
+
+void transport_poison(struct ncclComm* comm) {
+  comm->broken = 1;
+  for (int i = 0; comm->send_conns && i < comm->nranks; i++) {
+    if (comm->send_conns[i] && comm->send_conns[i]->ops) comm->send_conns[i]->ops->fail(comm->send_conns[i]);
+    if (comm->recv_conns[i] && comm->recv_conns[i]->ops && comm->recv_conns[i]->opseq != (uint64_t)-1)
+      comm->recv_conns[i]->ops->fail(comm->recv_conns[i]);
+  }
+}

@@ -79,6 +79,9 @@ struct conn_ops {
 ncclResult_t transport_connect(struct ncclComm* comm, const int* send_peers, int nsend, const int* recv_peers,
                                int nrecv, struct conn** sends, struct conn** recvs);
 void transport_close_all(struct ncclComm* comm);
+/* The communicator failed part-way through an operation: fail every
+ * connector, so that every peer waiting on this rank gets an error. */
+void transport_poison(struct ncclComm* comm);
 /* Progress every socket connector (pending sends and receives). */
 ncclResult_t transport_progress(struct ncclComm* comm);
 /* Waits until every slot committed on a socket connector has left this
