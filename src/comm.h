@@ -36,6 +36,10 @@ struct ncclComm {
   int nslots;
   size_t slot_bytes;
   int shm_disable; /* NCCL_SHM_DISABLE, read at init */
+  /* Ring orders (graph/rings.c): position -> rank and back, this host's ring,
+   * and the ring of host leaders. */
+  int *ring, *ring_pos, *local_ring, *leader_ring;
+  int nlocal, local_pos, nleaders, leader_pos;
   struct tune_memo memo[8]; /* last algorithm choice per collective kind */
   int algo_mask;  /* 1 << ALGO_* allowed by NCCL_ALGO / NCCL_PROTO */
   double oversub; /* local ranks per CPU, at least 1 */

@@ -169,7 +169,10 @@ static ncclResult_t run_coll(struct coll_args* a) {
   if (algo == ALGO_DIRECT && !shm_direct(a)) return net_direct_run(a);
   switch (a->kind) {
     case COLL_ALLREDUCE:
-      return algo == ALGO_DIRECT ? direct_allreduce(a) : algo == ALGO_TREE ? tree_allreduce(a) : ring_allreduce(a);
+      return algo == ALGO_DIRECT ? direct_allreduce(a)
+             : algo == ALGO_TREE ? tree_allreduce(a)
+             : algo == ALGO_HIER ? hier_allreduce(a)
+                                 : ring_allreduce(a);
     case COLL_BROADCAST: return algo == ALGO_DIRECT ? direct_broadcast(a) : ring_broadcast(a);
     case COLL_REDUCE: return algo == ALGO_DIRECT ? direct_reduce(a) : ring_reduce(a);
     case COLL_ALLGATHER: return algo == ALGO_DIRECT ? direct_allgather(a) : ring_allgather(a);

@@ -128,6 +128,7 @@ static void comm_free(ncclComm_t comm) {
   if (!comm) return;
   direct_free(comm);
   transport_close_all(comm);
+  rings_free(comm);
   free(comm->redops);
   bootstrap_destroy(comm->bs);
   free(comm->peers);
@@ -196,6 +197,7 @@ static ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const n
   }
   comm->comm_hash = bootstrap_nonce(comm->bs) ^ 0x636f6c6c6965ULL;
   comm->shm_disable = (int)param_int(P_NCCL_SHM_DISABLE, 0, 1);
+  NCCLCHECKGOTO(rings_init(comm), res, fail);
   NCCLCHECKGOTO(tuning_init(comm), res, fail);
   INFO(LOG_INIT, "comm %p rank %d nranks %d hosts %d local %d/%d cudaDev %d commHash 0x%llx - Init COMPLETE (%.3f ms)",
        (void*)comm, rank, nranks, comm->nhosts, comm->local_rank, comm->local_size, comm->cuda_dev,

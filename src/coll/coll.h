@@ -38,6 +38,26 @@ struct coll_args {
  * same value, or the receiver reports the mismatch. */
 uint64_t coll_token(const struct coll_args* a, size_t bytes);
 
+/* An ordered set of ranks forming a ring, and this rank's position in it
+ * (-1 if it is not a member). graph/rings.c builds them. */
+struct ring_view {
+  int n;
+  const int* ranks;
+  int pos;
+};
+ncclResult_t rings_init(struct ncclComm* comm);
+void rings_free(struct ncclComm* comm);
+struct ring_view ring_full(struct ncclComm* comm);    /* every rank, locality order */
+struct ring_view ring_local(struct ncclComm* comm);   /* this host's ranks; position 0 is the leader */
+struct ring_view ring_leaders(struct ncclComm* comm); /* one leader per host */
+
+ncclResult_t ring_allreduce_view(struct coll_args* a, const struct ring_view* v, const void* sendbuff, void* recvbuff,
+                                 const struct red_op* op, int avg_n);
+ncclResult_t ring_broadcast_view(struct coll_args* a, const struct ring_view* v, int root_pos, const void* sendbuff,
+                                 void* recvbuff);
+ncclResult_t ring_reduce_view(struct coll_args* a, const struct ring_view* v, int root_pos, const void* sendbuff,
+                              void* recvbuff, int avg_n);
+ncclResult_t hier_allreduce(struct coll_args* a);
 ncclResult_t ring_allreduce(struct coll_args* a);
 ncclResult_t ring_allgather(struct coll_args* a);
 ncclResult_t ring_reducescatter(struct coll_args* a);
@@ -86,7 +106,7 @@ int net_direct_eligible(const struct coll_args* a, size_t bytes);
 ncclResult_t net_direct_run(struct coll_args* a);
 
 /* Tuning (graph/tuning.c): algorithm choice and the cost model. */
-enum { ALGO_RING, ALGO_TREE, ALGO_DIRECT, ALGO_COUNT };
+enum { ALGO_RING, ALGO_TREE, ALGO_DIRECT, ALGO_HIER, ALGO_COUNT };
 const char* algo_name(int algo);
 int shm_direct(const struct coll_args* a);
 ncclResult_t tuning_init(struct ncclComm* comm); /* reads NCCL_ALGO / NCCL_PROTO */

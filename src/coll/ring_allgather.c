@@ -1,18 +1,21 @@
-/* Ring allgather: each rank's block travels n-1 hops around the ring, chunk
- * by chunk; every rank copies what passes into its output and forwards it. */
+/* Ring allgather: each rank's block travels n-1 hops around the ring (in
+ * locality order), chunk by chunk; every rank copies what passes into its
+ * output (at the block's rank index) and forwards it. */
 #include <string.h>
 
 #include "coll.h"
 
 ncclResult_t ring_allgather(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
-  int n = comm->nranks, r = comm->rank;
+  struct ring_view v = ring_full(comm);
+  int n = v.n, p = v.pos;
   size_t bytes = a->count * dtype_size(a->dt);
   char* out = a->recvbuff;
   if (bytes == 0) return ncclSuccess;
-  if ((const char*)a->sendbuff != out + (size_t)r * bytes) memcpy(out + (size_t)r * bytes, a->sendbuff, bytes);
+  char* mine = out + (size_t)comm->rank * bytes;
+  if ((const char*)a->sendbuff != mine) memcpy(mine, a->sendbuff, bytes);
   if (n == 1) return ncclSuccess;
-  int next = (r + 1) % n, prev = (r + n - 1) % n;
+  int next = v.ranks[(p + 1) % n], prev = v.ranks[(p + n - 1) % n];
   struct conn *sc, *rc;
   NCCLCHECK(transport_connect(comm, &next, 1, &prev, 1, &sc, &rc));
   struct prim_link l[2];
@@ -22,12 +25,12 @@ ncclResult_t ring_allgather(struct coll_args* a) {
   size_t chunk = comm->slot_bytes;
   for (size_t off = 0; off < bytes && res == ncclSuccess; off += chunk) {
     size_t len = COLLIE_MIN(chunk, bytes - off);
-    res = prim_send(&l[0], out + (size_t)r * bytes + off, len);
+    res = prim_send(&l[0], mine + off, len);
     for (int st = 1; st < n - 1 && res == ncclSuccess; st++) {
-      int j = (r - st + n) % n;
+      int j = v.ranks[(p - st + n) % n];
       res = prim_recv_copy_send(&l[1], &l[0], out + (size_t)j * bytes + off, len);
     }
-    if (res == ncclSuccess) res = prim_recv(&l[1], out + (size_t)((r + 1) % n) * bytes + off, len);
+    if (res == ncclSuccess) res = prim_recv(&l[1], out + (size_t)v.ranks[(p + 1) % n] * bytes + off, len);
   }
   if (res != ncclSuccess) return prim_fail(comm, l, 2, res);
   return ncclSuccess;

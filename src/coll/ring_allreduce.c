@@ -1,22 +1,26 @@
 /* Ring allreduce: a reduce-scatter around the ring followed by an allgather,
  * run chunk by chunk so that each connector slot is reused while it is still
- * in cache. Rank r ends the reduce-scatter owning segment r. */
+ * in cache. The ring is any ordered set of ranks (a ring_view): the whole
+ * communicator in locality order, or the leaders of each host for the
+ * hierarchical algorithm. Position p ends the reduce-scatter owning segment p. */
 #include <string.h>
 
 #include "coll.h"
 
-ncclResult_t ring_allreduce(struct coll_args* a) {
+ncclResult_t ring_allreduce_view(struct coll_args* a, const struct ring_view* v, const void* sendbuff, void* recvbuff,
+                                 const struct red_op* op, int avg_n) {
   struct ncclComm* comm = a->comm;
-  int n = comm->nranks, r = comm->rank;
+  int n = v->n, r = v->pos;
   size_t esz = dtype_size(a->dt);
-  const char* in = a->sendbuff;
-  char* out = a->recvbuff;
+  const char* in = sendbuff;
+  char* out = recvbuff;
   if (a->count == 0) return ncclSuccess;
   if (n == 1) {
-    red_pre(&a->op, out, in, a->count);
+    red_pre(op, out, in, a->count);
+    if (avg_n > 1) red_div(a->dt, out, out, a->count, avg_n);
     return ncclSuccess;
   }
-  int next = (r + 1) % n, prev = (r + n - 1) % n;
+  int next = v->ranks[(r + 1) % n], prev = v->ranks[(r + n - 1) % n];
   struct conn *sc, *rc;
   NCCLCHECK(transport_connect(comm, &next, 1, &prev, 1, &sc, &rc));
   struct prim_link l[2];
@@ -33,13 +37,13 @@ ncclResult_t ring_allreduce(struct coll_args* a) {
 #define AT(buf, j, off) ((buf) + ((size_t)(j) * seg + (off)) * esz)
   for (size_t off = 0; off < seg && res == ncclSuccess; off += chunk) {
     int j = (r - 1 + n) % n;
-    res = prim_send_pre(s, &a->op, AT(in, j, off), PIECE(j, off));
+    res = prim_send_pre(s, op, AT(in, j, off), PIECE(j, off));
     for (int st = 1; st < n - 1 && res == ncclSuccess; st++) {
       j = (r - st - 1 + 2 * n) % n;
-      res = prim_recv_reduce_send(rv, s, &a->op, AT(in, j, off), PIECE(j, off));
+      res = prim_recv_reduce_send(rv, s, op, AT(in, j, off), PIECE(j, off));
     }
     if (res != ncclSuccess) break;
-    res = prim_recv_reduce_copy(rv, s, &a->op, AT(in, r, off), AT(out, r, off), PIECE(r, off), a->avg ? n : 0);
+    res = prim_recv_reduce_copy(rv, s, op, AT(in, r, off), AT(out, r, off), PIECE(r, off), avg_n);
     for (int st = 1; st < n - 1 && res == ncclSuccess; st++) {
       j = (r - st + n) % n;
       res = prim_recv_copy_send(rv, s, AT(out, j, off), PIECE(j, off) * esz);
@@ -53,4 +57,9 @@ ncclResult_t ring_allreduce(struct coll_args* a) {
 #undef AT
   if (res != ncclSuccess) return prim_fail(comm, l, 2, res);
   return ncclSuccess;
+}
+
+ncclResult_t ring_allreduce(struct coll_args* a) {
+  struct ring_view v = ring_full(a->comm);
+  return ring_allreduce_view(a, &v, a->sendbuff, a->recvbuff, &a->op, a->avg ? a->comm->nranks : 0);
 }

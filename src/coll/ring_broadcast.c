@@ -1,25 +1,28 @@
-/* Broadcast along the ring as a pipelined chain: root -> root+1 -> ... ->
- * root-1, chunk by chunk, so every link is busy at once for large messages. */
+/* Broadcast along a ring as a pipelined chain: root -> next -> ... -> the
+ * root's predecessor, chunk by chunk, so every link is busy at once for large
+ * messages. Works on any ring_view (the host-local ring for the hierarchical
+ * algorithm). */
 #include <string.h>
 
 #include "coll.h"
 
-ncclResult_t ring_broadcast(struct coll_args* a) {
+ncclResult_t ring_broadcast_view(struct coll_args* a, const struct ring_view* v, int root_pos, const void* sendbuff,
+                                 void* recvbuff) {
   struct ncclComm* comm = a->comm;
-  int n = comm->nranks, r = comm->rank;
+  int n = v->n, r = v->pos;
   size_t bytes = a->count * dtype_size(a->dt);
   if (bytes == 0) return ncclSuccess;
-  int pos = (r - a->root + n) % n;
-  if (pos == 0 && a->sendbuff != a->recvbuff) memcpy(a->recvbuff, a->sendbuff, bytes);
+  int pos = (r - root_pos + n) % n;
+  if (pos == 0 && sendbuff != recvbuff) memcpy(recvbuff, sendbuff, bytes);
   if (n == 1) return ncclSuccess;
-  int next = (r + 1) % n, prev = (r + n - 1) % n;
+  int next = v->ranks[(r + 1) % n], prev = v->ranks[(r + n - 1) % n];
   int nsend = pos < n - 1, nrecv = pos > 0;
   struct conn *sc = NULL, *rc = NULL;
   NCCLCHECK(transport_connect(comm, &next, nsend, &prev, nrecv, &sc, &rc));
   struct prim_link l[2] = {{0}, {0}};
   if (nsend) prim_begin(&l[0], sc, coll_token(a, bytes));
   if (nrecv) prim_begin(&l[1], rc, coll_token(a, bytes));
-  char* buf = a->recvbuff;
+  char* buf = recvbuff;
   ncclResult_t res = ncclSuccess;
   for (size_t off = 0; off < bytes && res == ncclSuccess; off += comm->slot_bytes) {
     size_t len = COLLIE_MIN(comm->slot_bytes, bytes - off);
@@ -29,4 +32,9 @@ ncclResult_t ring_broadcast(struct coll_args* a) {
   }
   if (res != ncclSuccess) return prim_fail(comm, l, 2, res);
   return ncclSuccess;
+}
+
+ncclResult_t ring_broadcast(struct coll_args* a) {
+  struct ring_view v = ring_full(a->comm);
+  return ring_broadcast_view(a, &v, a->comm->ring_pos[a->root], a->sendbuff, a->recvbuff);
 }

@@ -1,20 +1,23 @@
-/* Reduce along the ring as a pipelined chain ending at the root:
- * root+1 -> root+2 -> ... -> root, each hop adding its contribution. */
+/* Reduce along a ring as a pipelined chain ending at the root:
+ * root+1 -> root+2 -> ... -> root, each hop adding its contribution. Works
+ * on any ring_view (the host-local ring for the hierarchical algorithm). */
 #include "coll.h"
 
-ncclResult_t ring_reduce(struct coll_args* a) {
+ncclResult_t ring_reduce_view(struct coll_args* a, const struct ring_view* v, int root_pos, const void* sendbuff,
+                              void* recvbuff, int avg_n) {
   struct ncclComm* comm = a->comm;
-  int n = comm->nranks, r = comm->rank;
+  int n = v->n, r = v->pos;
   size_t esz = dtype_size(a->dt);
   if (a->count == 0) return ncclSuccess;
-  const char* in = a->sendbuff;
-  char* out = a->recvbuff;
+  const char* in = sendbuff;
+  char* out = recvbuff;
   if (n == 1) {
     red_pre(&a->op, out, in, a->count);
+    if (avg_n > 1) red_div(a->dt, out, out, a->count, avg_n);
     return ncclSuccess;
   }
-  int pos = (r - a->root - 1 + 2 * n) % n; /* root is last */
-  int next = (r + 1) % n, prev = (r + n - 1) % n;
+  int pos = (r - root_pos - 1 + 2 * n) % n; /* the root is last */
+  int next = v->ranks[(r + 1) % n], prev = v->ranks[(r + n - 1) % n];
   int nsend = pos < n - 1, nrecv = pos > 0;
   struct conn *sc = NULL, *rc = NULL;
   NCCLCHECK(transport_connect(comm, &next, nsend, &prev, nrecv, &sc, &rc));
@@ -27,8 +30,14 @@ ncclResult_t ring_reduce(struct coll_args* a) {
     size_t len = COLLIE_MIN(chunk, a->count - off);
     if (pos == 0) res = prim_send_pre(&l[0], &a->op, in + off * esz, len);
     else if (pos < n - 1) res = prim_recv_reduce_send(&l[1], &l[0], &a->op, in + off * esz, len);
-    else res = prim_recv_reduce_copy(&l[1], NULL, &a->op, in + off * esz, out + off * esz, len, a->avg ? n : 0);
+    else res = prim_recv_reduce_copy(&l[1], NULL, &a->op, in + off * esz, out + off * esz, len, avg_n);
   }
   if (res != ncclSuccess) return prim_fail(comm, l, 2, res);
   return ncclSuccess;
+}
+
+ncclResult_t ring_reduce(struct coll_args* a) {
+  struct ring_view v = ring_full(a->comm);
+  return ring_reduce_view(a, &v, a->comm->ring_pos[a->root], a->sendbuff, a->recvbuff,
+                          a->avg ? a->comm->nranks : 0);
 }

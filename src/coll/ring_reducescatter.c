@@ -1,10 +1,12 @@
-/* Ring reduce-scatter: block j's partial sum starts at rank j+1 and gathers
- * one contribution per hop, arriving complete at rank j after n-1 hops. */
+/* Ring reduce-scatter: the partial sum of rank j's block starts at the ring
+ * position after j's and gathers one contribution per hop, arriving complete
+ * at rank j after n-1 hops (ring in locality order). */
 #include "coll.h"
 
 ncclResult_t ring_reducescatter(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
-  int n = comm->nranks, r = comm->rank;
+  struct ring_view v = ring_full(comm);
+  int n = v.n, p = v.pos;
   size_t esz = dtype_size(a->dt), rc_count = a->count;
   const char* in = a->sendbuff;
   char* out = a->recvbuff;
@@ -13,7 +15,7 @@ ncclResult_t ring_reducescatter(struct coll_args* a) {
     red_pre(&a->op, out, in, rc_count);
     return ncclSuccess;
   }
-  int next = (r + 1) % n, prev = (r + n - 1) % n;
+  int next = v.ranks[(p + 1) % n], prev = v.ranks[(p + n - 1) % n];
   struct conn *sc, *rc;
   NCCLCHECK(transport_connect(comm, &next, 1, &prev, 1, &sc, &rc));
   struct prim_link l[2];
@@ -21,18 +23,16 @@ ncclResult_t ring_reducescatter(struct coll_args* a) {
   prim_begin(&l[1], rc, coll_token(a, rc_count * esz));
   size_t chunk = comm->slot_bytes / esz;
   ncclResult_t res = ncclSuccess;
+#define BLOCK(pos) (in + ((size_t)v.ranks[(pos)] * rc_count + off) * esz)
   for (size_t off = 0; off < rc_count && res == ncclSuccess; off += chunk) {
     size_t len = COLLIE_MIN(chunk, rc_count - off);
-    int j = (r - 1 + n) % n;
-    res = prim_send_pre(&l[0], &a->op, in + ((size_t)j * rc_count + off) * esz, len);
-    for (int st = 1; st < n - 1 && res == ncclSuccess; st++) {
-      j = (r - st - 1 + 2 * n) % n;
-      res = prim_recv_reduce_send(&l[1], &l[0], &a->op, in + ((size_t)j * rc_count + off) * esz, len);
-    }
+    res = prim_send_pre(&l[0], &a->op, BLOCK((p - 1 + n) % n), len);
+    for (int st = 1; st < n - 1 && res == ncclSuccess; st++)
+      res = prim_recv_reduce_send(&l[1], &l[0], &a->op, BLOCK((p - st - 1 + 2 * n) % n), len);
     if (res == ncclSuccess)
-      res = prim_recv_reduce_copy(&l[1], NULL, &a->op, in + ((size_t)r * rc_count + off) * esz, out + off * esz, len,
-                                  a->avg ? n : 0);
+      res = prim_recv_reduce_copy(&l[1], NULL, &a->op, BLOCK(p), out + off * esz, len, a->avg ? n : 0);
   }
+#undef BLOCK
   if (res != ncclSuccess) return prim_fail(comm, l, 2, res);
   return ncclSuccess;
 }

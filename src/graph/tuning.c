@@ -9,7 +9,7 @@
 
 #include "../coll/coll.h"
 
-static const char* algo_names[ALGO_COUNT] = {"Ring", "Tree", "Direct"};
+static const char* algo_names[ALGO_COUNT] = {"Ring", "Tree", "Direct", "Hier"};
 const char* algo_name(int algo) { return algo >= 0 && algo < ALGO_COUNT ? algo_names[algo] : "?"; }
 
 /* NCCL's list syntax: "A,B" allows only those, "^A,B" allows all but those. */
@@ -38,19 +38,19 @@ ncclResult_t tuning_init(struct ncclComm* comm) {
   int algos = (1 << ALGO_COUNT) - 1;
   const char* s = param_str(P_NCCL_ALGO);
   if (parse_list(s, algo_names, ALGO_COUNT, &algos) != 0)
-    return err_set(ncclInvalidArgument, "NCCL_ALGO=\"%s\": expected a list of Ring, Tree, Direct (optionally ^-prefixed)", s);
+    return err_set(ncclInvalidArgument, "NCCL_ALGO=\"%s\": expected a list of Ring, Tree, Direct, Hier (optionally ^-prefixed)", s);
   static const char* protos[] = {"Simple", "LL", "LL128"};
   int pmask = 7;
   s = param_str(P_NCCL_PROTO);
   if (parse_list(s, protos, 3, &pmask) != 0)
     return err_set(ncclInvalidArgument, "NCCL_PROTO=\"%s\": expected a list of Simple, LL, LL128 (optionally ^-prefixed)", s);
-  if (!(pmask & 1)) algos &= ~((1 << ALGO_RING) | (1 << ALGO_TREE));
+  if (!(pmask & 1)) algos &= ~((1 << ALGO_RING) | (1 << ALGO_TREE) | (1 << ALGO_HIER));
   if (!(pmask & 2)) algos &= ~(1 << ALGO_DIRECT);
   comm->algo_mask = algos;
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   comm->oversub = comm->local_size > ncpu ? (double)comm->local_size / (double)ncpu : 1.0;
-  INFO(LOG_TUNING | LOG_ENV, "algorithms allowed: %s%s%s(mask 0x%x)", algos & 1 ? "Ring " : "", algos & 2 ? "Tree " : "",
-       algos & 4 ? "Direct " : "", algos);
+  INFO(LOG_TUNING | LOG_ENV, "algorithms allowed: %s%s%s%s(mask 0x%x)", algos & 1 ? "Ring " : "",
+       algos & 2 ? "Tree " : "", algos & 4 ? "Direct " : "", algos & 8 ? "Hier " : "", algos);
   return ncclSuccess;
 }
 
@@ -89,6 +89,11 @@ double algo_estimate_us(const struct coll_args* a, int algo) {
     case COLL_ALLREDUCE:
       if (algo == ALGO_DIRECT) return 0.4 * c.alpha_us + 0.3 + (n + 1) * bytes / (2 * bw);
       if (algo == ALGO_TREE) return 2.0 * log2ceil(n) * c.alpha_us + 2.0 * bytes / bw;
+      if (algo == ALGO_HIER) {
+        /* Shared-memory reduce and broadcast chains plus a ring of leaders. */
+        int h = comm->nleaders, l = comm->nranks / h;
+        return 2.0 * (l - 1) * 0.6 + 2.0 * bytes / (8e3) + 2.0 * (h - 1) * c.alpha_us + 2.0 * (h - 1) / h * bytes / bw;
+      }
       return 2.0 * (n - 1) * c.alpha_us + 2.0 * (n - 1) / n * bytes / bw;
     case COLL_REDUCESCATTER:
       if (algo == ALGO_DIRECT) return 0.4 * c.alpha_us + 0.3 + (2.0 * n) * bytes / (2 * bw);
@@ -117,6 +122,7 @@ static size_t direct_bytes(const struct coll_args* a) {
 int tuning_choose(const struct coll_args* a) {
   int cand = 1 << ALGO_RING;
   if (a->kind == COLL_ALLREDUCE) cand |= 1 << ALGO_TREE;
+  if (a->kind == COLL_ALLREDUCE && a->comm->nhosts > 1 && a->comm->nleaders < a->comm->nranks) cand |= 1 << ALGO_HIER;
   if (a->kind <= COLL_REDUCESCATTER &&
       (shm_direct(a) ? direct_eligible(a, direct_bytes(a))
                      : net_direct_eligible(a, a->count * dtype_size(a->dt))))

@@ -228,6 +228,11 @@ static int rank_main(int rank, int nranks, const ncclUniqueId* ids, int nids, vo
     char h[32];
     snprintf(h, sizeof(h), "testhost%d", rank);
     setenv("NCCL_HOSTID", h, 1);
+  } else if (getenv("COLLIE_TEST_HOSTS")) {
+    /* k hosts, ranks dealt round-robin: hosts are not contiguous in rank order. */
+    char h[32];
+    snprintf(h, sizeof(h), "testhost%d", rank % atoi(getenv("COLLIE_TEST_HOSTS")));
+    setenv("NCCL_HOSTID", h, 1);
   }
   struct ctx c = {.rank = rank, .n = nranks};
   MP_NCCL(ncclCommInitRank(&c.comm, nranks, ids[0], rank));
@@ -310,7 +315,8 @@ int main(int argc, char** argv) {
   per_rank_hostid = getenv("COLLIE_TEST_HOSTID") != NULL;
   double t0 = mp_now();
   int rc = mp_run(n, rank_main, NULL, 600);
-  fprintf(stderr, "%s coll sweep, %d ranks%s, in %.1f s\n", rc ? "FAILED" : "passed", n,
-          per_rank_hostid ? " (sockets: NCCL_HOSTID per rank)" : "", mp_now() - t0);
+  fprintf(stderr, "%s coll sweep, %d ranks%s%s%s, in %.1f s\n", rc ? "FAILED" : "passed", n,
+          per_rank_hostid ? " (sockets: NCCL_HOSTID per rank)" : "", getenv("COLLIE_TEST_HOSTS") ? ", hosts: " : "",
+          getenv("COLLIE_TEST_HOSTS") ? getenv("COLLIE_TEST_HOSTS") : "", mp_now() - t0);
   return rc;
 }
