@@ -2,7 +2,8 @@
 # Installs the Debian 12 packages collie needs to build and test, skipping
 # those already present. Run as root. Usage: scripts/deps.sh [extra-package ...]
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libhwloc-dev libcmocka-dev libibverbs-dev valgrind procps iproute2 "$@")
+pkgs=(build-essential cmake pkg-config libhwloc-dev libcmocka-dev libibverbs-dev valgrind procps iproute2
+      openmpi-bin libopenmpi-dev "$@")
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

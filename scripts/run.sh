@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The main job: set up a fresh Debian 12 machine (as root), build collie, and
-# bring up 4 local ranks that print what they learned about each other and
-# how long init took; then time init at 2..128 ranks (bench/init_scaling.sh).
+# The main job: set up a fresh Debian 12 machine (as root), build collie,
+# bring up 4 local ranks that print what they learned about each other, run
+# collie-perf (allreduce, allgather, broadcast; 8 B .. 64 MiB, results
+# checked) on 4 local ranks, then time init at 2..128 ranks.
+# bench/compare_mpi.sh is the longer side-by-side comparison with Open MPI.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 "$here/scripts/deps.sh"
@@ -9,5 +11,9 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
 echo "== collie-run -n 4 collie-hello"
 "$here/build/collie-run" -n 4 "$here/build/collie-hello"
+for op in all_reduce all_gather broadcast; do
+  echo "== collie-run -n 4 collie-perf $op -b 8 -e 64M -f 4"
+  "$here/build/collie-run" -n 4 "$here/build/collie-perf" $op -b 8 -e 64M -f 4 -c 1
+done
 echo "== init scaling"
 "$here/bench/init_scaling.sh" "$here/build"

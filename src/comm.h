@@ -44,7 +44,7 @@ struct ncclComm {
   int algo_mask;  /* 1 << ALGO_* allowed by NCCL_ALGO / NCCL_PROTO */
   double oversub; /* local ranks per CPU, at least 1 */
   struct direct_state* direct; /* coll/direct_shm.c mailboxes, set up on first use */
-  int spin; /* polls before a waiter yields the CPU (oversubscribed hosts spin less) */
+  int64_t spin_ns; /* how long a waiter polls before it yields, then sleeps (COLLIE_SPIN) */
   /* Reduction operators created with ncclRedOpCreatePreMulSum, by handle - ncclNumOps. */
   struct user_redop* redops;
   int nredops;
@@ -57,6 +57,15 @@ struct user_redop {
   const void* ptr; /* ncclScalarDevice: read at each call */
   uint64_t value;  /* ncclScalarHostImmediate: the bytes of one element */
 };
+
+/* A waiter's polling phase: true while it should keep polling. `it` counts
+ * polls so far, *t0 holds when polling started (0 until known). */
+static inline int comm_keep_polling(const struct ncclComm* comm, int it, int64_t* t0) {
+  if (it < 64) return 1;
+  int64_t now = time_ns();
+  if (*t0 == 0) *t0 = now;
+  return now - *t0 < comm->spin_ns;
+}
 
 /* NULL or a handle that is not a live communicator -> ncclInvalidArgument
  * with a message naming `fn`. */

@@ -192,8 +192,8 @@ static ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const n
   {
     /* Waiters poll before sleeping only while every local rank can have a CPU. */
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int64_t spin = param_int(P_COLLIE_SPIN, -1, 1 << 30);
-    comm->spin = spin >= 0 ? (int)spin : (comm->local_size <= ncpu ? 20000 : 64);
+    int64_t spin_us = param_int(P_COLLIE_SPIN, -1, 60 * 1000 * 1000);
+    comm->spin_ns = 1000 * (spin_us >= 0 ? spin_us : (comm->local_size <= ncpu ? 2000 : 5));
   }
   comm->comm_hash = bootstrap_nonce(comm->bs) ^ 0x636f6c6c6965ULL;
   comm->shm_disable = (int)param_int(P_NCCL_SHM_DISABLE, 0, 1);

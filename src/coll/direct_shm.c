@@ -95,15 +95,16 @@ static void publish(uint32_t* word, uint32_t* waiters, uint32_t v) {
 
 /* Waits until (int32)(*word - want) >= 0. */
 static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* waiters, uint32_t want, int peer) {
-  int64_t deadline = 0;
+  int64_t deadline = 0, t0 = 0;
+  int yields = 0;
   for (int it = 0;; it++) {
     uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
     if ((int32_t)(v - want) >= 0) return ncclSuccess;
-    if (it < comm->spin) {
+    if (comm_keep_polling(comm, it, &t0)) {
       cpu_relax();
       continue;
     }
-    if (it < comm->spin + 16) {
+    if (yields++ < 16) {
       sched_yield();
       continue;
     }

@@ -93,8 +93,8 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     op->nslots = nslots_for(op->bytes, comm->slot_bytes);
     active++;
   }
-  int idle = 0;
-  int64_t deadline = 0;
+  int idle = 0, yields = 0;
+  int64_t deadline = 0, t0 = 0;
   while (active > 0 && res == ncclSuccess) {
     int moved = 0;
     active = 0;
@@ -120,11 +120,12 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     if (res != ncclSuccess || active == 0) break;
     res = transport_progress(comm);
     if (moved) {
-      idle = 0;
+      idle = yields = 0;
+      t0 = 0;
       continue;
     }
-    if (++idle < comm->spin) continue;
-    if (idle < comm->spin + 16) {
+    if (comm_keep_polling(comm, ++idle, &t0)) continue;
+    if (yields++ < 16) {
       sched_yield();
       continue;
     }

@@ -27,17 +27,19 @@ int64_t prim_deadline(struct ncclComm* comm) {
 }
 
 /* One round of waiting for connector c after `it` unsuccessful polls. */
-static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline) {
+static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_t* t0) {
   struct ncclComm* comm = c->comm;
   if (c->ops->peer_failed(c))
     return err_set(ncclRemoteError, "rank %d: rank %d (%s) failed or left during the operation", comm->rank, c->peer,
                    bootstrap_peer_host(comm->bs, c->peer));
   if (c->type == CONN_SOCKET) NCCLCHECK(transport_progress(comm));
-  if (it < comm->spin) {
+  if (comm_keep_polling(comm, it, t0)) {
     cpu_relax();
     return ncclSuccess;
   }
-  if (it < comm->spin + 16) {
+  /* Polling is over: a few yields (the peer may be runnable on this CPU),
+   * then every round sleeps (the deadline is set on the first such round). */
+  if (*deadline == 0 && it % 16 != 15) {
     sched_yield();
     return ncclSuccess;
   }
@@ -57,14 +59,14 @@ static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline) {
 }
 
 ncclResult_t prim_send_slot(struct prim_link* l, void** slot) {
-  int64_t deadline = 0;
+  int64_t deadline = 0, t0 = 0;
   for (int it = 0;; it++) {
     void* p = l->c->ops->send_slot(l->c);
     if (p) {
       *slot = p;
       return ncclSuccess;
     }
-    NCCLCHECK(wait_round(l->c, it, &deadline));
+    NCCLCHECK(wait_round(l->c, it, &deadline, &t0));
   }
 }
 
@@ -74,7 +76,7 @@ ncclResult_t prim_send_commit(struct prim_link* l, size_t bytes) {
 }
 
 ncclResult_t prim_recv_slot(struct prim_link* l, size_t bytes, const void** slot) {
-  int64_t deadline = 0;
+  int64_t deadline = 0, t0 = 0;
   struct conn* c = l->c;
   for (int it = 0;; it++) {
     struct slot_hdr h;
@@ -96,7 +98,7 @@ ncclResult_t prim_recv_slot(struct prim_link* l, size_t bytes, const void** slot
       *slot = p;
       return ncclSuccess;
     }
-    NCCLCHECK(wait_round(c, it, &deadline));
+    NCCLCHECK(wait_round(c, it, &deadline, &t0));
   }
 }
 
