@@ -59,11 +59,19 @@ struct link_cost {
   double gbps;     /* payload bandwidth of one link */
 };
 
+/* Constants fitted to collie-perf runs on the development machine (2 cores):
+ * a shared-memory step costs ~0.3 us when every rank has a CPU and ~3 us at
+ * 2 ranks per CPU; sockets ~10 us per step and ~2 GB/s on loopback. */
 static struct link_cost cost_for(const struct ncclComm* comm) {
   int shm = comm->nhosts == 1 && !comm->shm_disable;
-  struct link_cost c = {shm ? 0.6 : 15.0, shm ? 8.0 : 1.2};
-  /* With more ranks than CPUs every step can cost a context switch. */
-  if (comm->oversub > 1) c.alpha_us += 8.0 * comm->oversub;
+  struct link_cost c;
+  if (shm) {
+    c.alpha_us = 0.3 + (comm->oversub > 1 ? 1.5 * comm->oversub : 0);
+    c.gbps = 12.0 / comm->oversub;
+  } else {
+    c.alpha_us = 10.0 * comm->oversub;
+    c.gbps = 2.0 / comm->oversub;
+  }
   return c;
 }
 
@@ -87,23 +95,23 @@ double algo_estimate_us(const struct coll_args* a, int algo) {
   }
   switch (a->kind) {
     case COLL_ALLREDUCE:
-      if (algo == ALGO_DIRECT) return 0.4 * c.alpha_us + 0.3 + (n + 1) * bytes / (2 * bw);
+      if (algo == ALGO_DIRECT) return c.alpha_us + (n + 1) * bytes / (bw * 4.0 / 3.0);
       if (algo == ALGO_TREE) return 2.0 * log2ceil(n) * c.alpha_us + 2.0 * bytes / bw;
       if (algo == ALGO_HIER) {
         /* Shared-memory reduce and broadcast chains plus a ring of leaders. */
         int h = comm->nleaders, l = comm->nranks / h;
-        return 2.0 * (l - 1) * 0.6 + 2.0 * bytes / (8e3) + 2.0 * (h - 1) * c.alpha_us + 2.0 * (h - 1) / h * bytes / bw;
+        return 2.0 * (l - 1) * 0.3 + 2.0 * bytes / 12e3 + 2.0 * (h - 1) * c.alpha_us + 2.0 * (h - 1) / h * bytes / bw;
       }
       return 2.0 * (n - 1) * c.alpha_us + 2.0 * (n - 1) / n * bytes / bw;
     case COLL_REDUCESCATTER:
-      if (algo == ALGO_DIRECT) return 0.4 * c.alpha_us + 0.3 + (2.0 * n) * bytes / (2 * bw);
+      if (algo == ALGO_DIRECT) return c.alpha_us + (2.0 * n) * bytes / (bw * 4.0 / 3.0);
       return (n - 1) * c.alpha_us + (n - 1) * bytes / bw;
     case COLL_ALLGATHER:
-      if (algo == ALGO_DIRECT) return 0.4 * c.alpha_us + 0.3 + (n + 1) * bytes / (2 * bw);
+      if (algo == ALGO_DIRECT) return c.alpha_us + (n + 1) * bytes / (bw * 4.0 / 3.0);
       return (n - 1) * c.alpha_us + (n - 1) * bytes / bw;
     case COLL_BROADCAST:
     case COLL_REDUCE:
-      if (algo == ALGO_DIRECT) return 0.4 * c.alpha_us + 0.3 + (n + 1) * bytes / (2 * bw);
+      if (algo == ALGO_DIRECT) return c.alpha_us + (n + 1) * bytes / (bw * 4.0 / 3.0);
       return (n - 1) * c.alpha_us + bytes / bw;
     default: /* point-to-point based: one step, everything through the root or the links */
       return c.alpha_us + (n - 1) * bytes / bw;
