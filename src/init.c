@@ -190,8 +190,10 @@ static ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const n
   }
   compute_locality(comm);
   {
-    /* Waiters poll before sleeping only while every local rank can have a CPU. */
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    /* Waiters poll before sleeping only while every local rank can have a CPU
+     * (a rank-local choice: it changes timing, never what is computed). */
+    long ncpu = cpulist_count(comm->peers[comm->rank].cpuset);
+    if (ncpu <= 0) ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int64_t spin_us = param_int(P_COLLIE_SPIN, -1, 60 * 1000 * 1000);
     comm->spin_ns = 1000 * (spin_us >= 0 ? spin_us : (comm->local_size <= ncpu ? 2000 : 5));
   }

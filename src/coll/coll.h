@@ -110,6 +110,7 @@ enum { ALGO_RING, ALGO_TREE, ALGO_DIRECT, ALGO_HIER, ALGO_COUNT };
 const char* algo_name(int algo);
 int shm_direct(const struct coll_args* a);
 ncclResult_t tuning_init(struct ncclComm* comm); /* reads NCCL_ALGO / NCCL_PROTO */
+int cpulist_count(const char* list);
 int tuning_choose(const struct coll_args* a);
 double algo_estimate_us(const struct coll_args* a, int algo);
 /* Predicted time of a call with the algorithm the tuner would pick, microseconds. */

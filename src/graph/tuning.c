@@ -3,6 +3,7 @@
  * (NCCL_ALGO, NCCL_PROTO) and logs the choice under NCCL_DEBUG_SUBSYS=TUNING.
  * The constants are this machine's rough figures (docs/BENCHMARKS.md); the
  * same model answers ncclGroupSimulateEnd. */
+#include <stdlib.h>
 #include <strings.h>
 #include <string.h>
 #include <unistd.h>
@@ -34,6 +35,22 @@ static int parse_list(const char* s, const char* const* names, int count, int* m
   return 0;
 }
 
+/* Number of CPUs in a list such as "0-3,8" ("..." ends a truncated list). */
+int cpulist_count(const char* s) {
+  int n = 0;
+  while (s && *s) {
+    char* end;
+    long a = strtol(s, &end, 10);
+    if (end == s) break;
+    long b = a;
+    if (*end == '-') b = strtol(end + 1, &end, 10);
+    if (b >= a) n += (int)(b - a + 1);
+    s = *end == ',' ? end + 1 : end;
+    if (*end != ',') break;
+  }
+  return n;
+}
+
 ncclResult_t tuning_init(struct ncclComm* comm) {
   int algos = (1 << ALGO_COUNT) - 1;
   const char* s = param_str(P_NCCL_ALGO);
@@ -47,8 +64,16 @@ ncclResult_t tuning_init(struct ncclComm* comm) {
   if (!(pmask & 1)) algos &= ~((1 << ALGO_RING) | (1 << ALGO_TREE) | (1 << ALGO_HIER));
   if (!(pmask & 2)) algos &= ~(1 << ALGO_DIRECT);
   comm->algo_mask = algos;
-  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  comm->oversub = comm->local_size > ncpu ? (double)comm->local_size / (double)ncpu : 1.0;
+  /* Every rank must reach the same decisions, so this uses only what all
+   * ranks know alike: the most crowded host (ranks per CPU of its ranks'
+   * CPU sets, from the exchanged peer info). */
+  comm->oversub = 1.0;
+  for (int i = 0; i < comm->nranks; i++) {
+    if (comm->peers[i].local_rank != 0) continue;
+    int ncpu = cpulist_count(comm->peers[i].cpuset);
+    double o = ncpu > 0 ? (double)comm->peers[i].local_size / ncpu : 1.0;
+    if (o > comm->oversub) comm->oversub = o;
+  }
   INFO(LOG_TUNING | LOG_ENV, "algorithms allowed: %s%s%s%s(mask 0x%x)", algos & 1 ? "Ring " : "",
        algos & 2 ? "Tree " : "", algos & 4 ? "Direct " : "", algos & 8 ? "Hier " : "", algos);
   return ncclSuccess;
