@@ -42,7 +42,10 @@ struct ncclComm {
   int nlocal, local_pos, nleaders, leader_pos;
   struct tune_memo memo[8]; /* last algorithm choice per collective kind */
   int algo_mask;  /* 1 << ALGO_* allowed by NCCL_ALGO / NCCL_PROTO */
-  double oversub; /* local ranks per CPU, at least 1 */
+  double oversub;       /* ranks per CPU on the most crowded host, at least 1 */
+  double cpus_per_rank; /* CPUs per rank on the most crowded host */
+  struct ch_pool* chpool; /* channel helper threads (coll/channels.c) */
+  int min_ch, max_ch;     /* NCCL_MIN_CTAS / NCCL_MAX_CTAS or the config, clamped to 1..MAX_CHANNELS */
   struct direct_state* direct; /* coll/direct_shm.c mailboxes, set up on first use */
   int64_t spin_ns; /* how long a waiter polls before it yields, then sleeps (COLLIE_SPIN) */
   /* Reduction operators created with ncclRedOpCreatePreMulSum, by handle - ncclNumOps. */

@@ -167,6 +167,10 @@ static ncclResult_t run_coll(struct coll_args* a) {
     }
   }
   if (algo == ALGO_DIRECT && !shm_direct(a)) return net_direct_run(a);
+  if (algo == ALGO_RING && a->kind <= COLL_REDUCESCATTER && a->count > 0) {
+    int nch = tuning_channels(a, algo);
+    if (nch > 1) return channels_run(a, nch);
+  }
   switch (a->kind) {
     case COLL_ALLREDUCE:
       return algo == ALGO_DIRECT ? direct_allreduce(a)

@@ -126,6 +126,7 @@ static void compute_locality(ncclComm_t comm) {
 
 static void comm_free(ncclComm_t comm) {
   if (!comm) return;
+  channels_free(comm);
   direct_free(comm);
   transport_close_all(comm);
   rings_free(comm);

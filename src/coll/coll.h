@@ -44,6 +44,7 @@ struct ring_view {
   int n;
   const int* ranks;
   int pos;
+  int ch; /* channel whose connectors it uses */
 };
 ncclResult_t rings_init(struct ncclComm* comm);
 void rings_free(struct ncclComm* comm);
@@ -57,7 +58,16 @@ ncclResult_t ring_broadcast_view(struct coll_args* a, const struct ring_view* v,
                                  void* recvbuff);
 ncclResult_t ring_reduce_view(struct coll_args* a, const struct ring_view* v, int root_pos, const void* sendbuff,
                               void* recvbuff, int avg_n);
+ncclResult_t ring_allgather_view(struct coll_args* a, const struct ring_view* v, size_t off, size_t len);
+ncclResult_t ring_reducescatter_view(struct coll_args* a, const struct ring_view* v, size_t off, size_t len);
 ncclResult_t hier_allreduce(struct coll_args* a);
+
+/* Several channels (graph/channels.c): the ring collectives split their data
+ * across nch rings with their own connectors; channel 0 runs on the calling
+ * thread, the others on per-communicator helper threads pinned to CPUs. */
+ncclResult_t channels_run(struct coll_args* a, int nch);
+void channels_free(struct ncclComm* comm);
+int tuning_channels(const struct coll_args* a, int algo);
 ncclResult_t ring_allreduce(struct coll_args* a);
 ncclResult_t ring_allgather(struct coll_args* a);
 ncclResult_t ring_reducescatter(struct coll_args* a);

@@ -118,7 +118,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
       }
     }
     if (res != ncclSuccess || active == 0) break;
-    res = transport_progress(comm);
+    res = transport_progress(comm, 0);
     if (moved) {
       idle = yields = 0;
       t0 = 0;

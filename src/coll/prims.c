@@ -32,7 +32,7 @@ static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_
   if (c->ops->peer_failed(c))
     return err_set(ncclRemoteError, "rank %d: rank %d (%s) failed or left during the operation", comm->rank, c->peer,
                    bootstrap_peer_host(comm->bs, c->peer));
-  if (c->type == CONN_SOCKET) NCCLCHECK(transport_progress(comm));
+  if (c->type == CONN_SOCKET) NCCLCHECK(transport_progress(comm, c->channel));
   if (comm_keep_polling(comm, it, t0)) {
     cpu_relax();
     return ncclSuccess;

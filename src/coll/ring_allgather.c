@@ -1,37 +1,42 @@
 /* Ring allgather: each rank's block travels n-1 hops around the ring (in
  * locality order), chunk by chunk; every rank copies what passes into its
- * output (at the block's rank index) and forwards it. */
+ * output (at the block's rank index) and forwards it. A channel moves the
+ * byte range [off, off+len) of every block. */
 #include <string.h>
 
 #include "coll.h"
 
-ncclResult_t ring_allgather(struct coll_args* a) {
+ncclResult_t ring_allgather_view(struct coll_args* a, const struct ring_view* v, size_t off0, size_t len0) {
   struct ncclComm* comm = a->comm;
-  struct ring_view v = ring_full(comm);
-  int n = v.n, p = v.pos;
-  size_t bytes = a->count * dtype_size(a->dt);
+  int n = v->n, p = v->pos;
+  size_t bytes = a->count * dtype_size(a->dt); /* block stride */
   char* out = a->recvbuff;
-  if (bytes == 0) return ncclSuccess;
+  if (len0 == 0) return ncclSuccess;
   char* mine = out + (size_t)comm->rank * bytes;
-  if ((const char*)a->sendbuff != mine) memcpy(mine, a->sendbuff, bytes);
+  if ((const char*)a->sendbuff != mine) memcpy(mine + off0, (const char*)a->sendbuff + off0, len0);
   if (n == 1) return ncclSuccess;
-  int next = v.ranks[(p + 1) % n], prev = v.ranks[(p + n - 1) % n];
+  int next = v->ranks[(p + 1) % n], prev = v->ranks[(p + n - 1) % n];
   struct conn *sc, *rc;
-  NCCLCHECK(transport_connect(comm, &next, 1, &prev, 1, &sc, &rc));
+  NCCLCHECK(transport_connect_ch(comm, v->ch, &next, 1, &prev, 1, &sc, &rc));
   struct prim_link l[2];
   prim_begin(&l[0], sc, coll_token(a, bytes));
   prim_begin(&l[1], rc, coll_token(a, bytes));
   ncclResult_t res = ncclSuccess;
   size_t chunk = comm->slot_bytes;
-  for (size_t off = 0; off < bytes && res == ncclSuccess; off += chunk) {
-    size_t len = COLLIE_MIN(chunk, bytes - off);
+  for (size_t off = off0; off < off0 + len0 && res == ncclSuccess; off += chunk) {
+    size_t len = COLLIE_MIN(chunk, off0 + len0 - off);
     res = prim_send(&l[0], mine + off, len);
     for (int st = 1; st < n - 1 && res == ncclSuccess; st++) {
-      int j = v.ranks[(p - st + n) % n];
+      int j = v->ranks[(p - st + n) % n];
       res = prim_recv_copy_send(&l[1], &l[0], out + (size_t)j * bytes + off, len);
     }
-    if (res == ncclSuccess) res = prim_recv(&l[1], out + (size_t)v.ranks[(p + 1) % n] * bytes + off, len);
+    if (res == ncclSuccess) res = prim_recv(&l[1], out + (size_t)v->ranks[(p + 1) % n] * bytes + off, len);
   }
   if (res != ncclSuccess) return prim_fail(comm, l, 2, res);
   return ncclSuccess;
+}
+
+ncclResult_t ring_allgather(struct coll_args* a) {
+  struct ring_view v = ring_full(a->comm);
+  return ring_allgather_view(a, &v, 0, a->count * dtype_size(a->dt));
 }

@@ -22,7 +22,7 @@ ncclResult_t ring_allreduce_view(struct coll_args* a, const struct ring_view* v,
   }
   int next = v->ranks[(r + 1) % n], prev = v->ranks[(r + n - 1) % n];
   struct conn *sc, *rc;
-  NCCLCHECK(transport_connect(comm, &next, 1, &prev, 1, &sc, &rc));
+  NCCLCHECK(transport_connect_ch(comm, v->ch, &next, 1, &prev, 1, &sc, &rc));
   struct prim_link l[2];
   prim_begin(&l[0], sc, coll_token(a, a->count * esz));
   prim_begin(&l[1], rc, coll_token(a, a->count * esz));

@@ -20,7 +20,7 @@ ncclResult_t ring_reduce_view(struct coll_args* a, const struct ring_view* v, in
   int next = v->ranks[(r + 1) % n], prev = v->ranks[(r + n - 1) % n];
   int nsend = pos < n - 1, nrecv = pos > 0;
   struct conn *sc = NULL, *rc = NULL;
-  NCCLCHECK(transport_connect(comm, &next, nsend, &prev, nrecv, &sc, &rc));
+  NCCLCHECK(transport_connect_ch(comm, v->ch, &next, nsend, &prev, nrecv, &sc, &rc));
   struct prim_link l[2] = {{0}, {0}};
   if (nsend) prim_begin(&l[0], sc, coll_token(a, a->count * esz));
   if (nrecv) prim_begin(&l[1], rc, coll_token(a, a->count * esz));

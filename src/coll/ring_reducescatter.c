@@ -1,31 +1,31 @@
 /* Ring reduce-scatter: the partial sum of rank j's block starts at the ring
  * position after j's and gathers one contribution per hop, arriving complete
- * at rank j after n-1 hops (ring in locality order). */
+ * at rank j after n-1 hops (ring in locality order). A channel reduces the
+ * element range [off, off+len) of every block. */
 #include "coll.h"
 
-ncclResult_t ring_reducescatter(struct coll_args* a) {
+ncclResult_t ring_reducescatter_view(struct coll_args* a, const struct ring_view* v, size_t off0, size_t len0) {
   struct ncclComm* comm = a->comm;
-  struct ring_view v = ring_full(comm);
-  int n = v.n, p = v.pos;
+  int n = v->n, p = v->pos;
   size_t esz = dtype_size(a->dt), rc_count = a->count;
   const char* in = a->sendbuff;
   char* out = a->recvbuff;
-  if (rc_count == 0) return ncclSuccess;
+  if (len0 == 0) return ncclSuccess;
   if (n == 1) {
-    red_pre(&a->op, out, in, rc_count);
+    red_pre(&a->op, out + off0 * esz, in + off0 * esz, len0);
     return ncclSuccess;
   }
-  int next = v.ranks[(p + 1) % n], prev = v.ranks[(p + n - 1) % n];
+  int next = v->ranks[(p + 1) % n], prev = v->ranks[(p + n - 1) % n];
   struct conn *sc, *rc;
-  NCCLCHECK(transport_connect(comm, &next, 1, &prev, 1, &sc, &rc));
+  NCCLCHECK(transport_connect_ch(comm, v->ch, &next, 1, &prev, 1, &sc, &rc));
   struct prim_link l[2];
   prim_begin(&l[0], sc, coll_token(a, rc_count * esz));
   prim_begin(&l[1], rc, coll_token(a, rc_count * esz));
   size_t chunk = comm->slot_bytes / esz;
   ncclResult_t res = ncclSuccess;
-#define BLOCK(pos) (in + ((size_t)v.ranks[(pos)] * rc_count + off) * esz)
-  for (size_t off = 0; off < rc_count && res == ncclSuccess; off += chunk) {
-    size_t len = COLLIE_MIN(chunk, rc_count - off);
+#define BLOCK(pos) (in + ((size_t)v->ranks[(pos)] * rc_count + off) * esz)
+  for (size_t off = off0; off < off0 + len0 && res == ncclSuccess; off += chunk) {
+    size_t len = COLLIE_MIN(chunk, off0 + len0 - off);
     res = prim_send_pre(&l[0], &a->op, BLOCK((p - 1 + n) % n), len);
     for (int st = 1; st < n - 1 && res == ncclSuccess; st++)
       res = prim_recv_reduce_send(&l[1], &l[0], &a->op, BLOCK((p - st - 1 + 2 * n) % n), len);
@@ -35,4 +35,9 @@ ncclResult_t ring_reducescatter(struct coll_args* a) {
 #undef BLOCK
   if (res != ncclSuccess) return prim_fail(comm, l, 2, res);
   return ncclSuccess;
+}
+
+ncclResult_t ring_reducescatter(struct coll_args* a) {
+  struct ring_view v = ring_full(a->comm);
+  return ring_reducescatter_view(a, &v, 0, a->count);
 }

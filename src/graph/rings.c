@@ -67,11 +67,11 @@ void rings_free(struct ncclComm* comm) {
 }
 
 struct ring_view ring_full(struct ncclComm* comm) {
-  return (struct ring_view){comm->nranks, comm->ring, comm->ring_pos[comm->rank]};
+  return (struct ring_view){comm->nranks, comm->ring, comm->ring_pos[comm->rank], 0};
 }
 struct ring_view ring_local(struct ncclComm* comm) {
-  return (struct ring_view){comm->nlocal, comm->local_ring, comm->local_pos};
+  return (struct ring_view){comm->nlocal, comm->local_ring, comm->local_pos, 0};
 }
 struct ring_view ring_leaders(struct ncclComm* comm) {
-  return (struct ring_view){comm->nleaders, comm->leader_ring, comm->leader_pos};
+  return (struct ring_view){comm->nleaders, comm->leader_ring, comm->leader_pos, 0};
 }

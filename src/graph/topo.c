@@ -120,3 +120,37 @@ void topo_local_placement(int* numa_node, char* cpuset, size_t cpuset_len) {
     }
   }
 }
+
+int topo_bind_thread(int k) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return -1;
+  int n = CPU_COUNT(&set);
+  if (n <= 0) return -1;
+  int want = k % n, cpu = -1;
+  for (int c = 0, seen = 0; c < CPU_SETSIZE; c++) {
+    if (!CPU_ISSET(c, &set)) continue;
+    if (seen++ == want) {
+      cpu = c;
+      break;
+    }
+  }
+  if (cpu < 0) return -1;
+#ifdef COLLIE_HAVE_HWLOC
+  pthread_once(&topo_once, topo_load);
+  if (topo_ok) {
+    hwloc_bitmap_t b = hwloc_bitmap_alloc();
+    int ok = -1;
+    if (b) {
+      hwloc_bitmap_only(b, (unsigned)cpu);
+      ok = hwloc_set_cpubind(topo, b, HWLOC_CPUBIND_THREAD);
+      hwloc_bitmap_free(b);
+    }
+    return ok == 0 ? cpu : -1;
+  }
+#endif
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  return pthread_setaffinity_np(pthread_self(), sizeof(one), &one) == 0 ? cpu : -1;
+}

@@ -13,6 +13,9 @@
 uint64_t topo_host_hash(char* name, size_t name_len);
 /* NUMA node (-1 unknown) and CPU list of the calling process. */
 void topo_local_placement(int* numa_node, char* cpuset, size_t cpuset_len);
+/* Binds the calling thread to the k-th CPU (mod their number) the process may
+ * use; returns that CPU, or -1 if binding failed. */
+int topo_bind_thread(int k);
 /* "hwloc <version>" or "sched_getaffinity" (for the init INFO line). */
 const char* topo_backend(void);
 

@@ -64,15 +64,24 @@ ncclResult_t tuning_init(struct ncclComm* comm) {
   if (!(pmask & 1)) algos &= ~((1 << ALGO_RING) | (1 << ALGO_TREE) | (1 << ALGO_HIER));
   if (!(pmask & 2)) algos &= ~(1 << ALGO_DIRECT);
   comm->algo_mask = algos;
+  /* Channel bounds: environment first, then the communicator's config. */
+  int64_t lo = param_int(P_NCCL_MIN_CTAS, 0, 1 << 20), hi = param_int(P_NCCL_MAX_CTAS, 0, 1 << 20);
+  if (!lo && comm->config.minCTAs != NCCL_CONFIG_UNDEF_INT) lo = comm->config.minCTAs;
+  if (!hi && comm->config.maxCTAs != NCCL_CONFIG_UNDEF_INT) hi = comm->config.maxCTAs;
+  comm->min_ch = (int)(lo < 1 ? 1 : lo > MAX_CHANNELS ? MAX_CHANNELS : lo);
+  comm->max_ch = (int)(hi < 1 ? MAX_CHANNELS : hi > MAX_CHANNELS ? MAX_CHANNELS : hi);
+  if (comm->max_ch < comm->min_ch) comm->max_ch = comm->min_ch;
   /* Every rank must reach the same decisions, so this uses only what all
    * ranks know alike: the most crowded host (ranks per CPU of its ranks'
    * CPU sets, from the exchanged peer info). */
   comm->oversub = 1.0;
+  comm->cpus_per_rank = 1e9;
   for (int i = 0; i < comm->nranks; i++) {
     if (comm->peers[i].local_rank != 0) continue;
     int ncpu = cpulist_count(comm->peers[i].cpuset);
     double o = ncpu > 0 ? (double)comm->peers[i].local_size / ncpu : 1.0;
     if (o > comm->oversub) comm->oversub = o;
+    if (1.0 / o < comm->cpus_per_rank) comm->cpus_per_rank = 1.0 / o;
   }
   INFO(LOG_TUNING | LOG_ENV, "algorithms allowed: %s%s%s%s(mask 0x%x)", algos & 1 ? "Ring " : "",
        algos & 2 ? "Tree " : "", algos & 4 ? "Direct " : "", algos & 8 ? "Hier " : "", algos);
@@ -180,4 +189,19 @@ int tuning_choose(const struct coll_args* a) {
 double coll_estimate_us(const struct coll_args* a) {
   if (a->kind > COLL_REDUCESCATTER) return algo_estimate_us(a, ALGO_RING);
   return algo_estimate_us(a, tuning_choose(a));
+}
+
+int tuning_channels(const struct coll_args* a, int algo) {
+  const struct ncclComm* comm = a->comm;
+  if (algo != ALGO_RING || a->kind > COLL_REDUCESCATTER || comm->nranks == 1) return 1;
+  /* More channels only pay when each rank has CPUs to spare and the message
+   * is large enough to hide the hand-off to the helper threads. */
+  double cpus_per_rank = comm->cpus_per_rank;
+  size_t bytes = a->count * dtype_size(a->dt);
+  int want = bytes >= ((size_t)8 << 20) && cpus_per_rank >= 2 ? (int)cpus_per_rank : 1;
+  if (want < comm->min_ch) want = comm->min_ch;
+  if (want > comm->max_ch) want = comm->max_ch;
+  /* Every channel needs at least one element to move. */
+  if ((size_t)want > a->count) want = a->count ? (int)a->count : 1;
+  return want;
 }

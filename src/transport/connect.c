@@ -11,8 +11,10 @@
 #include "../comm.h"
 #include "transport.h"
 
+/* Setup messages carry the channel in their tag. */
 #define TAG_CONN_INFO 0x7f000001u
 #define TAG_CONN_ACK 0x7f000002u
+#define TAG_CH(tag, ch) ((tag) + 0x100u * (uint32_t)(ch))
 
 
 struct conn_info {
@@ -30,8 +32,8 @@ static int choose_type(struct ncclComm* comm, int peer) {
 
 static ncclResult_t ensure_tables(struct ncclComm* comm) {
   if (comm->send_conns) return ncclSuccess;
-  comm->send_conns = calloc((size_t)comm->nranks, sizeof(struct conn*));
-  comm->recv_conns = calloc((size_t)comm->nranks, sizeof(struct conn*));
+  comm->send_conns = calloc((size_t)comm->nranks * MAX_CHANNELS, sizeof(struct conn*));
+  comm->recv_conns = calloc((size_t)comm->nranks * MAX_CHANNELS, sizeof(struct conn*));
   if (!comm->send_conns || !comm->recv_conns) return err_set(ncclSystemError, "out of memory for connectors");
   const char* net = param_str(P_NCCL_NET);
   if (net && strcasecmp(net, "Socket") != 0)
@@ -53,17 +55,18 @@ static void conn_free(struct conn* c) {
 }
 
 void transport_close_all(struct ncclComm* comm) {
-  for (int i = 0; comm->send_conns && i < comm->nranks; i++) conn_free(comm->send_conns[i]);
-  for (int i = 0; comm->recv_conns && i < comm->nranks; i++) conn_free(comm->recv_conns[i]);
+  for (int i = 0; comm->send_conns && i < comm->nranks * MAX_CHANNELS; i++) conn_free(comm->send_conns[i]);
+  for (int i = 0; comm->recv_conns && i < comm->nranks * MAX_CHANNELS; i++) conn_free(comm->recv_conns[i]);
   free(comm->send_conns);
   free(comm->recv_conns);
   comm->send_conns = comm->recv_conns = NULL;
 }
 
-static struct conn* conn_new(struct ncclComm* comm, int peer, int is_send) {
+static struct conn* conn_new(struct ncclComm* comm, int ch, int peer, int is_send) {
   struct conn* c = calloc(1, sizeof(*c));
   if (!c) return NULL;
   c->comm = comm;
+  c->channel = ch;
   c->peer = peer;
   c->is_send = is_send;
   c->nslots = comm->nslots;
@@ -73,13 +76,20 @@ static struct conn* conn_new(struct ncclComm* comm, int peer, int is_send) {
 
 ncclResult_t transport_connect(struct ncclComm* comm, const int* send_peers, int nsend, const int* recv_peers,
                                int nrecv, struct conn** sends, struct conn** recvs) {
+  return transport_connect_ch(comm, 0, send_peers, nsend, recv_peers, nrecv, sends, recvs);
+}
+
+ncclResult_t transport_connect_ch(struct ncclComm* comm, int ch, const int* send_peers, int nsend,
+                                  const int* recv_peers, int nrecv, struct conn** sends, struct conn** recvs) {
   NCCLCHECK(ensure_tables(comm));
+  struct conn** send_tab = comm->send_conns + (size_t)ch * comm->nranks;
+  struct conn** recv_tab = comm->recv_conns + (size_t)ch * comm->nranks;
   ncclResult_t res = ncclSuccess;
   /* 1. Receiving ends first: create them and describe them to the senders. */
   for (int i = 0; i < nrecv; i++) {
     int p = recv_peers[i];
-    if (comm->recv_conns[p]) continue;
-    struct conn* c = conn_new(comm, p, 0);
+    if (recv_tab[p]) continue;
+    struct conn* c = conn_new(comm, ch, p, 0);
     if (!c) return err_set(ncclSystemError, "out of memory for a connector");
     c->type = choose_type(comm, p);
     struct conn_info info = {.type = c->type};
@@ -90,17 +100,17 @@ ncclResult_t transport_connect(struct ncclComm* comm, const int* send_peers, int
       return res;
     }
     info.len = (int32_t)len;
-    comm->recv_conns[p] = c;
+    recv_tab[p] = c;
     c->opseq = (uint64_t)-1; /* marks "not acknowledged yet" */
-    NCCLCHECK(bootstrap_send(comm->bs, p, TAG_CONN_INFO, &info, sizeof(info)));
+    NCCLCHECK(bootstrap_send(comm->bs, p, TAG_CH(TAG_CONN_INFO, ch), &info, sizeof(info)));
   }
   /* 2. Sending ends: attach and acknowledge. */
   for (int i = 0; i < nsend; i++) {
     int p = send_peers[i];
-    if (comm->send_conns[p]) continue;
+    if (send_tab[p]) continue;
     struct conn_info info;
-    NCCLCHECK(bootstrap_recv(comm->bs, p, TAG_CONN_INFO, &info, sizeof(info)));
-    struct conn* c = conn_new(comm, p, 1);
+    NCCLCHECK(bootstrap_recv(comm->bs, p, TAG_CH(TAG_CONN_INFO, ch), &info, sizeof(info)));
+    struct conn* c = conn_new(comm, ch, p, 1);
     if (!c) return err_set(ncclSystemError, "out of memory for a connector");
     c->type = info.type;
     if (info.len < 0 || info.len > TRANSPORT_INFO_BYTES) res = err_set(ncclInternalError, "bad connector info");
@@ -108,46 +118,48 @@ ncclResult_t transport_connect(struct ncclComm* comm, const int* send_peers, int
     else if (info.type == CONN_SOCKET) res = sock_send_connect(c, info.data, (size_t)info.len);
     else res = err_set(ncclInternalError, "rank %d offered unknown transport %d", p, info.type);
     int32_t ok = res == ncclSuccess;
-    ncclResult_t r2 = bootstrap_send(comm->bs, p, TAG_CONN_ACK, &ok, sizeof(ok));
+    ncclResult_t r2 = bootstrap_send(comm->bs, p, TAG_CH(TAG_CONN_ACK, ch), &ok, sizeof(ok));
     if (res != ncclSuccess || r2 != ncclSuccess) {
       conn_free(c);
       return res != ncclSuccess ? res : r2;
     }
-    comm->send_conns[p] = c;
-    INFO(LOG_INIT | LOG_SHM | LOG_NET, "rank %d -> rank %d via %s (%d x %zu-byte slots)", comm->rank, p,
+    send_tab[p] = c;
+    INFO(LOG_INIT | LOG_SHM | LOG_NET, "rank %d -> rank %d channel %d via %s (%d x %zu-byte slots)", comm->rank, p, ch,
          c->type == CONN_SHM ? "shm" : "socket", c->nslots, c->slot_bytes);
   }
   /* 3. Receiving ends: finish once the sender is attached. */
   for (int i = 0; i < nrecv; i++) {
     int p = recv_peers[i];
-    struct conn* c = comm->recv_conns[p];
+    struct conn* c = recv_tab[p];
     if (c->opseq != (uint64_t)-1) continue;
     int32_t ok = 0;
-    NCCLCHECK(bootstrap_recv(comm->bs, p, TAG_CONN_ACK, &ok, sizeof(ok)));
+    NCCLCHECK(bootstrap_recv(comm->bs, p, TAG_CH(TAG_CONN_ACK, ch), &ok, sizeof(ok)));
     if (!ok) {
-      comm->recv_conns[p] = NULL;
+      recv_tab[p] = NULL;
       conn_free(c);
       return err_set(ncclRemoteError, "rank %d could not attach to rank %d's connector (see its log)", p, comm->rank);
     }
     res = c->type == CONN_SHM ? shm_recv_connected(c) : sock_recv_connected(c);
     if (res != ncclSuccess) {
-      comm->recv_conns[p] = NULL;
+      recv_tab[p] = NULL;
       conn_free(c);
       return res;
     }
     c->opseq = 0;
   }
-  for (int i = 0; i < nsend; i++) sends[i] = comm->send_conns[send_peers[i]];
-  for (int i = 0; i < nrecv; i++) recvs[i] = comm->recv_conns[recv_peers[i]];
+  for (int i = 0; i < nsend; i++) sends[i] = send_tab[send_peers[i]];
+  for (int i = 0; i < nrecv; i++) recvs[i] = recv_tab[recv_peers[i]];
   return ncclSuccess;
 }
 
-ncclResult_t transport_progress(struct ncclComm* comm) {
+ncclResult_t transport_progress(struct ncclComm* comm, int ch) {
   if (!comm->send_conns) return ncclSuccess;
+  struct conn** st = comm->send_conns + (size_t)ch * comm->nranks;
+  struct conn** rt = comm->recv_conns + (size_t)ch * comm->nranks;
   for (int i = 0; i < comm->nranks; i++) {
-    struct conn* c = comm->send_conns[i];
+    struct conn* c = st[i];
     if (c && c->type == CONN_SOCKET) NCCLCHECK(c->ops->progress(c));
-    c = comm->recv_conns[i];
+    c = rt[i];
     if (c && c->type == CONN_SOCKET && c->opseq != (uint64_t)-1) NCCLCHECK(c->ops->progress(c));
   }
   return ncclSuccess;
@@ -155,15 +167,15 @@ ncclResult_t transport_progress(struct ncclComm* comm) {
 
 ncclResult_t transport_flush(struct ncclComm* comm) {
   if (!comm->send_conns) return ncclSuccess;
-  for (int i = 0; i < comm->nranks; i++) {
+  for (int i = 0; i < comm->nranks * MAX_CHANNELS; i++) {
     struct conn* c = comm->send_conns[i];
     if (!c || c->type != CONN_SOCKET) continue;
     while (c->ops->pending(c)) {
       /* Keep receiving too: the peer may need our reads to make room. */
-      NCCLCHECK(transport_progress(comm));
+      NCCLCHECK(transport_progress(comm, c->channel));
       if (!c->ops->pending(c)) break;
       if (c->ops->peer_failed(c))
-        return err_set(ncclRemoteError, "rank %d: connection to rank %d failed while flushing", comm->rank, i);
+        return err_set(ncclRemoteError, "rank %d: connection to rank %d failed while flushing", comm->rank, c->peer);
       if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED))
         return err_set(ncclSystemError, "rank %d: aborted while flushing", comm->rank);
       c->ops->wait(c, 10);
@@ -174,7 +186,7 @@ ncclResult_t transport_flush(struct ncclComm* comm) {
 
 void transport_poison(struct ncclComm* comm) {
   comm->broken = 1;
-  for (int i = 0; comm->send_conns && i < comm->nranks; i++) {
+  for (int i = 0; comm->send_conns && i < comm->nranks * MAX_CHANNELS; i++) {
     if (comm->send_conns[i] && comm->send_conns[i]->ops) comm->send_conns[i]->ops->fail(comm->send_conns[i]);
     if (comm->recv_conns[i] && comm->recv_conns[i]->ops && comm->recv_conns[i]->opseq != (uint64_t)-1)
       comm->recv_conns[i]->ops->fail(comm->recv_conns[i]);

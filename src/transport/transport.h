@@ -33,9 +33,14 @@ struct slot_hdr {
 enum conn_type { CONN_SHM = 1, CONN_SOCKET = 2 };
 
 struct conn_ops;
+/* Channels: independent sets of connectors, so several threads of one rank
+ * can drive parts of one collective at once (graph/channels.c). */
+#define MAX_CHANNELS 4
+
 struct conn {
   const struct conn_ops* ops;
   struct ncclComm* comm;
+  int channel;
   int peer;
   int is_send;
   int type;
@@ -78,12 +83,17 @@ struct conn_ops {
  * calls. Outputs point into the comm and stay valid until it is destroyed. */
 ncclResult_t transport_connect(struct ncclComm* comm, const int* send_peers, int nsend, const int* recv_peers,
                                int nrecv, struct conn** sends, struct conn** recvs);
+/* The same on channel `ch` (transport_connect is channel 0). Setting up must
+ * happen on one thread per rank, in the same order on every rank. */
+ncclResult_t transport_connect_ch(struct ncclComm* comm, int ch, const int* send_peers, int nsend,
+                                  const int* recv_peers, int nrecv, struct conn** sends, struct conn** recvs);
 void transport_close_all(struct ncclComm* comm);
 /* The communicator failed part-way through an operation: fail every
  * connector, so that every peer waiting on this rank gets an error. */
 void transport_poison(struct ncclComm* comm);
-/* Progress every socket connector (pending sends and receives). */
-ncclResult_t transport_progress(struct ncclComm* comm);
+/* Progress every socket connector of channel `ch` (pending sends and
+ * receives); each channel is driven by one thread at a time. */
+ncclResult_t transport_progress(struct ncclComm* comm, int ch);
 /* Waits until every slot committed on a socket connector has left this
  * process: an operation is complete only then (the caller may destroy the
  * communicator next, and closing a socket drops what it still holds). */
