@@ -195,8 +195,9 @@ static ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const n
      * (a rank-local choice: it changes timing, never what is computed). */
     long ncpu = cpulist_count(comm->peers[comm->rank].cpuset);
     if (ncpu <= 0) ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int64_t spin_us = param_int(P_COLLIE_SPIN, -1, 60 * 1000 * 1000);
-    comm->spin_ns = 1000 * (spin_us >= 0 ? spin_us : (comm->local_size <= ncpu ? 2000 : 5));
+    int64_t spin_us = param_str(P_COLLIE_SPIN) ? param_int(P_COLLIE_SPIN, 0, 60 * 1000 * 1000)
+                                               : (comm->local_size <= ncpu ? 2000 : 5);
+    comm->spin_ns = 1000 * spin_us;
   }
   comm->comm_hash = bootstrap_nonce(comm->bs) ^ 0x636f6c6c6965ULL;
   comm->shm_disable = (int)param_int(P_NCCL_SHM_DISABLE, 0, 1);

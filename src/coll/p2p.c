@@ -97,6 +97,8 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
   int64_t deadline = 0, t0 = 0;
   while (active > 0 && res == ncclSuccess) {
     int moved = 0;
+    /* Pull in what the sockets hold first, so the steps below see it. */
+    if ((res = transport_progress(comm, 0)) != ncclSuccess) break;
     active = 0;
     memset(seen, 0, (size_t)comm->nranks * 2);
     struct conn* blocked = NULL;
@@ -118,7 +120,6 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
       }
     }
     if (res != ncclSuccess || active == 0) break;
-    res = transport_progress(comm, 0);
     if (moved) {
       idle = yields = 0;
       t0 = 0;

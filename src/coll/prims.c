@@ -32,7 +32,13 @@ static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_
   if (c->ops->peer_failed(c))
     return err_set(ncclRemoteError, "rank %d: rank %d (%s) failed or left during the operation", comm->rank, c->peer,
                    bootstrap_peer_host(comm->bs, c->peer));
-  if (c->type == CONN_SOCKET) NCCLCHECK(transport_progress(comm, c->channel));
+  if (c->type == CONN_SOCKET) {
+    NCCLCHECK(transport_progress(comm, c->channel));
+    /* What progress just read (or sent) may be exactly what we wait for:
+     * let the caller look again before anything sleeps. */
+    struct slot_hdr h;
+    if (c->is_send ? c->ops->send_slot(c) != NULL : c->ops->recv_slot(c, &h) != NULL) return ncclSuccess;
+  }
   if (comm_keep_polling(comm, it, t0)) {
     cpu_relax();
     return ncclSuccess;
