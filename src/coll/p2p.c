@@ -125,6 +125,24 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
       t0 = 0;
       continue;
     }
+    if (blocked && blocked->type == CONN_SOCKET) {
+      /* Sockets: sleep in poll() until some connection can move bytes. */
+      if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED)) {
+        res = err_set(ncclSystemError, "rank %d: point-to-point group aborted", comm->rank);
+        break;
+      }
+      if (deadline == 0) deadline = prim_deadline(comm);
+      if (deadline > 0 && time_ms() > deadline) {
+        res = err_set(ncclRemoteError, "rank %d: timed out in a point-to-point group (COLLIE_TIMEOUT)", comm->rank);
+        break;
+      }
+      if (!p2p_only && ++idle % 64 == 0 && (res = board_check(comm)) != ncclSuccess) break;
+      /* Keep progressing for a short while (small replies come fast), then sleep. */
+      int64_t now = time_ns();
+      if (t0 == 0) t0 = now;
+      if (now - t0 >= 40000) transport_wait_sockets(comm, 0, 100);
+      continue;
+    }
     if (comm_keep_polling(comm, ++idle, &t0)) continue;
     if (yields++ < 16) {
       sched_yield();

@@ -26,6 +26,9 @@ int64_t prim_deadline(struct ncclComm* comm) {
   return t > 0 ? time_ms() + t * 1000 : -1;
 }
 
+/* How long a socket waiter keeps polling before it sleeps in poll(). */
+#define SOCKET_POLL_NS 40000
+
 /* One round of waiting for connector c after `it` unsuccessful polls. */
 static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_t* t0) {
   struct ncclComm* comm = c->comm;
@@ -38,6 +41,25 @@ static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_
      * let the caller look again before anything sleeps. */
     struct slot_hdr h;
     if (c->is_send ? c->ops->send_slot(c) != NULL : c->ops->recv_slot(c, &h) != NULL) return ncclSuccess;
+  }
+  /* Sockets: nothing to gain by polling in user space (the kernel must run
+   * to move bytes, and polling with system calls takes its CPU): sleep in
+   * poll() on every socket of the channel until one can move bytes. */
+  if (c->type == CONN_SOCKET) {
+    if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED))
+      return err_set(ncclSystemError, "rank %d: operation aborted", comm->rank);
+    if (*deadline == 0) *deadline = prim_deadline(comm);
+    if (*deadline > 0 && time_ms() > *deadline)
+      return err_set(ncclRemoteError, "rank %d: timed out waiting for rank %d (%s) (COLLIE_TIMEOUT)", comm->rank,
+                     c->peer, bootstrap_peer_host(comm->bs, c->peer));
+    if (it % 64 == 63) NCCLCHECK(board_check(comm));
+    /* A reply to a small message comes within tens of microseconds: keep
+     * progressing that long (latency), then sleep (bandwidth). */
+    int64_t now = time_ns();
+    if (*t0 == 0) *t0 = now;
+    if (now - *t0 < SOCKET_POLL_NS) return ncclSuccess;
+    transport_wait_sockets(comm, c->channel, 100);
+    return ncclSuccess;
   }
   if (comm_keep_polling(comm, it, t0)) {
     cpu_relax();
@@ -131,25 +153,27 @@ ncclResult_t prim_send_pre(struct prim_link* s, const struct red_op* op, const v
 
 ncclResult_t prim_recv(struct prim_link* r, void* dst, size_t bytes) {
   const void* slot;
+  if (r->c->ops->recv_post && bytes) r->c->ops->recv_post(r->c, dst, bytes);
   NCCLCHECK(prim_recv_slot(r, bytes, &slot));
-  if (bytes) memcpy(dst, slot, bytes);
+  if (bytes && slot != dst) memcpy(dst, slot, bytes);
   return prim_recv_release(r);
 }
 
 ncclResult_t prim_recv_copy_send(struct prim_link* r, struct prim_link* s, void* dst, size_t bytes) {
   const void* in;
   void* out;
+  if (dst && bytes && r->c->ops->recv_post) r->c->ops->recv_post(r->c, dst, bytes);
   NCCLCHECK(prim_recv_slot(r, bytes, &in));
   if (dst && s->c->ops->send_commit_ext) {
     /* Forward from the destination: it holds the same bytes and stays put. */
-    if (bytes) memcpy(dst, in, bytes);
+    if (bytes && in != dst) memcpy(dst, in, bytes);
     NCCLCHECK(prim_recv_release(r));
     return prim_send(s, dst, bytes);
   }
   NCCLCHECK(prim_send_slot(s, &out));
   if (bytes) {
     memcpy(out, in, bytes);
-    if (dst) memcpy(dst, in, bytes);
+    if (dst && dst != in) memcpy(dst, in, bytes);
   }
   NCCLCHECK(prim_send_commit(s, bytes));
   return prim_recv_release(r);

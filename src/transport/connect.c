@@ -4,6 +4,7 @@
  * sender attaches and acknowledges; the receiver then finalises (closes the
  * memfd, accepts the socket). Both sides choose the same transport because
  * the receiver decides and says which. */
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -191,4 +192,18 @@ void transport_poison(struct ncclComm* comm) {
     if (comm->recv_conns[i] && comm->recv_conns[i]->ops && comm->recv_conns[i]->opseq != (uint64_t)-1)
       comm->recv_conns[i]->ops->fail(comm->recv_conns[i]);
   }
+}
+
+void transport_wait_sockets(struct ncclComm* comm, int ch, int timeout_ms) {
+  struct pollfd pfds[256];
+  int n = 0;
+  struct conn** st = comm->send_conns + (size_t)ch * comm->nranks;
+  struct conn** rt = comm->recv_conns + (size_t)ch * comm->nranks;
+  for (int i = 0; i < comm->nranks && n <= 256 - 16; i++) {
+    struct conn* c = st[i];
+    if (c && c->type == CONN_SOCKET) n += c->ops->pollfds(c, pfds + n);
+    c = rt[i];
+    if (c && c->type == CONN_SOCKET && c->opseq != (uint64_t)-1) n += c->ops->pollfds(c, pfds + n);
+  }
+  poll(pfds, (nfds_t)n, timeout_ms);
 }

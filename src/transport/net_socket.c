@@ -34,7 +34,12 @@ struct sock_conn {
   int listen_fd; /* receiver, until the sender connected */
   char* slots;
   struct slot_hdr* hdrs;
-  const char** ext; /* sender: payload outside the slot (send_commit_ext), else NULL */
+  const char** ext; /* sender: payload outside the slot (send_commit_ext), else NULL;
+                     * receiver: where a slot's payload was put when not in the slot */
+  char* post_dst;   /* receiver: recv_post destination for slot post_idx */
+  size_t post_len;
+  uint32_t post_idx;
+  int posted;
   uint32_t pos;  /* sender: slots committed; receiver: slots consumed */
   uint32_t done; /* slots moved completely: every slot below is done */
   int failed;    /* the link broke or the peer poisoned/closed it */
@@ -113,7 +118,9 @@ static ncclResult_t sock_progress_recv(struct conn* c) {
       size_t need = l->off < sizeof(*h) ? sizeof(*h) : slot_len(h);
       int blocked = 0;
       while (l->off < need) {
-        char* p = l->off < sizeof(*h) ? (char*)h + l->off : slot_data(c, l->next) + (l->off - sizeof(*h));
+        char* payload = s->ext[l->next % (uint32_t)c->nslots] ? (char*)s->ext[l->next % (uint32_t)c->nslots]
+                                                                : slot_data(c, l->next);
+        char* p = l->off < sizeof(*h) ? (char*)h + l->off : payload + (l->off - sizeof(*h));
         ssize_t rc = recv(l->fd, p, need - l->off, MSG_DONTWAIT);
         if (rc > 0) {
           l->off += (size_t)rc;
@@ -124,6 +131,9 @@ static ncclResult_t sock_progress_recv(struct conn* c) {
                              h->bytes, c->slot_bytes);
             }
             need = slot_len(h);
+            /* The consumer is already waiting for this slot: straight to its buffer. */
+            if (s->posted && s->post_idx == l->next && !(h->flags & SLOT_ERROR) && h->bytes <= s->post_len)
+              s->ext[l->next % (uint32_t)c->nslots] = s->post_dst;
           }
           continue;
         }
@@ -178,11 +188,22 @@ static const void* sock_recv_slot(struct conn* c, struct slot_hdr* h) {
   struct sock_conn* s = c->priv;
   if (s->done == s->pos) return NULL;
   *h = s->hdrs[s->pos % (uint32_t)c->nslots];
-  return slot_data(c, s->pos);
+  const char* ext = s->ext[s->pos % (uint32_t)c->nslots];
+  return ext ? ext : slot_data(c, s->pos);
+}
+
+static void sock_recv_post(struct conn* c, void* dst, size_t bytes) {
+  struct sock_conn* s = c->priv;
+  s->post_dst = dst;
+  s->post_len = bytes;
+  s->post_idx = s->pos;
+  s->posted = 1;
 }
 
 static ncclResult_t sock_recv_release(struct conn* c) {
   struct sock_conn* s = c->priv;
+  s->ext[s->pos % (uint32_t)c->nslots] = NULL;
+  s->posted = 0;
   s->pos++;
   return sock_progress_recv(c);
 }
@@ -208,6 +229,15 @@ static int sock_pending(struct conn* c) {
   return c->is_send && s->done != s->pos;
 }
 
+static int sock_pollfds(struct conn* c, struct pollfd* p) {
+  struct sock_conn* s = c->priv;
+  if (s->failed) return 0;
+  if (c->is_send && s->done == s->pos) return 0; /* nothing to send */
+  if (!c->is_send && (uint32_t)(s->done - s->pos) >= (uint32_t)c->nslots) return 0; /* no free slot */
+  for (int i = 0; i < s->nlinks; i++) p[i] = (struct pollfd){.fd = s->link[i].fd, .events = c->is_send ? POLLOUT : POLLIN};
+  return s->nlinks;
+}
+
 static int sock_peer_failed(struct conn* c) { return ((struct sock_conn*)c->priv)->failed; }
 
 static void sock_close(struct conn* c) {
@@ -223,8 +253,8 @@ static void sock_close(struct conn* c) {
   c->priv = NULL;
 }
 
-static const struct conn_ops sock_ops = {sock_send_slot, sock_send_commit, sock_send_commit_ext, sock_recv_slot, sock_recv_release,
-                                         sock_progress,  sock_wait,        sock_fail,      sock_pending,
+static const struct conn_ops sock_ops = {sock_send_slot, sock_send_commit, sock_send_commit_ext, sock_recv_slot, sock_recv_post, sock_recv_release,
+                                         sock_progress,  sock_wait,        sock_fail,      sock_pending, sock_pollfds,
                                          sock_peer_failed, sock_close};
 
 static int nsocks_wanted(void) {

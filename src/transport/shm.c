@@ -147,8 +147,8 @@ static int shm_pending(struct conn* c) {
   return 0; /* a committed slot is already in the peer's memory */
 }
 
-static const struct conn_ops shm_ops = {shm_send_slot, shm_send_commit, NULL, shm_recv_slot, shm_recv_release,
-                                        shm_progress,  shm_wait,        shm_fail,      shm_pending,
+static const struct conn_ops shm_ops = {shm_send_slot, shm_send_commit, NULL, shm_recv_slot, NULL, shm_recv_release,
+                                        shm_progress,  shm_wait,        shm_fail,      shm_pending, NULL,
                                         shm_peer_failed, shm_close};
 
 ncclResult_t shm_recv_setup(struct conn* c, void* info, size_t* info_len) {

@@ -17,6 +17,8 @@
 
 #include "nccl.h"
 
+struct pollfd;
+
 struct ncclComm;
 
 /* Every slot carries this header, so a receiver can tell when ranks
@@ -61,6 +63,10 @@ struct conn_ops {
   ncclResult_t (*send_commit_ext)(struct conn* c, const struct slot_hdr* h, const void* data);
   /* Receiver: the oldest filled slot (its header copied to *h), or NULL. */
   const void* (*recv_slot)(struct conn* c, struct slot_hdr* h);
+  /* Receiver, optional: the payload of the next slot to consume should land
+   * in `dst` (up to `bytes`) if its bytes have not arrived yet; recv_slot then
+   * returns `dst` itself. Saves a copy where bytes arrive by system call. */
+  void (*recv_post)(struct conn* c, void* dst, size_t bytes);
   /* Receiver: give the slot back to the sender. */
   ncclResult_t (*recv_release)(struct conn* c);
   /* Moves bytes (socket); returns an error when the link failed. */
@@ -71,6 +77,8 @@ struct conn_ops {
   void (*fail)(struct conn* c);
   /* Slots committed but not yet handed to the peer (socket: not yet written). */
   int (*pending)(struct conn* c);
+  /* Sockets: fill pollfds (at most 16) with what this connector waits for. */
+  int (*pollfds)(struct conn* c, struct pollfd* p);
   /* Has the peer failed/closed? */
   int (*peer_failed)(struct conn* c);
   void (*close)(struct conn* c);
@@ -94,6 +102,9 @@ void transport_poison(struct ncclComm* comm);
 /* Progress every socket connector of channel `ch` (pending sends and
  * receives); each channel is driven by one thread at a time. */
 ncclResult_t transport_progress(struct ncclComm* comm, int ch);
+/* Sleeps until a socket of channel `ch` can move bytes we want moved (data
+ * to read into a free slot, or room for a pending send), or timeout_ms. */
+void transport_wait_sockets(struct ncclComm* comm, int ch, int timeout_ms);
 /* Waits until every slot committed on a socket connector has left this
  * process: an operation is complete only then (the caller may destroy the
  * communicator next, and closing a socket drops what it still holds). */
