@@ -36,6 +36,7 @@ struct sock_conn {
   struct slot_hdr* hdrs;
   const char** ext; /* sender: payload outside the slot (send_commit_ext), else NULL;
                      * receiver: where a slot's payload was put when not in the slot */
+  int readahead;    /* receiver: read slots before they are asked for (COLLIE_SOCKET_READAHEAD) */
   char* post_dst;   /* receiver: recv_post destination for slot post_idx */
   size_t post_len;
   uint32_t post_idx;
@@ -112,8 +113,10 @@ static ncclResult_t sock_progress_recv(struct conn* c) {
   struct sock_conn* s = c->priv;
   for (int li = 0; li < s->nlinks && !s->failed; li++) {
     struct sock_link* l = &s->link[li];
-    /* Only into free slots: at most nslots ahead of what was consumed. */
-    while ((uint32_t)(l->next - s->pos) < (uint32_t)c->nslots) {
+    /* Only the slot the consumer takes next (with readahead on, up to nslots
+     * ahead): bytes left in the kernel's buffer can still go straight to the
+     * consumer's buffer (recv_post) instead of through a slot. */
+    while ((uint32_t)(l->next - s->pos) < (uint32_t)(s->readahead ? c->nslots : 1)) {
       struct slot_hdr* h = &s->hdrs[l->next % (uint32_t)c->nslots];
       size_t need = l->off < sizeof(*h) ? sizeof(*h) : slot_len(h);
       int blocked = 0;
@@ -290,6 +293,7 @@ struct sock_info {
 ncclResult_t sock_recv_setup(struct conn* c, void* info, size_t* info_len) {
   NCCLCHECK(sock_alloc(c, nsocks_wanted()));
   struct sock_conn* s = c->priv;
+  s->readahead = (int)param_int(P_COLLIE_SOCKET_READAHEAD, 0, 1);
   struct sock_info in;
   memset(&in, 0, sizeof(in));
   in.addr = *bootstrap_peer_addr(c->comm->bs, c->comm->rank);
