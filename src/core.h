@@ -56,6 +56,15 @@ static inline int64_t time_ns(void) {
 }
 static inline int64_t time_ms(void) { return time_ns() / 1000000; }
 
+/* One polling step of a busy wait: tells the CPU (and a hyperthread sibling). */
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ volatile("yield");
+#endif
+}
+
 #define COLLIE_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define COLLIE_MAX(a, b) ((a) > (b) ? (a) : (b))
 

@@ -75,14 +75,6 @@ static long futex(uint32_t* a, int op, uint32_t v, const struct timespec* ts) {
   return syscall(SYS_futex, a, op, v, ts, NULL, 0);
 }
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ volatile("yield");
-#endif
-}
-
 /* No fence between the store and the waiter check: a full fence here would
  * wait for the store to reach the cache on every call. The waiter closes
  * the gap instead (wait_seq): after announcing itself it keeps polling for

@@ -6,14 +6,6 @@
 #include <sched.h>
 #include <string.h>
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ volatile("yield");
-#endif
-}
-
 void prim_begin(struct prim_link* l, struct conn* c, uint64_t total) {
   l->c = c;
   l->opseq = c->opseq++;
