@@ -100,16 +100,7 @@ static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* wa
       sched_yield();
       continue;
     }
-    if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED))
-      return err_set(ncclSystemError, "rank %d: operation aborted", comm->rank);
-    ncclResult_t b = board_check(comm);
-    if (b != ncclSuccess) {
-      comm->broken = 1;
-      return b;
-    }
-    if (deadline == 0) deadline = prim_deadline(comm);
-    if (deadline > 0 && time_ms() > deadline)
-      return err_set(ncclRemoteError, "rank %d: timed out waiting for rank %d (COLLIE_TIMEOUT)", comm->rank, peer);
+    NCCLCHECK(prim_sleep_checks(comm, peer, &deadline, 1));
     __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
     int moved = 0;
     for (int k = 0; k < 512 && !moved; k++) {

@@ -127,16 +127,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     }
     if (blocked && blocked->type == CONN_SOCKET) {
       /* Sockets: sleep in poll() until some connection can move bytes. */
-      if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED)) {
-        res = err_set(ncclSystemError, "rank %d: point-to-point group aborted", comm->rank);
-        break;
-      }
-      if (deadline == 0) deadline = prim_deadline(comm);
-      if (deadline > 0 && time_ms() > deadline) {
-        res = err_set(ncclRemoteError, "rank %d: timed out in a point-to-point group (COLLIE_TIMEOUT)", comm->rank);
-        break;
-      }
-      if (!p2p_only && ++idle % 64 == 0 && (res = board_check(comm)) != ncclSuccess) break;
+      if ((res = prim_sleep_checks(comm, -1, &deadline, !p2p_only && ++idle % 64 == 0)) != ncclSuccess) break;
       /* Keep progressing for a short while (small replies come fast), then sleep. */
       int64_t now = time_ns();
       if (t0 == 0) t0 = now;
@@ -148,16 +139,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
       sched_yield();
       continue;
     }
-    if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED)) {
-      res = err_set(ncclSystemError, "rank %d: point-to-point group aborted", comm->rank);
-      break;
-    }
-    if (!p2p_only && (res = board_check(comm)) != ncclSuccess) break;
-    if (deadline == 0) deadline = prim_deadline(comm);
-    if (deadline > 0 && time_ms() > deadline) {
-      res = err_set(ncclRemoteError, "rank %d: timed out in a point-to-point group (COLLIE_TIMEOUT)", comm->rank);
-      break;
-    }
+    if ((res = prim_sleep_checks(comm, -1, &deadline, !p2p_only)) != ncclSuccess) break;
     /* Several connectors may be pending: sleep briefly on one of them. */
     if (blocked) blocked->ops->wait(blocked, 1);
   }

@@ -18,6 +18,25 @@ int64_t prim_deadline(struct ncclComm* comm) {
   return t > 0 ? time_ms() + t * 1000 : -1;
 }
 
+ncclResult_t prim_sleep_checks(struct ncclComm* comm, int peer, int64_t* deadline, int board) {
+  if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED))
+    return err_set(ncclSystemError, "rank %d: operation aborted", comm->rank);
+  if (board) {
+    ncclResult_t b = board_check(comm);
+    if (b != ncclSuccess) {
+      comm->broken = 1;
+      return b;
+    }
+  }
+  if (*deadline == 0) *deadline = prim_deadline(comm);
+  if (*deadline > 0 && time_ms() > *deadline) {
+    if (peer < 0) return err_set(ncclRemoteError, "rank %d: timed out waiting for its peers (COLLIE_TIMEOUT)", comm->rank);
+    return err_set(ncclRemoteError, "rank %d: timed out waiting for rank %d (%s) (COLLIE_TIMEOUT)", comm->rank, peer,
+                   bootstrap_peer_host(comm->bs, peer));
+  }
+  return ncclSuccess;
+}
+
 /* How long a socket waiter keeps polling before it sleeps in poll(). */
 #define SOCKET_POLL_NS 40000
 
@@ -38,13 +57,7 @@ static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_
    * to move bytes, and polling with system calls takes its CPU): sleep in
    * poll() on every socket of the channel until one can move bytes. */
   if (c->type == CONN_SOCKET) {
-    if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED))
-      return err_set(ncclSystemError, "rank %d: operation aborted", comm->rank);
-    if (*deadline == 0) *deadline = prim_deadline(comm);
-    if (*deadline > 0 && time_ms() > *deadline)
-      return err_set(ncclRemoteError, "rank %d: timed out waiting for rank %d (%s) (COLLIE_TIMEOUT)", comm->rank,
-                     c->peer, bootstrap_peer_host(comm->bs, c->peer));
-    if (it % 64 == 63) NCCLCHECK(board_check(comm));
+    NCCLCHECK(prim_sleep_checks(comm, c->peer, deadline, it % 64 == 63));
     /* A reply to a small message comes within tens of microseconds: keep
      * progressing that long (latency), then sleep (bandwidth). */
     int64_t now = time_ns();
@@ -63,18 +76,8 @@ static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_
     sched_yield();
     return ncclSuccess;
   }
-  if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED))
-    return err_set(ncclSystemError, "rank %d: operation aborted", comm->rank);
-  ncclResult_t b = board_check(comm);
-  if (b != ncclSuccess) {
-    comm->broken = 1;
-    return b;
-  }
-  if (*deadline == 0) *deadline = prim_deadline(comm);
-  if (*deadline > 0 && time_ms() > *deadline)
-    return err_set(ncclRemoteError, "rank %d: timed out waiting for rank %d (%s) (COLLIE_TIMEOUT)", comm->rank,
-                   c->peer, bootstrap_peer_host(comm->bs, c->peer));
-  c->ops->wait(c, c->type == CONN_SOCKET ? 1 : 100);
+  NCCLCHECK(prim_sleep_checks(comm, c->peer, deadline, 1));
+  c->ops->wait(c, 100);
   return ncclSuccess;
 }
 

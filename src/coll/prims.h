@@ -43,5 +43,10 @@ ncclResult_t prim_fail(struct ncclComm* comm, struct prim_link* links, int n, nc
 
 /* How long a waiter may wait for a peer (COLLIE_TIMEOUT); -1: forever. */
 int64_t prim_deadline(struct ncclComm* comm);
+/* What every waiter checks before it sleeps: the abort flag, the call board
+ * (if `board`: a peer on the same call with other arguments breaks the
+ * communicator) and COLLIE_TIMEOUT (*deadline: 0 until first computed).
+ * `peer` names whom we wait for in the message (-1: several). */
+ncclResult_t prim_sleep_checks(struct ncclComm* comm, int peer, int64_t* deadline, int board);
 
 #endif
