@@ -196,7 +196,7 @@ static ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const n
     long ncpu = cpulist_count(comm->peers[comm->rank].cpuset);
     if (ncpu <= 0) ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int64_t spin_us = param_str(P_COLLIE_SPIN) ? param_int(P_COLLIE_SPIN, 0, 60 * 1000 * 1000)
-                                               : (comm->local_size <= ncpu ? 2000 : 5);
+                                               : (comm->local_size <= ncpu ? 2000 : 0);
     comm->spin_ns = 1000 * spin_us;
   }
   comm->comm_hash = bootstrap_nonce(comm->bs) ^ 0x636f6c6c6965ULL;
