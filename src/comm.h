@@ -30,6 +30,7 @@ struct ncclComm {
   ncclResult_t async_error;
   int finalized;
   int broken; /* a collective failed part-way: connectors are poisoned */
+  uint32_t nsplits; /* ncclCommSplit calls so far (tags consecutive splits apart) */
   /* Connectors by peer, set up on first use (transport/connect.c). */
   struct conn** send_conns;
   struct conn** recv_conns;

@@ -378,3 +378,64 @@ COLLIE_EXPORT ncclResult_t collie_comm_peer_info(ncclComm_t comm, int rank, coll
   info->size = caller;
   return ncclSuccess;
 }
+
+/* ------------------------------------------------------------ split */
+
+#define TAG_SPLIT_ID 0x7e000000u
+
+struct split_entry {
+  int32_t color, key;
+};
+
+NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config);
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+  NCCLCHECK(comm_check(comm, "ncclCommSplit"));
+  if (newcomm == NULL) return err_set(ncclInvalidArgument, "ncclCommSplit: newcomm is NULL");
+  *newcomm = NULL;
+  if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+    return err_set(ncclInvalidArgument, "ncclCommSplit: color %d is negative (use NCCL_SPLIT_NOCOLOR to opt out)", color);
+  if (comm->finalized) return err_set(ncclInvalidUsage, "ncclCommSplit: the parent communicator was finalized");
+  if (comm->async_error != ncclSuccess)
+    return err_set(ncclInvalidUsage, "ncclCommSplit: the parent communicator is in error (%s)",
+                   ncclGetErrorString(comm->async_error));
+  /* Every rank learns every (color, key); each color's members are ordered by
+   * key, then parent rank; the first of them makes the unique ID and hands it
+   * to the others. The split number in the tag keeps consecutive splits apart. */
+  int n = comm->nranks;
+  struct split_entry* all = calloc((size_t)n, sizeof(*all));
+  int* members = calloc((size_t)n, sizeof(int));
+  ncclResult_t res = ncclSuccess;
+  if (!all || !members) {
+    res = err_set(ncclSystemError, "ncclCommSplit: out of memory");
+    goto out;
+  }
+  all[comm->rank] = (struct split_entry){color, key};
+  NCCLCHECKGOTO(bootstrap_allgather(comm->bs, all, sizeof(*all)), res, out);
+  uint32_t tag = TAG_SPLIT_ID + (uint32_t)(comm->nsplits++ & 0xffffff);
+  if (color == NCCL_SPLIT_NOCOLOR) goto out;
+  int m = 0;
+  for (int r = 0; r < n; r++) {
+    if (all[r].color != color) continue;
+    int k = m++;
+    while (k > 0 && (all[members[k - 1]].key > all[r].key)) {
+      members[k] = members[k - 1];
+      k--;
+    }
+    members[k] = r;
+  }
+  int newrank = 0;
+  while (members[newrank] != comm->rank) newrank++;
+  ncclUniqueId id;
+  if (newrank == 0) {
+    NCCLCHECKGOTO(bootstrap_create_id(&id), res, out);
+    for (int i = 1; i < m; i++) NCCLCHECKGOTO(bootstrap_send(comm->bs, members[i], tag, &id, sizeof(id)), res, out);
+  } else {
+    NCCLCHECKGOTO(bootstrap_recv(comm->bs, members[0], tag, &id, sizeof(id)), res, out);
+  }
+  INFO(LOG_INIT, "ncclCommSplit: rank %d color %d key %d -> rank %d of %d", comm->rank, color, key, newrank, m);
+  res = comm_init(newcomm, m, 1, &id, newrank, config ? config : &comm->config, "ncclCommSplit");
+out:
+  free(all);
+  free(members);
+  return res;
+}

@@ -76,19 +76,6 @@ ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   return not_yet(__func__, WHY_ELASTIC);
 }
 
-NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
-         ncclConfig_t* config);
-ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
-                           ncclConfig_t* config) {
-  (void)comm;
-  (void)color;
-  (void)key;
-  (void)config;
-  /* Callers that ignore the result should not go on to use a stale handle. */
-  if (newcomm != NULL) *newcomm = NULL;
-  return not_yet(__func__, WHY_ELASTIC);
-}
-
 NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList,
          int excludeRanksCount, ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags);
 ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,

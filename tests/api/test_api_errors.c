@@ -401,7 +401,14 @@ static void test_stubs(void** state) {
   EXPECT_ERR(ncclCommWindowRegister(c, buf, sizeof(buf), &win, 0), ncclInvalidUsage, "ncclCommWindowRegister");
   EXPECT_ERR(ncclCommWindowDeregister(c, win), ncclInvalidUsage, "ncclCommWindowDeregister");
   EXPECT_ERR(ncclCommRevoke(c, 0), ncclInvalidUsage, "ncclCommRevoke");
-  EXPECT_ERR(ncclCommSplit(c, 0, 0, &nc, NULL), ncclInvalidUsage, "ncclCommSplit");
+  /* ncclCommSplit exists: bad arguments are ncclInvalidArgument; a 1-rank split works. */
+  EXPECT_ERR(ncclCommSplit(c, -5, 0, &nc, NULL), ncclInvalidArgument, "ncclCommSplit");
+  assert_null(nc);
+  EXPECT_ERR(ncclCommSplit(c, 0, 0, NULL, NULL), ncclInvalidArgument, "ncclCommSplit");
+  EXPECT_OK(ncclCommSplit(c, 7, 0, &nc, NULL));
+  assert_non_null(nc);
+  EXPECT_OK(ncclCommDestroy(nc));
+  EXPECT_OK(ncclCommSplit(c, NCCL_SPLIT_NOCOLOR, 0, &nc, NULL));
   assert_null(nc);
   nc = (ncclComm_t)(uintptr_t)0x1;
   EXPECT_ERR(ncclCommShrink(c, exclude, 1, &nc, NULL, 0), ncclInvalidUsage, "ncclCommShrink");

@@ -401,6 +401,40 @@ static int rank_cycles(int rank, int nranks, const ncclUniqueId* ids, int nids, 
   return 0;
 }
 
+/* ---- ncclCommSplit: colors, keys (reverse order), NOCOLOR, twice in a row */
+static int rank_split(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  for (int round = 0; round < 2; round++) {
+    int opt_out = rank == nranks - 1;
+    int color = opt_out ? NCCL_SPLIT_NOCOLOR : rank % 2;
+    ncclComm_t sub = (ncclComm_t)0x1;
+    MP_NCCL(ncclCommSplit(comm, color, -rank, &sub, NULL));
+    if (opt_out) {
+      MP_CHECK(sub == NULL, "NOCOLOR rank got a communicator");
+      continue;
+    }
+    /* Members of my color (excluding the opted-out rank), ordered by key = -rank. */
+    int members[64], m = 0;
+    for (int r = nranks - 2; r >= 0; r--)
+      if (r % 2 == color) members[m++] = r;
+    int want_rank = 0;
+    while (members[want_rank] != rank) want_rank++;
+    int n = -1, me = -1;
+    MP_NCCL(ncclCommCount(sub, &n));
+    MP_NCCL(ncclCommUserRank(sub, &me));
+    MP_CHECK(n == m && me == want_rank, "split: got rank %d of %d, want %d of %d", me, n, want_rank, m);
+    /* The new communicator works: sum of parent ranks of my color. */
+    int v = rank, sum = -1, want = 0;
+    for (int i = 0; i < m; i++) want += members[i];
+    MP_NCCL(ncclAllReduce(&v, &sum, 1, ncclInt32, ncclSum, sub, NULL));
+    MP_CHECK(sum == want, "split allreduce %d, want %d", sum, want);
+    MP_NCCL(ncclCommDestroy(sub));
+  }
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
 /* ---- ncclCommInitAll in one process */
 static int test_init_all(int n) {
   ncclComm_t comms[16];
@@ -467,6 +501,8 @@ int main(int argc, char** argv) {
     setenv("COLLIE_BOOTSTRAP_HANDSHAKE_TIMEOUT", "500", 1);
     struct mp_hooks hooks = {strangers_attack_root, strangers_done};
     rc = mp_run_hooks(n, 1, rank_strangers, NULL, NULL, 0, 60, &hooks);
+  } else if (strcmp(c, "split") == 0) {
+    rc = mp_run(n, rank_split, NULL, 120);
   } else if (strcmp(c, "cycles") == 0) {
     int cycles = argc > 3 ? atoi(argv[3]) : 200;
     rc = mp_run(n, rank_cycles, &cycles, 300);
