@@ -34,6 +34,7 @@ struct ncclComm {
   /* Connectors by peer, set up on first use (transport/connect.c). */
   struct conn** send_conns;
   struct conn** recv_conns;
+  int nsock_sends; /* socket send connectors: only they can hold unsent bytes */
   int nslots;
   size_t slot_bytes;
   int shm_disable; /* NCCL_SHM_DISABLE, read at init */

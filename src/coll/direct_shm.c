@@ -210,6 +210,14 @@ static ncclResult_t direct_begin(struct ncclComm* comm, size_t bytes, char** min
   return ncclSuccess;
 }
 
+/* direct_begin, then this rank's payload into its buffer. */
+static ncclResult_t direct_post(struct ncclComm* comm, const void* src, size_t bytes) {
+  char* mine;
+  NCCLCHECK(direct_begin(comm, bytes, &mine));
+  memcpy(mine, src, bytes);
+  return ncclSuccess;
+}
+
 static const char* peer_data(struct direct_state* d, int i, size_t bytes) {
   return bytes <= INLINE_BYTES ? d->ctrl[i]->line[d->seq & 1].data : d->data[i] + (d->seq & 1) * d->cap;
 }
@@ -325,9 +333,7 @@ static void reduce_all(struct direct_state* d, const struct red_op* op, char* ds
 ncclResult_t direct_allreduce(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
-  char* mine;
-  NCCLCHECK(direct_begin(comm, bytes, &mine));
-  memcpy(mine, a->sendbuff, bytes);
+  NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
   NCCLCHECK(direct_exchange(comm, -1));
   reduce_all(comm->direct, &a->op, a->recvbuff, bytes, 0, a->count, a->avg);
   direct_end(comm);
@@ -337,9 +343,7 @@ ncclResult_t direct_allreduce(struct coll_args* a) {
 ncclResult_t direct_reduce(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
-  char* mine;
-  NCCLCHECK(direct_begin(comm, bytes, &mine));
-  memcpy(mine, a->sendbuff, bytes);
+  NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
   if (comm->rank == a->root) {
     NCCLCHECK(direct_exchange(comm, -1));
     reduce_all(comm->direct, &a->op, a->recvbuff, bytes, 0, a->count, a->avg);
@@ -355,9 +359,7 @@ ncclResult_t direct_reduce(struct coll_args* a) {
 ncclResult_t direct_reducescatter(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t esz = dtype_size(a->dt), bytes = a->count * esz, total = bytes * (size_t)comm->nranks;
-  char* mine;
-  NCCLCHECK(direct_begin(comm, total, &mine));
-  memcpy(mine, a->sendbuff, total);
+  NCCLCHECK(direct_post(comm, a->sendbuff, total));
   NCCLCHECK(direct_exchange(comm, -1));
   reduce_all(comm->direct, &a->op, a->recvbuff, total, (size_t)comm->rank * bytes, a->count, a->avg);
   direct_end(comm);
@@ -367,9 +369,7 @@ ncclResult_t direct_reducescatter(struct coll_args* a) {
 ncclResult_t direct_allgather(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
-  char* mine;
-  NCCLCHECK(direct_begin(comm, bytes, &mine));
-  memcpy(mine, a->sendbuff, bytes);
+  NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
   NCCLCHECK(direct_exchange(comm, -1));
   for (int i = 0; i < comm->nranks; i++) {
     char* dst = (char*)a->recvbuff + (size_t)i * bytes;

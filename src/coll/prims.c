@@ -200,9 +200,7 @@ ncclResult_t prim_recv_reduce_copy(struct prim_link* r, struct prim_link* s, con
   return ncclSuccess;
 }
 
-ncclResult_t prim_fail(struct ncclComm* comm, struct prim_link* links, int n, ncclResult_t res) {
-  (void)links;
-  (void)n;
+ncclResult_t prim_fail(struct ncclComm* comm, ncclResult_t res) {
   transport_poison(comm);
   return res;
 }

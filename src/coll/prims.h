@@ -38,8 +38,9 @@ ncclResult_t prim_recv_reduce_send(struct prim_link* r, struct prim_link* s, con
 ncclResult_t prim_recv_reduce_copy(struct prim_link* r, struct prim_link* s, const struct red_op* op,
                                    const void* local, void* dst, size_t count, int avg_n);
 
-/* Marks every link failed so neighbours stop waiting; returns `res`. */
-ncclResult_t prim_fail(struct ncclComm* comm, struct prim_link* links, int n, ncclResult_t res);
+/* An operation failed part-way: poison every connector of the communicator
+ * so neighbours stop waiting (transport_poison); returns `res`. */
+ncclResult_t prim_fail(struct ncclComm* comm, ncclResult_t res);
 
 /* How long a waiter may wait for a peer (COLLIE_TIMEOUT); -1: forever. */
 int64_t prim_deadline(struct ncclComm* comm);

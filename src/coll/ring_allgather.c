@@ -32,7 +32,7 @@ ncclResult_t ring_allgather_view(struct coll_args* a, const struct ring_view* v,
     }
     if (res == ncclSuccess) res = prim_recv(&l[1], out + (size_t)v->ranks[(p + 1) % n] * bytes + off, len);
   }
-  if (res != ncclSuccess) return prim_fail(comm, l, 2, res);
+  if (res != ncclSuccess) return prim_fail(comm, res);
   return ncclSuccess;
 }
 

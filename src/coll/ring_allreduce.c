@@ -55,7 +55,7 @@ ncclResult_t ring_allreduce_view(struct coll_args* a, const struct ring_view* v,
 #undef SEG_LEN
 #undef PIECE
 #undef AT
-  if (res != ncclSuccess) return prim_fail(comm, l, 2, res);
+  if (res != ncclSuccess) return prim_fail(comm, res);
   return ncclSuccess;
 }
 

@@ -30,7 +30,7 @@ ncclResult_t ring_broadcast_view(struct coll_args* a, const struct ring_view* v,
     else if (pos < n - 1) res = prim_recv_copy_send(&l[1], &l[0], buf + off, len);
     else res = prim_recv(&l[1], buf + off, len);
   }
-  if (res != ncclSuccess) return prim_fail(comm, l, 2, res);
+  if (res != ncclSuccess) return prim_fail(comm, res);
   return ncclSuccess;
 }
 

@@ -32,7 +32,7 @@ ncclResult_t ring_reduce_view(struct coll_args* a, const struct ring_view* v, in
     else if (pos < n - 1) res = prim_recv_reduce_send(&l[1], &l[0], &a->op, in + off * esz, len);
     else res = prim_recv_reduce_copy(&l[1], NULL, &a->op, in + off * esz, out + off * esz, len, avg_n);
   }
-  if (res != ncclSuccess) return prim_fail(comm, l, 2, res);
+  if (res != ncclSuccess) return prim_fail(comm, res);
   return ncclSuccess;
 }
 

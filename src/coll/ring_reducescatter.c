@@ -33,7 +33,7 @@ ncclResult_t ring_reducescatter_view(struct coll_args* a, const struct ring_view
       res = prim_recv_reduce_copy(&l[1], NULL, &a->op, BLOCK(p), out + off * esz, len, a->avg ? n : 0);
   }
 #undef BLOCK
-  if (res != ncclSuccess) return prim_fail(comm, l, 2, res);
+  if (res != ncclSuccess) return prim_fail(comm, res);
   return ncclSuccess;
 }
 

@@ -125,6 +125,7 @@ ncclResult_t transport_connect_ch(struct ncclComm* comm, int ch, const int* send
       return res != ncclSuccess ? res : r2;
     }
     send_tab[p] = c;
+    if (c->type == CONN_SOCKET) comm->nsock_sends++;
     INFO(LOG_INIT | LOG_SHM | LOG_NET, "rank %d -> rank %d channel %d via %s (%d x %zu-byte slots)", comm->rank, p, ch,
          c->type == CONN_SHM ? "shm" : "socket", c->nslots, c->slot_bytes);
   }
@@ -167,7 +168,8 @@ ncclResult_t transport_progress(struct ncclComm* comm, int ch) {
 }
 
 ncclResult_t transport_flush(struct ncclComm* comm) {
-  if (!comm->send_conns) return ncclSuccess;
+  /* Runs after every operation: nothing to scan on shared-memory-only communicators. */
+  if (!comm->nsock_sends) return ncclSuccess;
   for (int i = 0; i < comm->nranks * MAX_CHANNELS; i++) {
     struct conn* c = comm->send_conns[i];
     if (!c || c->type != CONN_SOCKET) continue;
