@@ -38,6 +38,7 @@ struct ncclComm {
   int nslots;
   size_t slot_bytes;
   int shm_disable; /* NCCL_SHM_DISABLE, read at init */
+  int64_t timeout_s; /* COLLIE_TIMEOUT, read at init; 0: none */
   /* Ring orders (graph/rings.c): position -> rank and back, this host's ring,
    * and the ring of host leaders. */
   int *ring, *ring_pos, *local_ring, *leader_ring;

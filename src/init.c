@@ -201,6 +201,7 @@ static ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const n
   }
   comm->comm_hash = bootstrap_nonce(comm->bs) ^ 0x636f6c6c6965ULL;
   comm->shm_disable = (int)param_int(P_NCCL_SHM_DISABLE, 0, 1);
+  comm->timeout_s = param_int(P_COLLIE_TIMEOUT, 0, 86400 * 365);
   NCCLCHECKGOTO(rings_init(comm), res, fail);
   NCCLCHECKGOTO(tuning_init(comm), res, fail);
   INFO(LOG_INIT, "comm %p rank %d nranks %d hosts %d local %d/%d cudaDev %d commHash 0x%llx - Init COMPLETE (%.3f ms)",

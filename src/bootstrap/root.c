@@ -31,6 +31,9 @@ struct root {
   int listen_fd;
   struct bootstrap_id id;
   int started_by_init;
+  /* Read from the environment by root_start, on the caller's thread: the root
+   * thread never calls getenv (another thread may be calling setenv). */
+  int64_t timeout_ms, handshake_ms;
   /* Learned from the first valid check-in. */
   int nranks, nroots, index, first, count, next_first;
   struct root_slot* slots;
@@ -171,7 +174,7 @@ static void root_finish_timeout(struct root* r, int64_t waited_ms) {
   if (missing > 8 && o < sizeof(msg)) o += (size_t)snprintf(msg + o, sizeof(msg) - o, " and %d more", missing - 8);
   if (o < sizeof(msg))
     snprintf(msg + o, sizeof(msg) - o, " of %d ranks %s not checked in (COLLIE_BOOTSTRAP_TIMEOUT=%lld s)",
-             r->nranks, missing == 1 ? "has" : "have", (long long)param_int(P_COLLIE_BOOTSTRAP_TIMEOUT, 1, 86400));
+             r->nranks, missing == 1 ? "has" : "have", (long long)(r->timeout_ms / 1000));
   WARN("%s", msg);
   int64_t deadline = time_ms() + 1000;
   for (int i = 0; i < r->count; i++)
@@ -180,8 +183,7 @@ static void root_finish_timeout(struct root* r, int64_t waited_ms) {
 
 static void* root_main(void* arg) {
   struct root* r = arg;
-  int64_t timeout_ms = param_int(P_COLLIE_BOOTSTRAP_TIMEOUT, 1, 86400) * 1000;
-  int64_t handshake_ms = param_int(P_COLLIE_BOOTSTRAP_HANDSHAKE_TIMEOUT, 10, 3600000);
+  int64_t timeout_ms = r->timeout_ms, handshake_ms = r->handshake_ms;
   int64_t start = time_ms();
   int64_t first_checkin = r->started_by_init ? start : -1;
   struct pollfd* pfds = NULL;
@@ -287,6 +289,8 @@ ncclResult_t root_start(struct bootstrap_id* id, int started_by_init) {
   r->id = *id;
   r->owner = getpid();
   r->started_by_init = started_by_init;
+  r->timeout_ms = param_int(P_COLLIE_BOOTSTRAP_TIMEOUT, 1, 86400) * 1000;
+  r->handshake_ms = param_int(P_COLLIE_BOOTSTRAP_HANDSHAKE_TIMEOUT, 10, 3600000);
   union sock_addr addr = id->root;
   ncclResult_t res = sock_listen(&addr, &r->listen_fd);
   if (res != ncclSuccess) {

@@ -13,9 +13,8 @@ void prim_begin(struct prim_link* l, struct conn* c, uint64_t total) {
 }
 
 int64_t prim_deadline(struct ncclComm* comm) {
-  (void)comm;
-  int64_t t = param_int(P_COLLIE_TIMEOUT, 0, 86400 * 365);
-  return t > 0 ? time_ms() + t * 1000 : -1;
+  /* Read at init: helper threads wait too, and must not call getenv. */
+  return comm->timeout_s > 0 ? time_ms() + comm->timeout_s * 1000 : -1;
 }
 
 ncclResult_t prim_sleep_checks(struct ncclComm* comm, int peer, int64_t* deadline, int board) {
