@@ -70,6 +70,192 @@ typedef struct {
  */
 ncclResult_t collie_comm_peer_info(ncclComm_t comm, int rank, collie_peer_info_t* info);
 
+
+/* ------------------------------------------------------------------------ */
+/* Engine: Horovod-style named, asynchronous collectives (src/engine).       */
+/*                                                                           */
+/* A background thread per process takes requests from any thread, agrees   */
+/* with the other ranks (through the coordinator, rank 0 of each process     */
+/* set, or the response cache) on which named tensors every rank has         */
+/* submitted, and runs them in one order on all ranks, fusing small          */
+/* allreduces. Ranks may submit the same names in different orders.          */
+/*                                                                           */
+/* Every function returns 0 (or a handle / value >= 0) on success and a      */
+/* negative collie_status_t on failure; collie_last_error() then says why.   */
+/* All functions are thread-safe once collie_init* has returned.             */
+/* ------------------------------------------------------------------------ */
+
+/** Negative return codes of the engine API. */
+typedef enum {
+  COLLIE_OK = 0,
+  COLLIE_ERR_INVALID_ARGUMENT = -1, /**< bad pointer, count, dtype, op, root, handle or set */
+  COLLIE_ERR_NOT_INITIALIZED = -2,  /**< collie_init* not called, or after collie_shutdown */
+  COLLIE_ERR_MISMATCH = -3,         /**< ranks disagree on op, dtype, shape, root or scaling */
+  COLLIE_ERR_COMMUNICATION = -4,    /**< the collective failed (peer lost, timeout, NCCL error) */
+  COLLIE_ERR_STALLED = -5,          /**< failed by the stall inspector (COLLIE_STALL_SHUTDOWN_TIME_SECONDS) */
+  COLLIE_ERR_SHUTDOWN = -6,         /**< the engine shut down before the operation finished */
+  COLLIE_ERR_INTERNAL = -7,         /**< out of memory or another local failure */
+  COLLIE_ERR_MEMBERSHIP = -8        /**< elastic: the set of workers changed; re-initialise */
+} collie_status_t;
+
+/** Reduction operations (values follow Horovod's ReduceOp; 2, Adasum, is not offered). */
+typedef enum {
+  COLLIE_AVERAGE = 0,
+  COLLIE_SUM = 1,
+  COLLIE_MIN = 3,
+  COLLIE_MAX = 4,
+  COLLIE_PRODUCT = 5
+} collie_op_t;
+
+/** The process set every rank belongs to. */
+#define COLLIE_WORLD 0
+
+/** Text of the calling thread's last engine error ("" if none). Never NULL. */
+const char* collie_last_error(void);
+
+/**
+ * @brief Starts the engine on a world communicator built from the launcher's
+ * environment (as collie_comm_init_from_env). Collective over all ranks.
+ * @return 0; COLLIE_ERR_INVALID_ARGUMENT if already initialised; another
+ *         negative code if the communicator or the thread cannot be created.
+ */
+int collie_init(void);
+
+/**
+ * @brief Starts the engine on an existing communicator (collective over it).
+ * The engine uses `comm` (it does not duplicate it) and never destroys it;
+ * the caller must not use `comm` for other work until collie_shutdown().
+ */
+int collie_init_comm(ncclComm_t comm);
+
+/**
+ * @brief Stops the engine: pending handles fail with COLLIE_ERR_SHUTDOWN,
+ * the timeline is closed, process-set communicators are destroyed (and the
+ * world one when collie_init created it). Collective; safe to call twice.
+ */
+int collie_shutdown(void);
+
+/** 1 when the engine runs, else 0. */
+int collie_is_initialized(void);
+/** Rank in the world / number of ranks / rank and count on this host /
+ *  index of this host and number of hosts. Negative if not initialised. */
+int collie_rank(void);
+int collie_size(void);
+int collie_local_rank(void);
+int collie_local_size(void);
+int collie_cross_rank(void);
+int collie_cross_size(void);
+
+/**
+ * @brief Queues an allreduce of `count` elements under `name`.
+ * recvbuf may equal sendbuf. Result = postscale * op(prescale * x_r) over the
+ * ranks of `process_set` (COLLIE_AVERAGE divides by its size). Scale factors
+ * apply to floating-point dtypes only and must be 1.0 otherwise.
+ * Buffers must stay valid until the handle completes.
+ * @return a handle >= 0, or a negative collie_status_t.
+ */
+int collie_allreduce_async(const char* name, const void* sendbuf, void* recvbuf, size_t count,
+                           ncclDataType_t dtype, int op, double prescale, double postscale,
+                           int process_set);
+
+/**
+ * @brief Queues n allreduces that are negotiated and executed together
+ * (names[i], sendbufs[i], recvbufs[i], counts[i]); one handle for the group.
+ */
+int collie_grouped_allreduce_async(int n, const char* const* names, const void* const* sendbufs,
+                                   void* const* recvbufs, const size_t* counts,
+                                   ncclDataType_t dtype, int op, double prescale,
+                                   double postscale, int process_set);
+
+/**
+ * @brief Queues an allgather; `count` may differ per rank. The output (the
+ * ranks' buffers concatenated in rank order) is allocated by the engine:
+ * collie_result() returns it, collie_result_counts() the count of each rank.
+ */
+int collie_allgather_async(const char* name, const void* sendbuf, size_t count,
+                           ncclDataType_t dtype, int process_set);
+
+/**
+ * @brief As collie_allgather_async for a tensor of `ndim` dimensions:
+ * ranks must agree on every dimension but the first (checked during
+ * negotiation); count = product of shape.
+ */
+int collie_allgather_nd_async(const char* name, const void* sendbuf, int ndim,
+                              const int64_t* shape, ncclDataType_t dtype, int process_set);
+
+/** @brief Queues an in-place broadcast of `count` elements from `root` (rank in the set). */
+int collie_broadcast_async(const char* name, void* buf, size_t count, ncclDataType_t dtype,
+                           int root, int process_set);
+
+/**
+ * @brief Queues an all-to-all: sendcounts[j] elements (consecutive in sendbuf)
+ * go to rank j of the set; sendcounts has collie_process_set_size() entries.
+ * The output is allocated by the engine; collie_result_counts() gives the
+ * count received from each rank.
+ */
+int collie_alltoall_async(const char* name, const void* sendbuf, const size_t* sendcounts,
+                          ncclDataType_t dtype, int process_set);
+
+/**
+ * @brief Queues a reduce-scatter of `count` elements: rank r of the set gets
+ * count / size elements, plus one if r < count % size (Horovod's split), at
+ * offset sum of the counts of the ranks before it. Output allocated by the engine.
+ */
+int collie_reducescatter_async(const char* name, const void* sendbuf, size_t count,
+                               ncclDataType_t dtype, int op, int process_set);
+
+/**
+ * @brief Declares that this rank has no more work this epoch (world set).
+ * Until every rank has joined, this rank takes part in other ranks'
+ * allreduces with zeros (averages still divide by the full size),
+ * allgathers with zero elements, and broadcasts. Blocks until all ranks
+ * have joined. @return the last rank to join, or a negative code.
+ */
+int collie_join(void);
+
+/** @brief Blocks until every rank of the set reaches it. @return 0 or a negative code. */
+int collie_barrier(int process_set);
+
+/** 1 if the handle is done (success or error), 0 if pending, negative if invalid. */
+int collie_poll(int handle);
+/** Blocks until done. @return 0 on success or the operation's negative code. */
+int collie_wait(int handle);
+/**
+ * @brief Engine-allocated output of a finished allgather / alltoall /
+ * reducescatter: *buf stays valid until collie_release(handle); *count is
+ * its number of elements. Either pointer may be NULL.
+ */
+int collie_result(int handle, void** buf, size_t* count);
+/** Per-rank element counts of an allgather / alltoall result (set size entries). */
+int collie_result_counts(int handle, size_t* counts);
+/** Error text of a failed handle ("" if none). Valid until collie_release. */
+const char* collie_handle_error(int handle);
+/** Frees the handle (and its engine-allocated output). A pending handle is waited for first. */
+int collie_release(int handle);
+
+/**
+ * @brief Registers a process set: `n` distinct world ranks, in any order
+ * (sorted by the engine). Collective over the world: every rank calls it with
+ * the same list, members or not. @return the set's id (> 0) or a negative code.
+ */
+int collie_add_process_set(const int* ranks, int n);
+/** Collective over the world; the id must not be in use by pending operations. */
+int collie_remove_process_set(int id);
+/** Rank of this process in the set; negative if not a member or no such set. */
+int collie_process_set_rank(int id);
+/** Number of ranks in the set; negative if no such set. */
+int collie_process_set_size(int id);
+/** 1 if this process is a member, 0 if not, negative if no such set. */
+int collie_process_set_included(int id);
+
+/**
+ * @brief Starts writing a Chrome-trace JSON timeline (rank 0 writes; other
+ * ranks accept the call and do nothing). mark_cycles != 0 marks each cycle.
+ */
+int collie_start_timeline(const char* path, int mark_cycles);
+/** Stops the timeline and closes the file as valid JSON. */
+int collie_stop_timeline(void);
+
 #ifdef __cplusplus
 }
 #endif
