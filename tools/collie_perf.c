@@ -38,7 +38,7 @@ static int nccl_failed(struct collie_ctx* c, const char* fn, ncclResult_t r) {
 /* TRY(ctx, ncclX, ...): records "ncclX" and the error when the call fails. */
 #define TRY(ctx, fn, ...) nccl_failed((ctx), #fn, fn(__VA_ARGS__))
 
-static int collie_run(void* vctx, enum perf_coll coll, void* send, void* recv, size_t count, int type, int op,
+static int perf_collie_run(void* vctx, enum perf_coll coll, void* send, void* recv, size_t count, int type, int op,
                       int root, int in_place) {
   struct collie_ctx* c = vctx;
   ncclDataType_t t = (ncclDataType_t)type;
@@ -69,12 +69,12 @@ static int collie_run(void* vctx, enum perf_coll coll, void* send, void* recv, s
   return 1;
 }
 
-static int collie_group_start(void* vctx) { return nccl_failed(vctx, "ncclGroupStart", ncclGroupStart()); }
-static int collie_group_end(void* vctx) { return nccl_failed(vctx, "ncclGroupEnd", ncclGroupEnd()); }
+static int perf_collie_group_start(void* vctx) { return nccl_failed(vctx, "ncclGroupStart", ncclGroupStart()); }
+static int perf_collie_group_end(void* vctx) { return nccl_failed(vctx, "ncclGroupEnd", ncclGroupEnd()); }
 
 /* The barrier is a one-element allreduce: every rank must enter it before
  * any can leave. */
-static int collie_barrier(void* vctx) {
+static int perf_collie_barrier(void* vctx) {
   struct collie_ctx* c = vctx;
   return TRY(c, ncclAllReduce, &c->barrier_word, &c->barrier_word, 1, ncclInt32, ncclSum, c->comm, (cudaStream_t)0);
 }
@@ -90,7 +90,7 @@ static int collie_allreduce_i64_sum(void* vctx, int64_t* v) {
 }
 
 /* The communicator already knows every rank's pid and host: no exchange. */
-static int collie_rank_lines(void* vctx, const char* mine, char* all) {
+static int perf_collie_rank_lines(void* vctx, const char* mine, char* all) {
   struct collie_ctx* c = vctx;
   (void)mine;
   if (c->rank != 0) return 0;
@@ -104,7 +104,7 @@ static int collie_rank_lines(void* vctx, const char* mine, char* all) {
   return 0;
 }
 
-static const char* collie_last_error(void* vctx) { return ((struct collie_ctx*)vctx)->err; }
+static const char* perf_collie_last_error(void* vctx) { return ((struct collie_ctx*)vctx)->err; }
 
 static int mpi_launched(void) {
   return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
@@ -192,14 +192,14 @@ int main(int argc, char** argv) {
       .ops = (1u << PERF_NOPS) - 1,
       .flags = PERF_NO_INPLACE_ALLTOALL,
       .ctx = &ctx,
-      .run = collie_run,
-      .group_start = collie_group_start,
-      .group_end = collie_group_end,
-      .barrier = collie_barrier,
+      .run = perf_collie_run,
+      .group_start = perf_collie_group_start,
+      .group_end = perf_collie_group_end,
+      .barrier = perf_collie_barrier,
       .allreduce_f64 = collie_allreduce_f64,
       .allreduce_i64_sum = collie_allreduce_i64_sum,
-      .rank_lines = collie_rank_lines,
-      .last_error = collie_last_error,
+      .rank_lines = perf_collie_rank_lines,
+      .last_error = perf_collie_last_error,
   };
   rc = perf_main(&args, &b);
 
