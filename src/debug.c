@@ -29,8 +29,10 @@ __attribute__((constructor)) static void log_lock_atfork(void) {
 }
 static FILE* log_file;  /* NULL: stderr */
 static char log_host[64];
-/* initial-exec: read on every call; no __tls_get_addr from the shared library. */
-static __thread __attribute__((tls_model("initial-exec"))) int log_rank = -1;
+/* Default TLS model, not initial-exec: an initial-exec variable puts the whole
+ * TLS block in static TLS, and dlopen (Python ctypes, plugin loaders) then
+ * fails with "cannot allocate memory in static TLS block". */
+static __thread int log_rank = -1;
 
 void log_set_rank(int rank) { log_rank = rank; }
 int log_get_rank(void) { return log_rank; }

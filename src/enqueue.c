@@ -145,7 +145,7 @@ struct task {
   struct coll_args a;
 };
 
-static __thread __attribute__((tls_model("initial-exec"))) int group_depth;
+static __thread int group_depth; /* not initial-exec: see log_rank in debug.c */
 static __thread struct task *group_head, *group_tail;
 static __thread ncclResult_t group_error;
 /* The message of the group's first failing call, quoted by ncclGroupEnd:
