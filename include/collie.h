@@ -248,6 +248,28 @@ int collie_process_set_size(int id);
 /** 1 if this process is a member, 0 if not, negative if no such set. */
 int collie_process_set_included(int id);
 
+/** Counters of this process's engine since collie_init* (tests, tuning). */
+typedef struct {
+  size_t size;              /**< [in] sizeof(collie_engine_stats_t) as compiled by the caller */
+  uint64_t cycles;          /**< background cycles run */
+  uint64_t cache_hits;      /**< operations agreed through the response cache (bit vector only) */
+  uint64_t cache_misses;    /**< operations agreed through the coordinator's request/response exchange */
+  uint64_t exchanges;       /**< cycles that needed that exchange */
+  uint64_t collectives;     /**< allreduce collectives run for tensors (a fused batch counts once) */
+  uint64_t fused_tensors;   /**< tensors that went through the fusion buffer */
+  uint64_t tensors;         /**< operations completed (success or error) */
+  uint64_t bytes_reduced;   /**< allreduce payload bytes */
+  int64_t fusion_threshold; /**< current (agreed) fusion threshold in bytes; autotune may change it */
+  double cycle_time_ms;     /**< current cycle time */
+} collie_engine_stats_t;
+
+/**
+ * @brief Copies the engine's counters.
+ * @param [in,out] stats  stats->size must be set; at most that many bytes are written
+ * @return 0, COLLIE_ERR_NOT_INITIALIZED or COLLIE_ERR_INVALID_ARGUMENT. Thread-safe.
+ */
+int collie_engine_stats(collie_engine_stats_t* stats);
+
 /**
  * @brief Starts writing a Chrome-trace JSON timeline (rank 0 writes; other
  * ranks accept the call and do nothing). mark_cycles != 0 marks each cycle.
@@ -255,6 +277,112 @@ int collie_process_set_included(int id);
 int collie_start_timeline(const char* path, int mark_cycles);
 /** Stops the timeline and closes the file as valid JSON. */
 int collie_stop_timeline(void);
+
+/* ------------------------------------------------------------------------ */
+/* Elastic: training that survives lost workers and takes in new ones        */
+/* (src/elastic).                                                            */
+/*                                                                           */
+/* Workers are started by `collie-run --elastic --min N --max M` or by any   */
+/* launcher with a `collie-rendezvous` store (COLLIE_RENDEZVOUS and          */
+/* COLLIE_RENDEZVOUS_SECRET in their environment). Each membership epoch has */
+/* an ordered plan (oldest worker first, so rank 0 is the oldest survivor);  */
+/* the engine runs on that epoch's world. A training loop registers its      */
+/* state, commits it at consistent points, and on COLLIE_ERR_COMMUNICATION   */
+/* (a peer died) or COLLIE_ERR_MEMBERSHIP (workers joined or left) calls     */
+/* collie_elastic_reset(), which rebuilds the world and brings every worker  */
+/* to rank 0's last commit:                                                  */
+/*                                                                           */
+/*   collie_elastic_init();                                                  */
+/*   collie_elastic_state_add("w", w, sizeof w); ... collie_elastic_state_sync(); */
+/*   while (step < n) {                                                      */
+/*     int rc = train_step();                     (engine ops)               */
+/*     if (rc == 0) { step++; collie_elastic_state_commit();                 */
+/*                    rc = collie_elastic_check(); }                         */
+/*     if (rc == COLLIE_ERR_COMMUNICATION || rc == COLLIE_ERR_MEMBERSHIP)    */
+/*       if (collie_elastic_reset() != 0) fail(collie_last_error());         */
+/*   }                                                                       */
+/*   collie_elastic_shutdown();                                              */
+/*                                                                           */
+/* These functions are called from one thread (the training loop). Errors    */
+/* are negative collie_status_t values; the text is in collie_last_error()   */
+/* and ncclGetLastError(NULL).                                               */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Joins the job: registers with the rendezvous store, waits for an
+ * epoch, builds its communicator (rank 0 creates the unique ID and publishes
+ * it through the store) and starts the engine on it (collie_init_comm).
+ * A worker that joins a running job waits until the running workers notice
+ * (collie_elastic_check) and re-form the world with it.
+ * @return 0; COLLIE_ERR_INVALID_ARGUMENT if already initialised or the
+ *         environment is incomplete; COLLIE_ERR_MEMBERSHIP if the store refused
+ *         this worker (its slot is excluded) or the job failed (reset limit);
+ *         COLLIE_ERR_COMMUNICATION if the store cannot be reached or the
+ *         rendezvous timed out (COLLIE_ELASTIC_TIMEOUT).
+ */
+int collie_elastic_init(void);
+
+/**
+ * @brief Leaves the job cleanly (not counted as a failure): stops the engine,
+ * destroys the communicator, tells the store and frees the state copies.
+ * Collective over the current world when the world is healthy. Safe to call twice.
+ */
+int collie_elastic_shutdown(void);
+
+/**
+ * @brief Registers `bytes` bytes at `ptr` as part of the training state under
+ * `name` (at most 127 characters). Every worker must register the same names
+ * and sizes in the same order. The memory must stay valid until shutdown.
+ * @return 0, or COLLIE_ERR_INVALID_ARGUMENT (NULL, duplicate name).
+ */
+int collie_elastic_state_add(const char* name, void* ptr, size_t bytes);
+
+/** @brief Saves a copy of every registered buffer (local, no communication). */
+int collie_elastic_state_commit(void);
+
+/** @brief Copies the last commit back into the registered buffers (local). */
+int collie_elastic_state_restore(void);
+
+/**
+ * @brief Collective: checks that all workers registered the same state
+ * (COLLIE_ERR_MISMATCH otherwise), broadcasts every buffer from rank 0 (the
+ * oldest worker) and commits the result. Called once after the state is
+ * registered; collie_elastic_reset() calls it itself.
+ */
+int collie_elastic_state_sync(void);
+
+/**
+ * @brief Collective: asks the store whether the membership changed (a worker
+ * is waiting to join, or a member died or went back to the rendezvous) and
+ * agrees on the answer with every rank (an engine allreduce), so all ranks
+ * return the same value at the same step.
+ * @return 0; COLLIE_ERR_MEMBERSHIP: call collie_elastic_reset();
+ *         COLLIE_ERR_COMMUNICATION: the agreement failed (a peer is lost):
+ *         call collie_elastic_reset().
+ */
+int collie_elastic_check(void);
+
+/**
+ * @brief Rebuilds the world after a failure or a membership change: stops the
+ * engine, aborts (broken) or destroys (healthy) the communicator, waits for
+ * the next epoch, builds its communicator and engine, restores the last
+ * commit and syncs it from the new rank 0 (the oldest surviving worker).
+ * Retries by itself when another worker fails meanwhile.
+ * @return 0; COLLIE_ERR_MEMBERSHIP when the job has failed (reset limit
+ *         reached, too few workers) or this worker was excluded;
+ *         COLLIE_ERR_COMMUNICATION when the store is unreachable or the
+ *         rendezvous timed out. After an error the loop should exit.
+ */
+int collie_elastic_reset(void);
+
+/** This worker's id in the store (1, 2, ... in registration order); negative if not initialised. */
+int collie_elastic_worker_id(void);
+/** The current membership epoch (1 for the first world); negative if not initialised. */
+int collie_elastic_epoch(void);
+/** Number of resets the job has gone through (epochs after the first) as of this worker's last rendezvous. */
+int collie_elastic_resets(void);
+/** The current epoch's communicator (owned by the elastic layer and used by the engine); NULL if none. */
+ncclComm_t collie_elastic_comm(void);
 
 #ifdef __cplusplus
 }
