@@ -7,7 +7,7 @@ install(TARGETS collie collie_static EXPORT collieTargets
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(FILES include/nccl.h include/collie.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(TARGETS collie-run collie-info RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(TARGETS collie-run collie-rendezvous collie-info RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(CODE "execute_process(COMMAND ${CMAKE_COMMAND} -E create_symlink libcollie.so.${PROJECT_VERSION_MAJOR}
   \$ENV{DESTDIR}\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR}/libnccl.so.2)")
 install(FILES docs/ENV.md docs/ARCHITECTURE.md DESTINATION ${CMAKE_INSTALL_DOCDIR} OPTIONAL)

@@ -1,8 +1,9 @@
 /* collie-run: the local launcher. Forks N ranks of a program on this host with
  * the environment that collie's bootstrap (src/bootstrap) reads -- COLLIE_RANK,
  * COLLIE_SIZE, NCCL_COMM_ID, COLLIE_BOOTSTRAP_SECRET -- and supervises them:
- * one failed rank stops the whole job. Standalone: it shares no code with the
- * library, only the names of those environment variables. */
+ * one failed rank stops the whole job. With --elastic it instead serves the
+ * elastic rendezvous store (src/elastic/store.c, the only library code it
+ * uses), restarts failed workers and lets the job go on without them. */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* pipe2, strsignal, signalfd, getrandom */
@@ -30,6 +31,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "elastic/store.h"
 
 #ifndef COLLIE_VERSION
 #define COLLIE_VERSION "0.1.0"
@@ -62,7 +65,8 @@
  * different COLLIE_SIZE than its peers would hang in the bootstrap. */
 static const char *const reserved_vars[] = {
     "COLLIE_RANK", "COLLIE_SIZE", "COLLIE_LOCAL_RANK", "COLLIE_LOCAL_SIZE",
-    "COLLIE_BOOTSTRAP_SECRET",
+    "COLLIE_BOOTSTRAP_SECRET", "COLLIE_RENDEZVOUS", "COLLIE_RENDEZVOUS_SECRET",
+    "COLLIE_ELASTIC_SLOT", "COLLIE_ELASTIC_RESTARTS",
 };
 
 struct options {
@@ -72,6 +76,13 @@ struct options {
     char **extra_env; /* "VAR=VALUE" strings from -x, pointing into argv */
     int n_extra;
     char **prog_argv; /* the program and its arguments, NULL-terminated */
+    /* --elastic */
+    bool elastic;
+    int min, max;
+    int reset_limit;     /* -1: none */
+    int slot_failures;   /* a slot failing this often is not restarted (0: never excluded) */
+    long rdzv_timeout_s;
+    long hb_timeout_s;
 };
 
 /* One rank's stdout or stderr under --tag-output. */
@@ -102,7 +113,20 @@ struct job {
     int64_t timeout_at_ms; /* 0: none */
     int exit_code;
     bool dest_broken[3];
+    /* --elastic */
+    struct store *store;
+    int *restarts;       /* per slot: workers started in it after the first */
+    int *failures;       /* per slot */
+    bool finishing;      /* a worker exited with 0: no more restarts */
+    bool store_failed;
+    int clean_exits;
+    int64_t fail_stop_at_ms; /* the store failed the job: stop what is left then */
+    const struct options *o;
+    const struct saved_state *saved;
 };
+
+static int launch_one(struct job *job, const struct options *o, const struct saved_state *saved,
+                      int rank);
 
 /* What the launcher changed in its own process, so each child can undo it
  * before exec and the program starts with what the user gave us. */
@@ -119,6 +143,7 @@ static void usage_short(FILE *f)
     fprintf(f,
             "usage: collie-run -n N [--tag-output] [--timeout SECONDS] "
             "[-x VAR=VALUE]... [--] program [args...]\n"
+            "       collie-run --elastic --min N --max M [-n K] [options] [--] program [args...]\n"
             "Try 'collie-run --help' for more.\n");
 }
 
@@ -137,6 +162,30 @@ static void usage_long(void)
         "  -x VAR=VALUE         set VAR for every rank (may be repeated)\n"
         "  -h, --help           show this help and exit\n"
         "  --version            show the version and exit\n"
+        "\n"
+        "Elastic jobs (programs that use collie_elastic_* or collie.elastic):\n"
+        "  --elastic            serve a rendezvous store and keep the job going\n"
+        "                       when workers fail (see below)\n"
+        "  --min N, --max M     fewest workers the job trains with, most it takes in\n"
+        "                       (-n defaults to M: the workers started at first)\n"
+        "  --reset-limit K      fail the job when the membership changed more than\n"
+        "                       K times (default COLLIE_ELASTIC_RESET_LIMIT, or none)\n"
+        "  --slot-failures F    a slot whose worker failed F times is not restarted\n"
+        "                       and its workers are refused by the store (default 3;\n"
+        "                       0: restart forever)\n"
+        "  --rendezvous-timeout S  a rendezvous waits this long for slow workers,\n"
+        "                       then goes on with those present (>= --min) or fails\n"
+        "                       (default 60)\n"
+        "  --heartbeat-timeout S   a worker silent this long is dead (default 10)\n"
+        "\n"
+        "With --elastic each worker gets COLLIE_RENDEZVOUS (the store's address),\n"
+        "COLLIE_RENDEZVOUS_SECRET, COLLIE_ELASTIC_SLOT (0..N-1) and\n"
+        "COLLIE_ELASTIC_RESTARTS (how often that slot was restarted); ranks come\n"
+        "from the store, epoch by epoch. A worker that fails is restarted in its\n"
+        "slot (a new worker that joins the running job) until the slot has failed\n"
+        "--slot-failures times. Once a worker exits with 0 nothing is restarted.\n"
+        "The job ends when every worker has exited: status 0 if one of them\n"
+        "exited with 0 and the store did not fail the job, else 1.\n"
         "\n"
         "Each rank gets COLLIE_RANK, COLLIE_SIZE, COLLIE_LOCAL_RANK,\n"
         "COLLIE_LOCAL_SIZE, COLLIE_BOOTSTRAP_SECRET (a fresh random secret per\n"
@@ -213,7 +262,10 @@ static void check_extra_env(const char *arg)
     }
 }
 
-enum { OPT_TAG_OUTPUT = 256, OPT_TIMEOUT, OPT_VERSION };
+enum {
+    OPT_TAG_OUTPUT = 256, OPT_TIMEOUT, OPT_VERSION, OPT_ELASTIC, OPT_MIN, OPT_MAX,
+    OPT_RESET_LIMIT, OPT_SLOT_FAILURES, OPT_RDZV_TIMEOUT, OPT_HB_TIMEOUT
+};
 
 static void parse_args(int argc, char **argv, struct options *o)
 {
@@ -223,11 +275,28 @@ static void parse_args(int argc, char **argv, struct options *o)
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
+        {"elastic", no_argument, NULL, OPT_ELASTIC},
+        {"min", required_argument, NULL, OPT_MIN},
+        {"max", required_argument, NULL, OPT_MAX},
+        {"reset-limit", required_argument, NULL, OPT_RESET_LIMIT},
+        {"slot-failures", required_argument, NULL, OPT_SLOT_FAILURES},
+        {"rendezvous-timeout", required_argument, NULL, OPT_RDZV_TIMEOUT},
+        {"heartbeat-timeout", required_argument, NULL, OPT_HB_TIMEOUT},
         {NULL, 0, NULL, 0},
     };
     long v;
 
     memset(o, 0, sizeof(*o));
+    o->reset_limit = -1;
+    o->slot_failures = 3;
+    o->rdzv_timeout_s = 60;
+    o->hb_timeout_s = 10;
+    const char *rl = getenv("COLLIE_ELASTIC_RESET_LIMIT");
+    if (rl != NULL && rl[0] != '\0') {
+        if (!parse_count(rl, 0, 1000000, &v))
+            usage_error("COLLIE_ELASTIC_RESET_LIMIT must be a whole number, got '%s'", rl);
+        o->reset_limit = (int)v;
+    }
     o->extra_env = calloc((size_t)argc, sizeof(char *));
     if (o->extra_env == NULL) {
         fprintf(stderr, "collie-run: out of memory\n");
@@ -259,6 +328,33 @@ static void parse_args(int argc, char **argv, struct options *o)
             check_extra_env(optarg);
             o->extra_env[o->n_extra++] = optarg;
             break;
+        case OPT_ELASTIC:
+            o->elastic = true;
+            break;
+        case OPT_MIN:
+        case OPT_MAX:
+            if (!parse_count(optarg, 1, EPROTO_MAX_WORKERS, &v))
+                usage_error("--%s needs a whole number from 1 to %d, got '%s'",
+                            c == OPT_MIN ? "min" : "max", EPROTO_MAX_WORKERS, optarg);
+            *(c == OPT_MIN ? &o->min : &o->max) = (int)v;
+            break;
+        case OPT_RESET_LIMIT:
+            if (!parse_count(optarg, 0, 1000000, &v))
+                usage_error("--reset-limit needs a whole number, got '%s'", optarg);
+            o->reset_limit = (int)v;
+            break;
+        case OPT_SLOT_FAILURES:
+            if (!parse_count(optarg, 0, 1000000, &v))
+                usage_error("--slot-failures needs a whole number, got '%s'", optarg);
+            o->slot_failures = (int)v;
+            break;
+        case OPT_RDZV_TIMEOUT:
+        case OPT_HB_TIMEOUT:
+            if (!parse_count(optarg, 1, 7L * 24 * 3600, &v))
+                usage_error("%s needs a whole number of seconds >= 1, got '%s'", argv[optind - 1],
+                            optarg);
+            *(c == OPT_RDZV_TIMEOUT ? &o->rdzv_timeout_s : &o->hb_timeout_s) = v;
+            break;
         case 'h':
             usage_long();
             exit(0);
@@ -274,6 +370,18 @@ static void parse_args(int argc, char **argv, struct options *o)
                 usage_error("unknown option '-%c'", optopt);
             usage_error("unknown option '%s'", argv[optind - 1]);
         }
+    }
+    if (o->elastic) {
+        if (o->min == 0 || o->max == 0)
+            usage_error("--elastic needs --min N and --max M");
+        if (o->min > o->max)
+            usage_error("--min (%d) is larger than --max (%d)", o->min, o->max);
+        if (o->nranks == 0)
+            o->nranks = o->max;
+        if (o->nranks < o->min || o->nranks > o->max)
+            usage_error("-n %d must lie between --min %d and --max %d", o->nranks, o->min, o->max);
+    } else if (o->min || o->max) {
+        usage_error("--min and --max need --elastic");
     }
     if (o->nranks == 0)
         usage_error("-n N is required");
@@ -354,6 +462,14 @@ static int set_job_env(const struct options *o)
             return -1;
         }
         free(name);
+    }
+
+    if (o->elastic) {
+        /* Every epoch's rank 0 makes a fresh unique ID; a fixed root address
+         * would be shared by consecutive epochs. */
+        unsetenv("NCCL_COMM_ID");
+        unsetenv("COLLIE_BOOTSTRAP_SECRET");
+        return 0;
     }
 
     const char *comm_id = getenv("NCCL_COMM_ID");
@@ -603,6 +719,49 @@ static void report_rank(struct job *job, int rank, pid_t pid, int status)
     }
 }
 
+/* --elastic: a worker's exit is not the end of the job. Its slot is
+ * restarted (the new worker joins the running job through the store) until
+ * the slot has failed --slot-failures times, the store has failed the job,
+ * or some worker has finished (exit 0), which means training is over. */
+static void elastic_exited(struct job *job, int slot, pid_t pid, int status)
+{
+    const struct options *o = job->o;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        job->clean_exits++;
+        job->finishing = true;
+        return;
+    }
+    if (job->stopping)
+        return;
+    char how[96];
+    if (WIFEXITED(status))
+        snprintf(how, sizeof(how), "exited with status %d", WEXITSTATUS(status));
+    else
+        snprintf(how, sizeof(how), "was killed by signal %d (%s)", WTERMSIG(status),
+                 strsignal(WTERMSIG(status)));
+    job->failures[slot]++;
+    if (!job->store_failed && store_failed(job->store, NULL, 0))
+        job->store_failed = true;
+    const char *verdict;
+    bool restart = false;
+    if (job->store_failed)
+        verdict = "the job has failed; not restarted";
+    else if (job->finishing)
+        verdict = "the job is finishing; not restarted";
+    else if (o->slot_failures > 0 && job->failures[slot] >= o->slot_failures)
+        verdict = "the slot is excluded (--slot-failures)";
+    else {
+        verdict = "restarting the slot";
+        restart = true;
+    }
+    fprintf(stderr, "collie-run: worker in slot %d (pid %d) %s (failure %d of the slot); %s\n",
+            slot, (int)pid, how, job->failures[slot], verdict);
+    if (restart) {
+        job->restarts[slot]++;
+        launch_one(job, o, job->saved, slot);
+    }
+}
+
 static int rank_of(const struct job *job, pid_t pid)
 {
     for (int i = 0; i < job->launched; i++)
@@ -627,6 +786,10 @@ static void reap(struct job *job)
         if (job->streams != NULL) {
             stream_drain(job, &job->streams[2 * r]);
             stream_drain(job, &job->streams[2 * r + 1]);
+        }
+        if (job->o->elastic) {
+            elastic_exited(job, r, pid, status);
+            continue;
         }
         if (job->stopping || (WIFEXITED(status) && WEXITSTATUS(status) == 0))
             continue;
@@ -659,6 +822,18 @@ static void handle_signals(struct job *job)
 static void check_timers(struct job *job, const struct options *o)
 {
     int64_t now = now_ms();
+    if (o->elastic && !job->stopping) {
+        char msg[512];
+        if (job->fail_stop_at_ms == 0 && store_failed(job->store, msg, sizeof(msg))) {
+            fprintf(stderr, "collie-run: elastic job failed: %s\n", msg);
+            job->store_failed = true;
+            /* The workers learn it from the store and exit with their own
+             * message; whoever is still there after a while is stopped. */
+            job->fail_stop_at_ms = now + KILL_GRACE_MS * 5;
+        }
+        if (job->fail_stop_at_ms != 0 && now >= job->fail_stop_at_ms)
+            stop_job(job, SIGTERM, EXIT_FAILED);
+    }
     if (!job->stopping && job->timeout_at_ms != 0 && now >= job->timeout_at_ms) {
         fprintf(stderr, "collie-run: timeout: the job ran longer than %ld s; stopping the ranks\n",
                 o->timeout_s);
@@ -710,7 +885,11 @@ static void supervise(struct job *job, const struct options *o)
             }
         }
 
-        int r = poll(job->pfd, (nfds_t)n, next_timeout(job));
+        int tmo = next_timeout(job);
+        /* --elastic: look at the store's verdict now and then. */
+        if (o->elastic && (tmo < 0 || tmo > 100))
+            tmo = 100;
+        int r = poll(job->pfd, (nfds_t)n, tmo);
         if (r < 0 && errno != EINTR) {
             /* Cannot happen with valid arguments; stop rather than spin. */
             fprintf(stderr, "collie-run: poll: %s; stopping the ranks\n", strerror(errno));
@@ -737,7 +916,7 @@ static void supervise(struct job *job, const struct options *o)
 /* ---- launching --------------------------------------------------------- */
 
 static void run_child(const struct options *o, const struct saved_state *saved, int rank,
-                      int out_fd, int err_fd)
+                      int restarts, int out_fd, int err_fd)
 {
     char buf[16];
 
@@ -770,7 +949,11 @@ static void run_child(const struct options *o, const struct saved_state *saved, 
     }
 
     snprintf(buf, sizeof(buf), "%d", rank);
-    if (setenv("COLLIE_RANK", buf, 1) != 0 || setenv("COLLIE_LOCAL_RANK", buf, 1) != 0) {
+    char rbuf[16];
+    snprintf(rbuf, sizeof(rbuf), "%d", restarts);
+    if (o->elastic ? setenv("COLLIE_ELASTIC_SLOT", buf, 1) != 0 ||
+                         setenv("COLLIE_ELASTIC_RESTARTS", rbuf, 1) != 0
+                   : setenv("COLLIE_RANK", buf, 1) != 0 || setenv("COLLIE_LOCAL_RANK", buf, 1) != 0) {
         dprintf(2, "collie-run: rank %d: cannot set the environment: %s\n", rank,
                 strerror(errno));
         _exit(EXIT_FAILED);
@@ -824,30 +1007,36 @@ static int make_pipe(int *rd, int *wr)
     return 0;
 }
 
-static void launch(struct job *job, const struct options *o, const struct saved_state *saved)
+/* Starts the worker of one rank (or, --elastic, one slot). 0 or -1 (the job is stopping). */
+static int launch_one(struct job *job, const struct options *o, const struct saved_state *saved,
+                      int rank)
 {
-    for (int rank = 0; rank < job->n; rank++) {
+    {
         int out_w = -1, err_w = -1;
         if (job->streams != NULL) {
             struct stream *so = &job->streams[2 * rank], *se = &job->streams[2 * rank + 1];
+            /* A restarted slot: whatever its predecessor left unread goes first. */
+            stream_finish(job, so);
+            stream_finish(job, se);
+            so->line_start = se->line_start = true;
             if (make_pipe(&so->fd, &out_w) != 0) {
                 fprintf(stderr, "collie-run: cannot create a pipe for rank %d: %s\n", rank,
                         strerror(errno));
                 stop_job(job, SIGTERM, EXIT_FAILED);
-                return;
+                return -1;
             }
             if (make_pipe(&se->fd, &err_w) != 0) {
                 fprintf(stderr, "collie-run: cannot create a pipe for rank %d: %s\n", rank,
                         strerror(errno));
                 close(out_w);
                 stop_job(job, SIGTERM, EXIT_FAILED);
-                return;
+                return -1;
             }
         }
 
         pid_t pid = fork();
         if (pid == 0)
-            run_child(o, saved, rank, out_w, err_w);
+            run_child(o, saved, rank, job->restarts ? job->restarts[rank] : 0, out_w, err_w);
         int fork_errno = errno;
         if (out_w >= 0) {
             close(out_w);
@@ -856,14 +1045,71 @@ static void launch(struct job *job, const struct options *o, const struct saved_
         if (pid < 0) {
             fprintf(stderr, "collie-run: cannot start rank %d: %s\n", rank, strerror(fork_errno));
             stop_job(job, SIGTERM, EXIT_FAILED);
-            return;
+            return -1;
         }
         setpgid(pid, pid); /* EACCES once the child has exec'd: it did it itself */
         job->pgid[rank] = pid;
         job->running[rank] = true;
         job->running_count++;
-        job->launched = rank + 1;
+        if (job->launched < rank + 1)
+            job->launched = rank + 1;
     }
+    return 0;
+}
+
+static void launch(struct job *job, const struct options *o, const struct saved_state *saved)
+{
+    for (int rank = 0; rank < job->n; rank++)
+        if (launch_one(job, o, saved, rank) != 0)
+            return;
+}
+
+/* --elastic: the store runs on a thread of this process (started after the
+ * signal mask is set, so it inherits it) on a loopback port; the workers
+ * find it through COLLIE_RENDEZVOUS. */
+static int start_store(struct job *job, const struct options *o)
+{
+    struct store_opts so;
+    char secret[2 * SECRET_BYTES + 1], buf[64];
+
+    memset(&so, 0, sizeof(so));
+    so.min = o->min;
+    so.max = o->max;
+    so.expect = o->nranks;
+    so.reset_limit = o->reset_limit;
+    so.slot_fail_limit = o->slot_failures;
+    so.settle_ms = 500;
+    so.rdzv_timeout_ms = o->rdzv_timeout_s * 1000;
+    so.hb_timeout_ms = o->hb_timeout_s * 1000;
+    so.handshake_ms = 5000;
+    so.log_prefix = "collie-run";
+    so.bind.sin.sin_family = AF_INET;
+    so.bind.sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (make_secret(secret) != 0 || eproto_parse_secret(secret, so.secret) != 0) {
+        fprintf(stderr, "collie-run: cannot get random bytes for the job secret: %s\n",
+                strerror(errno));
+        return -1;
+    }
+    job->restarts = calloc((size_t)job->n, sizeof(int));
+    job->failures = calloc((size_t)job->n, sizeof(int));
+    if (job->restarts == NULL || job->failures == NULL) {
+        fprintf(stderr, "collie-run: out of memory\n");
+        return -1;
+    }
+    if (store_start(&so, &job->store) != ncclSuccess) {
+        fprintf(stderr, "collie-run: cannot start the rendezvous store: %s\n",
+                ncclGetLastError(NULL));
+        return -1;
+    }
+    union sock_addr a;
+    store_address(job->store, &a);
+    snprintf(buf, sizeof(buf), "127.0.0.1:%u", (unsigned)ntohs(a.sin.sin_port));
+    if (setenv("COLLIE_RENDEZVOUS", buf, 1) != 0 ||
+        setenv("COLLIE_RENDEZVOUS_SECRET", secret, 1) != 0) {
+        fprintf(stderr, "collie-run: cannot set the environment: %s\n", strerror(errno));
+        return -1;
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -939,10 +1185,33 @@ int main(int argc, char **argv)
         job.streams[i] = (struct stream){
             .fd = -1, .dest = 1 + i % 2, .rank = i / 2, .line_start = true};
 
+    job.o = &o;
+    job.saved = &saved;
+    if (o.elastic && start_store(&job, &o) != 0)
+        return EXIT_FAILED;
+
     if (o.timeout_s > 0)
         job.timeout_at_ms = now_ms() + o.timeout_s * 1000;
     launch(&job, &o, &saved);
     supervise(&job, &o);
+    if (o.elastic) {
+        if (!job.store_failed && store_failed(job.store, NULL, 0))
+            job.store_failed = true;
+        if (job.exit_code == 0 && (job.clean_exits == 0 || job.store_failed)) {
+            if (!job.stopping)
+                fprintf(stderr, "collie-run: elastic job failed: %s\n",
+                        job.store_failed ? "the store failed it (see above)"
+                                         : "no worker finished (every slot failed)");
+            job.exit_code = EXIT_FAILED;
+        }
+        uint32_t epoch = 0, resets = 0;
+        store_progress(job.store, &epoch, &resets);
+        fprintf(stderr, "collie-run: elastic job ended after %u epoch(s), %u reset(s)\n", epoch,
+                resets);
+        store_stop(job.store);
+        free(job.restarts);
+        free(job.failures);
+    }
 
     /* The ranks are gone; what they wrote is already in the pipes. */
     for (int i = 0; i < job.nstreams; i++) {
