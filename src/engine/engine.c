@@ -706,6 +706,12 @@ static ncclResult_t execute(struct engine* e, struct pset* s, struct job* jobs, 
     if (!group) return err_set(ncclSystemError, "collie engine: out of memory");
   }
   ncclResult_t res = ncclSuccess;
+  /* Counted before any handle completes, so a waiter sees them. */
+  for (int i = 0; i < nj; i++) {
+    if (!jobs[i].r || jobs[i].m->status != 0) continue;
+    if (jobs[i].from_cache) e->stats.cache_hits++;
+    else e->stats.cache_misses++;
+  }
   for (int i = 0; i < nj && res == ncclSuccess; i++) {
     struct job* j = &jobs[i];
     if (j->done) continue;
@@ -766,11 +772,7 @@ static ncclResult_t execute(struct engine* e, struct pset* s, struct job* jobs, 
   /* The cache learns in the agreed order, on every member alike. */
   for (int i = 0; i < nj; i++) {
     struct job* j = &jobs[i];
-    if (j->from_cache) {
-      e->stats.cache_hits += j->r != NULL;
-      continue;
-    }
-    if (j->m->status == 0) e->stats.cache_misses += j->r != NULL;
+    if (j->from_cache) continue;
     if (j->m->status != 0 || !cache_kind_cacheable(j->m->kind) || s->cache.cap <= 0) continue;
     char evicted[4096];
     if (cache_insert(&s->cache, j->m, evicted, sizeof(evicted)) != 0)
