@@ -54,6 +54,8 @@ struct ncclComm {
   /* Reduction operators created with ncclRedOpCreatePreMulSum, by handle - ncclNumOps. */
   struct user_redop* redops;
   int nredops;
+  struct dev_state* dev;     /* device path (device/dev_exec.c), set up on first use */
+  struct dev_regs* dev_regs; /* ncclCommRegister's cache (device/dev_api.c) */
 };
 
 struct user_redop {

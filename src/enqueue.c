@@ -12,6 +12,7 @@
 
 #include "coll/coll.h"
 #include "comm.h"
+#include "device/dev_plan.h"
 #include "device/device.h"
 
 const char* coll_name(int kind) {
@@ -105,15 +106,27 @@ static ncclResult_t resolve_op(struct ncclComm* comm, ncclRedOp_t op, ncclDataTy
 
 /* ------------------------------------------------------------ argument checks */
 
+/* The memory classes of the buffers the current call uses (device/dev_plan.h),
+ * the first buffer of each class, and its stream: set by the entry point's
+ * checks, read by submit(). */
+static __thread int call_mem;
+static __thread const char *call_dev_buf, *call_host_buf;
+static __thread void* call_stream;
+
 static ncclResult_t check_buf(const void* p, size_t bytes, const char* what, const char* fn) {
   if (bytes && p == NULL) return err_set(ncclInvalidArgument, "%s: %s is NULL with a non-zero count", fn, what);
-  if (p && device_is_device_ptr(p))
-    return err_set(ncclInvalidUsage,
-                   "%s: %s is device memory; the CUDA device path is not built yet (host buffers only)", fn, what);
+  if (bytes) {
+    int cls = device_mem_class(p);
+    if (cls == MEM_DEVICE && !call_dev_buf) call_dev_buf = what;
+    if (cls == MEM_HOST && !call_host_buf) call_host_buf = what;
+    call_mem |= cls;
+  }
   return ncclSuccess;
 }
 
 static ncclResult_t check_common(struct coll_args* a, ncclComm_t comm, size_t count, ncclDataType_t dt, const char* fn) {
+  call_mem = 0;
+  call_dev_buf = call_host_buf = NULL;
   NCCLCHECK(comm_check(comm, fn));
   if (comm->finalized) return err_set(ncclInvalidUsage, "%s: the communicator was finalized", fn);
   if (comm->async_error != ncclSuccess)
@@ -188,9 +201,50 @@ static ncclResult_t run_coll(struct coll_args* a) {
   }
 }
 
+static void free_tasks(struct task* t);
+static ncclResult_t run_comm_tasks(struct task* t);
+static ncclResult_t arg_error(ncclResult_t res);
+
+/* Device buffers in a communicator's task list: the device executor takes the
+ * whole list (a group launches once; with host buffers in it too, the call
+ * waits for it). Host-only lists first wait for device work already queued,
+ * so every rank drives its connectors in call order. */
+static ncclResult_t dev_route(struct task* t, int* routed) {
+  int n = 0, dev = 0, host = 0;
+  for (struct task* u = t; u; u = u->next, n++) {
+    if (u->a.mem & MEM_DEVICE) dev = 1;
+    else host = 1;
+  }
+  *routed = dev;
+  if (!dev) return dev_quiesce(t->a.comm);
+  struct coll_args* arr = malloc(sizeof(*arr) * (size_t)n);
+  if (!arr) return err_set(ncclSystemError, "%s: out of memory", coll_name(t->a.kind));
+  for (int i = 0; i < n; i++, t = t->next) arr[i] = t->a;
+  ncclResult_t res = dev_submit(arr[0].comm, arr, n, host);
+  free(arr);
+  return res;
+}
+
+ncclResult_t enqueue_run_host(struct coll_args* a, int n) {
+  struct task* ts = calloc((size_t)n, sizeof(*ts));
+  if (!ts) return err_set(ncclSystemError, "%s: out of memory", coll_name(a[0].kind));
+  for (int i = 0; i < n; i++) {
+    ts[i].a = a[i];
+    ts[i].a.mem = MEM_HOST; /* staged: host memory now */
+    ts[i].next = i + 1 < n ? &ts[i + 1] : NULL;
+  }
+  ncclResult_t res = run_comm_tasks(ts);
+  free(ts);
+  return res;
+}
+
 /* Runs one communicator's queued tasks in order; consecutive p2p tasks as one batch. */
 static ncclResult_t run_comm_tasks(struct task* t) {
   ncclResult_t res = ncclSuccess;
+  if (!t) return ncclSuccess;
+  int routed = 0;
+  NCCLCHECK(dev_route(t, &routed));
+  if (routed) return ncclSuccess;
   while (t && res == ncclSuccess) {
     struct ncclComm* comm = t->a.comm;
     int saved = log_get_rank();
@@ -299,7 +353,16 @@ out:
   return res;
 }
 
-static ncclResult_t submit(const struct coll_args* a) {
+static ncclResult_t submit(const struct coll_args* a0) {
+  struct coll_args call = *a0;
+  const struct coll_args* a = &call;
+  call.mem = call_mem;
+  call.stream = call_stream;
+  if (dev_mem_mixed(call.mem))
+    return arg_error(err_set(ncclInvalidArgument,
+                             "%s: %s is device memory but %s is host memory; the buffers of one call must all be "
+                             "device memory or all host memory",
+                             coll_name(a->kind), call_dev_buf, call_host_buf));
   if (group_depth == 0) {
     /* The common case runs straight away, without allocating. */
     struct task t = {NULL, *a};
@@ -382,7 +445,7 @@ NCCL_API(ncclResult_t, ncclAllReduce, const void* sendbuff, void* recvbuff, size
          ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
+  call_stream = stream;
   const char* fn = "ncclAllReduce";
   struct coll_args a;
   ARGCHECK(check_common(&a, comm, count, datatype, fn));
@@ -400,7 +463,7 @@ NCCL_API(ncclResult_t, ncclReduce, const void* sendbuff, void* recvbuff, size_t 
          ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                         int root, ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
+  call_stream = stream;
   const char* fn = "ncclReduce";
   struct coll_args a;
   ARGCHECK(check_common(&a, comm, count, datatype, fn));
@@ -420,7 +483,7 @@ NCCL_API(ncclResult_t, ncclBroadcast, const void* sendbuff, void* recvbuff, size
          int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
+  call_stream = stream;
   const char* fn = "ncclBroadcast";
   struct coll_args a;
   ARGCHECK(check_common(&a, comm, count, datatype, fn));
@@ -446,7 +509,7 @@ NCCL_API(ncclResult_t, ncclAllGather, const void* sendbuff, void* recvbuff, size
          ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
+  call_stream = stream;
   const char* fn = "ncclAllGather";
   struct coll_args a;
   ARGCHECK(check_common(&a, comm, sendcount, datatype, fn));
@@ -463,7 +526,7 @@ NCCL_API(ncclResult_t, ncclReduceScatter, const void* sendbuff, void* recvbuff, 
          ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
+  call_stream = stream;
   const char* fn = "ncclReduceScatter";
   struct coll_args a;
   ARGCHECK(check_common(&a, comm, recvcount, datatype, fn));
@@ -481,7 +544,7 @@ NCCL_API(ncclResult_t, ncclAlltoAll, const void* sendbuff, void* recvbuff, size_
          ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm,
                           cudaStream_t stream) {
-  (void)stream;
+  call_stream = stream;
   const char* fn = "ncclAlltoAll";
   struct coll_args a;
   ARGCHECK(check_common(&a, comm, count, datatype, fn));
@@ -500,7 +563,7 @@ NCCL_API(ncclResult_t, ncclGather, const void* sendbuff, void* recvbuff, size_t 
          int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                         ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
+  call_stream = stream;
   const char* fn = "ncclGather";
   struct coll_args a;
   ARGCHECK(check_common(&a, comm, count, datatype, fn));
@@ -519,7 +582,7 @@ NCCL_API(ncclResult_t, ncclScatter, const void* sendbuff, void* recvbuff, size_t
          int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                          ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
+  call_stream = stream;
   const char* fn = "ncclScatter";
   struct coll_args a;
   ARGCHECK(check_common(&a, comm, count, datatype, fn));
@@ -538,7 +601,7 @@ NCCL_API(ncclResult_t, ncclSend, const void* sendbuff, size_t count, ncclDataTyp
          ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
-  (void)stream;
+  call_stream = stream;
   const char* fn = "ncclSend";
   struct coll_args a;
   ARGCHECK(check_common(&a, comm, count, datatype, fn));
@@ -554,7 +617,7 @@ NCCL_API(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t da
          cudaStream_t stream);
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
-  (void)stream;
+  call_stream = stream;
   const char* fn = "ncclRecv";
   struct coll_args a;
   ARGCHECK(check_common(&a, comm, count, datatype, fn));

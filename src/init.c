@@ -126,6 +126,7 @@ static void compute_locality(ncclComm_t comm) {
 
 static void comm_free(ncclComm_t comm) {
   if (!comm) return;
+  dev_comm_free(comm); /* drains the device queue: its proxy uses the connectors */
   channels_free(comm);
   direct_free(comm);
   transport_close_all(comm);
@@ -306,6 +307,7 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   NCCLCHECK(comm_check(comm, "ncclCommFinalize"));
   if (comm->finalized) return err_set(ncclInvalidUsage, "ncclCommFinalize: comm %p was already finalized", (void*)comm);
   /* Nothing is ever left in flight on host-only communicators yet. */
+  dev_quiesce(comm); /* device calls queued on streams have run */
   comm->finalized = 1;
   return ncclSuccess;
 }

@@ -8,45 +8,16 @@
 /* Why each group of functions is missing; the text ends up in
  * ncclGetLastError and in the WARN log line. */
 #define WHY_ELASTIC "communicator split, shrink and revoke arrive with the failures/elasticity milestone"
-#define WHY_DEVMEM "device memory allocation arrives with the CUDA device-path milestone"
-#define WHY_REG "buffer and window registration arrive with the CUDA device-path milestone"
+#define WHY_REG "window registration (symmetric memory) is not implemented by collie's device path yet"
 
 static ncclResult_t not_yet(const char* fn, const char* why) {
   return err_set(ncclInvalidUsage, "%s: not implemented yet in collie %d.%d (%s)", fn,
                  COLLIE_VERSION_MAJOR, COLLIE_VERSION_MINOR, why);
 }
 
-/* ---- Memory ------------------------------------------------------------- */
-
-NCCL_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size);
-ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
-  (void)ptr;
-  (void)size;
-  return not_yet(__func__, WHY_DEVMEM);
-}
-
-NCCL_API(ncclResult_t, ncclMemFree, void* ptr);
-ncclResult_t ncclMemFree(void* ptr) {
-  (void)ptr;
-  return not_yet(__func__, WHY_DEVMEM);
-}
-
-NCCL_API(ncclResult_t, ncclCommRegister, const ncclComm_t comm, void* buff, size_t size,
-         void** handle);
-ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
-  (void)comm;
-  (void)buff;
-  (void)size;
-  (void)handle;
-  return not_yet(__func__, WHY_REG);
-}
-
-NCCL_API(ncclResult_t, ncclCommDeregister, const ncclComm_t comm, void* handle);
-ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
-  (void)comm;
-  (void)handle;
-  return not_yet(__func__, WHY_REG);
-}
+/* ---- Registration windows (symmetric memory) ---------------------------- */
+/* ncclMemAlloc/ncclMemFree and ncclCommRegister/ncclCommDeregister live in
+ * src/device/dev_api.c. */
 
 NCCL_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t size,
          ncclWindow_t* win, int winFlags);

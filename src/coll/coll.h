@@ -32,6 +32,8 @@ struct coll_args {
   int root;         /* broadcast, reduce, gather, scatter */
   int peer;         /* send, recv */
   const void* scalar_ptr; /* PreMulSum with ncclScalarDevice: read at run time */
+  void* stream;           /* the call's cudaStream_t (device buffers) */
+  int mem;                /* MEM_HOST / MEM_DEVICE bits of the buffers this rank uses (device/dev_plan.h) */
 };
 
 /* Token identifying an operation on a connector: both sides must compute the

@@ -6,6 +6,8 @@
 
 #include <stddef.h>
 
+#include "nccl.h"
+
 /* Number of usable CUDA devices; 0 when the toolkit, driver or GPU is absent
  * (one INFO line says why, once per process). */
 int device_count(void);
@@ -19,5 +21,31 @@ void device_pci_bus_id(int dev, char* buf, size_t len);
 int device_is_device_ptr(const void* p);
 /* "CUDA runtime 13.0" or "none" (for logs). */
 const char* device_runtime(void);
+/* dev_plan.h's MEM_DEVICE for device or managed memory (stream-ordered, as
+ * NCCL treats it), MEM_HOST for anything else (plain, pinned, unknown). */
+int device_mem_class(const void* p);
+/* ncclMemAlloc / ncclMemFree on the calling thread's device. */
+ncclResult_t device_mem_alloc(void** p, size_t bytes);
+ncclResult_t device_mem_free(void* p);
+
+/* ---- the device executor (dev_exec.c with CUDA, device_stub.c without) ----
+ * Calls with device buffers are enqueued on their streams and run by a
+ * per-communicator proxy thread (or, at one rank, by kernels straight on the
+ * stream); see docs/ARCHITECTURE.md, "Device path". */
+struct ncclComm;
+struct coll_args;
+/* Enqueues n calls of one communicator (a group, or one call); returns once
+ * they are enqueued, or, with `host_wait`, once they have run. */
+ncclResult_t dev_submit(struct ncclComm* comm, const struct coll_args* a, int n, int host_wait);
+/* Waits until every call enqueued on comm has run (host buffers after device
+ * ones keep the order all ranks see). */
+ncclResult_t dev_quiesce(struct ncclComm* comm);
+/* Stops the proxy thread (after the queued calls) and frees the device state. */
+void dev_exec_free(struct ncclComm* comm);
+/* Both halves: executor and registration cache (dev_api.c). */
+void dev_comm_free(struct ncclComm* comm);
+/* Runs calls on host memory on the calling thread, as a group (enqueue.c);
+ * the proxy thread uses it on staged buffers. */
+ncclResult_t enqueue_run_host(struct coll_args* a, int n);
 
 #endif

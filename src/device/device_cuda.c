@@ -6,6 +6,7 @@
 
 #include "../core.h"
 #include "device.h"
+#include "device/dev_plan.h"
 
 static int cached_count = -1;
 
@@ -59,4 +60,36 @@ int device_is_device_ptr(const void* p) {
     return 0;
   }
   return attr.type == cudaMemoryTypeDevice;
+}
+
+int device_mem_class(const void* p) {
+  if (p == NULL || device_count() == 0) return MEM_HOST;
+  struct cudaPointerAttributes attr;
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    cudaGetLastError();
+    return MEM_HOST;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged ? MEM_DEVICE : MEM_HOST;
+}
+
+ncclResult_t device_mem_alloc(void** p, size_t bytes) {
+  if (device_count() == 0) return err_set(ncclInvalidUsage, "ncclMemAlloc: no CUDA device (the device path is off)");
+  cudaError_t e = cudaMalloc(p, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    *p = NULL;
+    return err_set(ncclUnhandledCudaError, "ncclMemAlloc: cudaMalloc of %zu bytes failed: %s", bytes,
+                   cudaGetErrorString(e));
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t device_mem_free(void* p) {
+  if (device_count() == 0) return err_set(ncclInvalidUsage, "ncclMemFree: no CUDA device (the device path is off)");
+  cudaError_t e = cudaFree(p);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return err_set(ncclUnhandledCudaError, "ncclMemFree: cudaFree(%p) failed: %s", p, cudaGetErrorString(e));
+  }
+  return ncclSuccess;
 }

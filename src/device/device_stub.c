@@ -2,6 +2,7 @@
  * no devices, and one INFO line saying the device path is off. */
 #include "../core.h"
 #include "device.h"
+#include "device/dev_plan.h"
 
 int device_count(void) {
   INFO_ONCE(LOG_INIT, "CUDA device path off: collie was built without CUDA (host buffers only)");
@@ -21,3 +22,29 @@ int device_is_device_ptr(const void* p) {
   (void)p;
   return 0;
 }
+int device_mem_class(const void* p) {
+  (void)p;
+  return MEM_HOST;
+}
+ncclResult_t device_mem_alloc(void** p, size_t bytes) {
+  (void)bytes;
+  *p = NULL;
+  return err_set(ncclInvalidUsage, "ncclMemAlloc: collie was built without CUDA (COLLIE_CUDA=OFF or no toolkit)");
+}
+ncclResult_t device_mem_free(void* p) {
+  (void)p;
+  return err_set(ncclInvalidUsage, "ncclMemFree: collie was built without CUDA (COLLIE_CUDA=OFF or no toolkit)");
+}
+/* Without CUDA no buffer is ever classed as device memory, so these are not reached. */
+ncclResult_t dev_submit(struct ncclComm* comm, const struct coll_args* a, int n, int host_wait) {
+  (void)comm;
+  (void)a;
+  (void)n;
+  (void)host_wait;
+  return err_set(ncclInvalidUsage, "device buffers: collie was built without CUDA");
+}
+ncclResult_t dev_quiesce(struct ncclComm* comm) {
+  (void)comm;
+  return ncclSuccess;
+}
+void dev_exec_free(struct ncclComm* comm) { (void)comm; }

@@ -1,0 +1,83 @@
+/* Memory and registration entry points of the device path: ncclMemAlloc /
+ * ncclMemFree (cudaMalloc on the calling thread's device) and
+ * ncclCommRegister / ncclCommDeregister, a per-communicator cache of
+ * registered ranges. The staged device path copies every call through host
+ * staging, so registration records the range and changes no data path yet;
+ * it exists so programs that register (as NCCL recommends) run unchanged. */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "../comm.h"
+#include "device.h"
+#include "device/dev_plan.h"
+
+struct dev_regs {
+  pthread_mutex_t mu;
+  struct dev_regcache c;
+};
+static pthread_mutex_t regs_mu = PTHREAD_MUTEX_INITIALIZER;
+
+NCCL_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size);
+ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
+  if (ptr == NULL) return err_set(ncclInvalidArgument, "ncclMemAlloc: ptr is NULL");
+  if (size == 0) return err_set(ncclInvalidArgument, "ncclMemAlloc: size is 0");
+  return device_mem_alloc(ptr, size);
+}
+
+NCCL_API(ncclResult_t, ncclMemFree, void* ptr);
+ncclResult_t ncclMemFree(void* ptr) {
+  if (ptr == NULL) return ncclSuccess;
+  return device_mem_free(ptr);
+}
+
+NCCL_API(ncclResult_t, ncclCommRegister, const ncclComm_t comm, void* buff, size_t size, void** handle);
+ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
+  NCCLCHECK(comm_check(comm, "ncclCommRegister"));
+  if (handle == NULL) return err_set(ncclInvalidArgument, "ncclCommRegister: handle is NULL");
+  *handle = NULL;
+  if (buff == NULL || size == 0)
+    return err_set(ncclInvalidArgument, "ncclCommRegister: buff %p / size %zu: need a non-empty buffer", buff, size);
+  pthread_mutex_lock(&regs_mu);
+  if (!comm->dev_regs) {
+    struct dev_regs* r = calloc(1, sizeof(*r));
+    if (r) pthread_mutex_init(&r->mu, NULL);
+    comm->dev_regs = r;
+  }
+  pthread_mutex_unlock(&regs_mu);
+  struct dev_regs* r = comm->dev_regs;
+  if (!r) return err_set(ncclSystemError, "ncclCommRegister: out of memory");
+  pthread_mutex_lock(&r->mu);
+  uint32_t id = dev_reg_add(&r->c, buff, size);
+  pthread_mutex_unlock(&r->mu);
+  if (id == 0) return err_set(ncclSystemError, "ncclCommRegister: out of memory");
+  INFO(LOG_REG, "comm %p rank %d: registered %p + %zu (handle %u)", (void*)comm, comm->rank, buff, size, id);
+  *handle = (void*)(uintptr_t)id;
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclCommDeregister, const ncclComm_t comm, void* handle);
+ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
+  NCCLCHECK(comm_check(comm, "ncclCommDeregister"));
+  struct dev_regs* r = comm->dev_regs;
+  int rc = -1;
+  if (r && handle) {
+    pthread_mutex_lock(&r->mu);
+    rc = dev_reg_remove(&r->c, (uint32_t)(uintptr_t)handle);
+    pthread_mutex_unlock(&r->mu);
+  }
+  if (rc != 0)
+    return err_set(ncclInvalidArgument, "ncclCommDeregister: handle %p was not returned by ncclCommRegister on this comm",
+                   handle);
+  return ncclSuccess;
+}
+
+void dev_comm_free(struct ncclComm* comm) {
+  dev_exec_free(comm);
+  struct dev_regs* r = comm->dev_regs;
+  if (r) {
+    dev_reg_free(&r->c);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+    comm->dev_regs = NULL;
+  }
+}

@@ -1,0 +1,491 @@
+/* The device executor: collectives on device buffers, enqueued on the user's
+ * CUDA stream. At one rank the work is a kernel on that stream. Otherwise a
+ * per-communicator proxy thread runs it staged: an event recorded on the
+ * user stream gates the proxy's own stream; the proxy copies the device
+ * inputs into host staging, runs the host collective (every algorithm and
+ * transport of src/coll), copies the results back and advances a
+ * host-mapped counter; a one-thread kernel on the user stream waits for that
+ * counter, so later work on the stream sees the results.
+ *
+ * The proxy never calls a CUDA function that may synchronize the device
+ * (allocation, free): a gate kernel holds the user stream until the proxy
+ * finishes, so such a call could wait on itself. Staging is a pinned buffer
+ * allocated once by the user's thread, or pageable memory the proxy grows
+ * with realloc for calls that do not fit. */
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../comm.h"
+#include "coll/coll.h"
+#include "device.h"
+#include "device/dev_plan.h"
+#include "device/kernels.h"
+
+#define DEV_PINNED_BYTES ((size_t)8 << 20)
+
+struct dev_job {
+  struct dev_job* next;
+  int n;
+  struct coll_args* a;
+  int nstreams;
+  cudaStream_t* streams;
+  cudaEvent_t* ready; /* one per stream, recorded when the call was enqueued */
+  uint32_t seq;
+  int host_wait, done;
+  ncclResult_t res;
+  char err[512];
+};
+
+struct dev_state {
+  struct ncclComm* comm;
+  int dev;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  struct dev_job *head, *tail;
+  int stop, started;
+  pthread_t thread;
+  uint32_t posted, completed;
+  volatile uint32_t* flag; /* host-mapped; slot of the process-wide pool */
+  uint32_t* flag_dev;
+  cudaStream_t s;
+  char* pinned;
+  char* heap;
+  size_t heap_bytes;
+};
+
+static ncclResult_t cuda_err(cudaError_t e, const char* what) {
+  cudaGetLastError();
+  return err_set(ncclUnhandledCudaError, "device path: %s failed: %s", what, cudaGetErrorString(e));
+}
+
+/* ---- gate counters: slots of pinned, mapped pages that are never freed, so
+ * a gate kernel still queued behind user work after its communicator is gone
+ * reads valid memory. A slot's value only grows, also across reuse, so such
+ * a late gate still finds its sequence number reached. */
+#define FLAG_SLOTS 256
+static pthread_mutex_t flag_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct flag_page {
+  struct flag_page* next;
+  volatile uint32_t* host;
+  uint32_t* dev;
+  unsigned char used[FLAG_SLOTS / 16]; /* slots are 64 bytes apart */
+} * flag_pages;
+
+static ncclResult_t flag_get(volatile uint32_t** host, uint32_t** dev) {
+  ncclResult_t res = ncclSuccess;
+  pthread_mutex_lock(&flag_mu);
+  for (struct flag_page* p = flag_pages; p; p = p->next)
+    for (int i = 0; i < FLAG_SLOTS / 16; i++)
+      if (!p->used[i]) {
+        p->used[i] = 1;
+        *host = p->host + 16 * i;
+        *dev = p->dev + 16 * i;
+        goto out;
+      }
+  struct flag_page* p = calloc(1, sizeof(*p));
+  void* h = NULL;
+  void* d = NULL;
+  cudaError_t e = cudaErrorMemoryAllocation;
+  if (!p || (e = cudaHostAlloc(&h, FLAG_SLOTS * sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable)) != cudaSuccess) {
+    free(p);
+    res = cuda_err(e, "cudaHostAlloc (stream gate counters)");
+    goto out;
+  }
+  if ((e = cudaHostGetDevicePointer(&d, h, 0)) != cudaSuccess) {
+    cudaFreeHost(h);
+    free(p);
+    res = cuda_err(e, "cudaHostGetDevicePointer");
+    goto out;
+  }
+  memset(h, 0, FLAG_SLOTS * sizeof(uint32_t));
+  p->host = h;
+  p->dev = d;
+  p->used[0] = 1;
+  p->next = flag_pages;
+  flag_pages = p;
+  *host = p->host;
+  *dev = p->dev;
+out:
+  pthread_mutex_unlock(&flag_mu);
+  return res;
+}
+
+static void flag_put(volatile uint32_t* host) {
+  pthread_mutex_lock(&flag_mu);
+  for (struct flag_page* p = flag_pages; p; p = p->next)
+    if (host >= p->host && host < p->host + FLAG_SLOTS) p->used[(host - p->host) / 16] = 0;
+  pthread_mutex_unlock(&flag_mu);
+}
+
+/* ---- the proxy ---- */
+
+static void job_free(struct dev_job* j) {
+  if (!j) return;
+  for (int i = 0; i < j->nstreams && j->ready; i++)
+    if (j->ready[i]) cudaEventDestroy(j->ready[i]);
+  free(j->ready);
+  free(j->streams);
+  free(j->a);
+  free(j);
+}
+
+/* Polls a stream (never blocks in the driver: the abort flag stays checked
+ * and no core is burnt: yield, then sleep). */
+static ncclResult_t stream_wait(struct dev_state* d, cudaStream_t s) {
+  for (int it = 0;; it++) {
+    cudaError_t e = cudaStreamQuery(s);
+    if (e == cudaSuccess) return ncclSuccess;
+    if (e != cudaErrorNotReady) return cuda_err(e, "a staging copy");
+    if (__atomic_load_n(&d->comm->abort_flag, __ATOMIC_ACQUIRE))
+      return err_set(ncclInvalidUsage, "device path: the communicator was aborted");
+    if (it < 64) {
+      sched_yield();
+    } else {
+      struct timespec ts = {0, 20000};
+      nanosleep(&ts, NULL);
+    }
+  }
+}
+
+static ncclResult_t job_run(struct dev_state* d, struct dev_job* j) {
+  struct ncclComm* comm = d->comm;
+  ncclResult_t res = ncclSuccess;
+  if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE))
+    return err_set(ncclInvalidUsage, "device path: the communicator was aborted");
+  if (comm->async_error != ncclSuccess)
+    return err_set(comm->async_error, "device path: the communicator is in error; call not run");
+  for (int i = 0; i < j->nstreams; i++) {
+    cudaError_t e = cudaStreamWaitEvent(d->s, j->ready[i], 0);
+    if (e != cudaSuccess) return cuda_err(e, "cudaStreamWaitEvent");
+  }
+  /* Plan the staging of every call of the job (a group runs as one). */
+  struct dev_stage* st = calloc((size_t)j->n, sizeof(*st));
+  size_t* scalar_off = calloc((size_t)j->n, sizeof(*scalar_off));
+  if (!st || !scalar_off) {
+    res = err_set(ncclSystemError, "device path: out of memory");
+    goto out;
+  }
+  size_t total = 0;
+  for (int i = 0; i < j->n; i++) {
+    struct coll_args* a = &j->a[i];
+    struct dev_roles r = {0, 0};
+    if (a->mem & MEM_DEVICE) dev_roles(a->kind, comm->rank, comm->nranks, a->root, a->count, dtype_size(a->dt), &r);
+    dev_stage_plan(&st[i], a->sendbuff, r.send_bytes, a->recvbuff, r.recv_bytes, &total);
+    scalar_off[i] = (size_t)-1;
+    if (a->scalar_ptr && device_mem_class(a->scalar_ptr) == MEM_DEVICE) {
+      total = (total + 63) & ~(size_t)63;
+      scalar_off[i] = total;
+      total += 8;
+    }
+  }
+  char* base = d->pinned;
+  if (total > DEV_PINNED_BYTES) {
+    if (total > d->heap_bytes) {
+      char* h = realloc(d->heap, total);
+      if (!h) {
+        res = err_set(ncclSystemError, "device path: cannot allocate %zu bytes of staging", total);
+        goto out;
+      }
+      d->heap = h;
+      d->heap_bytes = total;
+    }
+    base = d->heap;
+  }
+  cudaError_t e = cudaSuccess;
+  for (int i = 0; i < j->n && e == cudaSuccess; i++) {
+    struct dev_stage* s = &st[i];
+    if (s->send_hi > s->send_lo)
+      e = cudaMemcpyAsync(base + s->send_off, (const void*)s->send_lo, s->send_hi - s->send_lo, cudaMemcpyDeviceToHost,
+                          d->s);
+    if (e == cudaSuccess && scalar_off[i] != (size_t)-1)
+      e = cudaMemcpyAsync(base + scalar_off[i], j->a[i].scalar_ptr, dtype_size(j->a[i].dt), cudaMemcpyDeviceToHost,
+                          d->s);
+  }
+  if (e != cudaSuccess) {
+    res = cuda_err(e, "cudaMemcpyAsync (device to staging)");
+    goto out;
+  }
+  NCCLCHECKGOTO(stream_wait(d, d->s), res, out);
+  for (int i = 0; i < j->n; i++) {
+    struct coll_args* a = &j->a[i];
+    if (scalar_off[i] != (size_t)-1) {
+      red_op_init_premulsum(&a->op, base + scalar_off[i], a->dt);
+      a->scalar_ptr = NULL;
+    }
+    if (!(a->mem & MEM_DEVICE)) continue;
+    void* ms = dev_stage_map(&st[i], base, a->sendbuff);
+    void* mr = dev_stage_map(&st[i], base, a->recvbuff);
+    /* A buffer this rank does not use is never touched: keep its value. */
+    if (ms) a->sendbuff = ms;
+    if (mr) a->recvbuff = mr;
+  }
+  NCCLCHECKGOTO(enqueue_run_host(j->a, j->n), res, out);
+  for (int i = 0; i < j->n && e == cudaSuccess; i++) {
+    struct dev_stage* s = &st[i];
+    if (s->recv_hi > s->recv_lo)
+      e = cudaMemcpyAsync((void*)s->recv_lo, base + s->recv_off, s->recv_hi - s->recv_lo, cudaMemcpyHostToDevice, d->s);
+  }
+  if (e != cudaSuccess) {
+    res = cuda_err(e, "cudaMemcpyAsync (staging to device)");
+    goto out;
+  }
+  res = stream_wait(d, d->s);
+out:
+  free(st);
+  free(scalar_off);
+  return res;
+}
+
+/* Set on proxy threads: the host collectives they run must not wait for the queue they are draining. */
+static __thread int dev_in_proxy;
+
+static void* proxy_main(void* arg) {
+  struct dev_state* d = arg;
+  dev_in_proxy = 1;
+  cudaSetDevice(d->dev);
+  log_set_rank(d->comm->rank);
+  pthread_mutex_lock(&d->mu);
+  for (;;) {
+    while (!d->head && !d->stop) pthread_cond_wait(&d->cv, &d->mu);
+    struct dev_job* j = d->head;
+    if (!j) break;
+    d->head = j->next;
+    if (!d->head) d->tail = NULL;
+    pthread_mutex_unlock(&d->mu);
+    j->res = job_run(d, j);
+    if (j->res != ncclSuccess) {
+      snprintf(j->err, sizeof(j->err), "%s", err_last_thread());
+      ncclResult_t none = ncclSuccess;
+      __atomic_compare_exchange_n(&d->comm->async_error, &none, j->res, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+      WARN("device path: rank %d: %s", d->comm->rank, j->err);
+    }
+    /* Release the user streams whatever happened: a failed call must not hang the GPU. */
+    __atomic_store_n(d->flag, j->seq, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&d->mu);
+    d->completed = j->seq;
+    if (j->host_wait) j->done = 1;
+    else job_free(j);
+    pthread_cond_broadcast(&d->cv);
+  }
+  pthread_mutex_unlock(&d->mu);
+  return NULL;
+}
+
+/* ---- setup ---- */
+
+static pthread_mutex_t state_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static ncclResult_t state_get(struct ncclComm* comm, struct dev_state** out) {
+  ncclResult_t res = ncclSuccess;
+  pthread_mutex_lock(&state_mu);
+  struct dev_state* d = comm->dev;
+  if (d) goto done;
+  if (comm->cuda_dev < 0) {
+    res = err_set(ncclInvalidUsage, "device path: communicator was created without a CUDA device");
+    goto done;
+  }
+  d = calloc(1, sizeof(*d));
+  if (!d) {
+    res = err_set(ncclSystemError, "device path: out of memory");
+    goto done;
+  }
+  d->comm = comm;
+  d->dev = comm->cuda_dev;
+  pthread_mutex_init(&d->mu, NULL);
+  pthread_cond_init(&d->cv, NULL);
+  int saved = -1;
+  cudaGetDevice(&saved);
+  cudaError_t e = cudaSetDevice(d->dev);
+  if (e != cudaSuccess) {
+    res = cuda_err(e, "cudaSetDevice");
+    goto fail;
+  }
+  NCCLCHECKGOTO(flag_get(&d->flag, &d->flag_dev), res, fail);
+  d->posted = d->completed = __atomic_load_n(d->flag, __ATOMIC_ACQUIRE);
+  if ((e = cudaStreamCreateWithFlags(&d->s, cudaStreamNonBlocking)) != cudaSuccess) {
+    res = cuda_err(e, "cudaStreamCreateWithFlags");
+    goto fail;
+  }
+  void* p = NULL;
+  if ((e = cudaHostAlloc(&p, DEV_PINNED_BYTES, cudaHostAllocPortable)) != cudaSuccess) {
+    res = cuda_err(e, "cudaHostAlloc (staging)");
+    goto fail;
+  }
+  d->pinned = p;
+  int rc = pthread_create(&d->thread, NULL, proxy_main, d);
+  if (rc != 0) {
+    res = err_set(ncclSystemError, "device path: cannot start the proxy thread: %s", strerror(rc));
+    goto fail;
+  }
+  d->started = 1;
+  if (saved >= 0) cudaSetDevice(saved);
+  INFO(LOG_INIT | LOG_PROXY, "comm %p rank %d: device path on CUDA device %d (staged through the proxy thread)",
+       (void*)comm, comm->rank, d->dev);
+  comm->dev = d;
+  goto done;
+fail:
+  if (d->pinned) cudaFreeHost(d->pinned);
+  if (d->s) cudaStreamDestroy(d->s);
+  if (d->flag) flag_put(d->flag);
+  pthread_cond_destroy(&d->cv);
+  pthread_mutex_destroy(&d->mu);
+  free(d);
+  d = NULL;
+  if (saved >= 0) cudaSetDevice(saved);
+done:
+  pthread_mutex_unlock(&state_mu);
+  *out = d;
+  return res;
+}
+
+/* ---- one rank: kernels straight on the stream (also inside graph capture) ---- */
+
+static ncclResult_t local_run(const struct coll_args* a) {
+  size_t esz = dtype_size(a->dt);
+  size_t bytes = a->count * esz;
+  if (bytes == 0) return ncclSuccess;
+  const char* err = "";
+  int rc = 0;
+  int reduces = a->kind == COLL_ALLREDUCE || a->kind == COLL_REDUCE || a->kind == COLL_REDUCESCATTER;
+  if (reduces && a->op.kind == RED_PREMULSUM) {
+    struct kern_scalar ks = {a->op.scalar.f, a->op.scalar.u, NULL};
+    if (a->scalar_ptr) {
+      if (device_mem_class(a->scalar_ptr) == MEM_DEVICE) {
+        ks.dev_ptr = a->scalar_ptr;
+      } else {
+        struct red_op op;
+        red_op_init_premulsum(&op, a->scalar_ptr, a->dt);
+        ks.f = op.scalar.f;
+        ks.u = op.scalar.u;
+      }
+    }
+    rc = kern_pre((int)a->dt, ks, a->recvbuff, a->sendbuff, a->count, a->stream, &err);
+  } else {
+    rc = kern_copy(a->recvbuff, a->sendbuff, bytes, a->stream, &err);
+  }
+  if (rc != 0) return err_set(ncclUnhandledCudaError, "%s: kernel launch failed: %s", coll_name(a->kind), err);
+  return ncclSuccess;
+}
+
+static int stream_index(cudaStream_t* s, int n, cudaStream_t x) {
+  for (int i = 0; i < n; i++)
+    if (s[i] == x) return i;
+  return -1;
+}
+
+ncclResult_t dev_submit(struct ncclComm* comm, const struct coll_args* a, int n, int host_wait) {
+  struct dev_state* d = NULL;
+  NCCLCHECK(state_get(comm, &d));
+  ncclResult_t res = ncclSuccess;
+  int saved = -1;
+  cudaGetDevice(&saved);
+  if (saved != d->dev) cudaSetDevice(d->dev);
+  int local = comm->nranks == 1 && !host_wait;
+  for (int i = 0; i < n && local; i++)
+    if (a[i].kind == COLL_SEND || a[i].kind == COLL_RECV || !(a[i].mem & MEM_DEVICE)) local = 0;
+  if (local) {
+    /* Earlier staged calls on other streams do not order these (as in NCCL); on the same stream they do. */
+    for (int i = 0; i < n && res == ncclSuccess; i++) res = local_run(&a[i]);
+    goto out;
+  }
+  struct dev_job* j = calloc(1, sizeof(*j));
+  if (!j) {
+    res = err_set(ncclSystemError, "device path: out of memory");
+    goto out;
+  }
+  j->n = n;
+  j->host_wait = host_wait;
+  j->a = malloc(sizeof(*a) * (size_t)n);
+  j->streams = calloc((size_t)n, sizeof(*j->streams));
+  j->ready = calloc((size_t)n, sizeof(*j->ready));
+  if (!j->a || !j->streams || !j->ready) {
+    job_free(j);
+    res = err_set(ncclSystemError, "device path: out of memory");
+    goto out;
+  }
+  memcpy(j->a, a, sizeof(*a) * (size_t)n);
+  for (int i = 0; i < n; i++) {
+    if (!(a[i].mem & MEM_DEVICE)) continue;
+    cudaStream_t s = (cudaStream_t)a[i].stream;
+    if (stream_index(j->streams, j->nstreams, s) >= 0) continue;
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing(s, &cs);
+    if (e == cudaSuccess && cs != cudaStreamCaptureStatusNone) {
+      job_free(j);
+      res = err_set(ncclInvalidUsage,
+                    "%s: the stream is being captured into a CUDA graph; collie runs multi-rank device calls through "
+                    "its proxy thread, which cannot be captured (one-rank communicators can)",
+                    coll_name(a[i].kind));
+      goto out;
+    }
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&j->ready[j->nstreams], cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(j->ready[j->nstreams], s);
+    j->streams[j->nstreams++] = s;
+    if (e != cudaSuccess) {
+      job_free(j);
+      res = cuda_err(e, "recording an event on the user stream");
+      goto out;
+    }
+  }
+  pthread_mutex_lock(&d->mu);
+  uint32_t seq = j->seq = ++d->posted;
+  if (d->tail) d->tail->next = j;
+  else d->head = j;
+  d->tail = j;
+  pthread_cond_broadcast(&d->cv);
+  pthread_mutex_unlock(&d->mu);
+  /* The gates: each stream waits for this call's sequence number. */
+  for (int i = 0; i < j->nstreams && res == ncclSuccess; i++) {
+    const char* err = "";
+    if (kern_wait_flag(d->flag_dev, seq, j->streams[i], &err) != 0)
+      res = err_set(ncclUnhandledCudaError, "device path: cannot launch the stream gate: %s", err);
+  }
+  /* j belongs to the proxy now (unless we wait for it). */
+  if (host_wait) {
+    pthread_mutex_lock(&d->mu);
+    while (!j->done) pthread_cond_wait(&d->cv, &d->mu);
+    pthread_mutex_unlock(&d->mu);
+    if (res == ncclSuccess && j->res != ncclSuccess) res = err_set(j->res, "%s", j->err);
+    job_free(j);
+  }
+out:
+  if (saved >= 0 && saved != d->dev) cudaSetDevice(saved);
+  return res;
+}
+
+ncclResult_t dev_quiesce(struct ncclComm* comm) {
+  struct dev_state* d = comm->dev;
+  if (!d || dev_in_proxy) return ncclSuccess;
+  pthread_mutex_lock(&d->mu);
+  while (d->completed != d->posted) pthread_cond_wait(&d->cv, &d->mu);
+  pthread_mutex_unlock(&d->mu);
+  return ncclSuccess;
+}
+
+void dev_exec_free(struct ncclComm* comm) {
+  struct dev_state* d = comm->dev;
+  if (!d) return;
+  pthread_mutex_lock(&d->mu);
+  d->stop = 1;
+  pthread_cond_broadcast(&d->cv);
+  pthread_mutex_unlock(&d->mu);
+  if (d->started) pthread_join(d->thread, NULL);
+  int saved = -1;
+  cudaGetDevice(&saved);
+  cudaSetDevice(d->dev);
+  cudaStreamSynchronize(d->s);
+  cudaStreamDestroy(d->s);
+  cudaFreeHost(d->pinned);
+  if (saved >= 0) cudaSetDevice(saved);
+  free(d->heap);
+  flag_put(d->flag);
+  pthread_cond_destroy(&d->cv);
+  pthread_mutex_destroy(&d->mu);
+  free(d);
+  comm->dev = NULL;
+}

@@ -1,0 +1,41 @@
+/* C interface to the CUDA kernels of kernels.cu (only built with the
+ * toolkit). Every launcher enqueues on `stream` (a cudaStream_t) and returns
+ * 0, or -1 after a launch error (the CUDA error string goes to *err).
+ * Datatypes are NCCL's codes, reduction kinds reduce.h's red_kind. */
+#ifndef COLLIE_DEVICE_KERNELS_H
+#define COLLIE_DEVICE_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The premulsum scalar: either its value (as red_op stores it) or, when
+ * dev_ptr is not NULL, one element of the datatype in device memory that the
+ * kernel reads when it runs (ncclScalarDevice). */
+struct kern_scalar {
+  double f;
+  uint64_t u;
+  const void* dev_ptr;
+};
+
+/* dst = src (bytes). */
+int kern_copy(void* dst, const void* src, size_t bytes, void* stream, const char** err);
+/* dst[i] = pre(src[i]) (red_pre). */
+int kern_pre(int dt, struct kern_scalar s, void* dst, const void* src, size_t count, void* stream, const char** err);
+/* dst[i] = a[i] OP pre(b[i]) (red_reduce). */
+int kern_reduce(int dt, int kind, struct kern_scalar s, void* dst, const void* a, const void* b, size_t count,
+                void* stream, const char** err);
+/* dst[i] = src[i] / n (red_div). */
+int kern_div(int dt, void* dst, const void* src, size_t count, int n, void* stream, const char** err);
+/* The stream waits until (int32_t)(*flag - seq) >= 0; `flag` is a device
+ * pointer to host-mapped memory that a host thread advances. */
+int kern_wait_flag(const volatile uint32_t* flag, uint32_t seq, void* stream, const char** err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
