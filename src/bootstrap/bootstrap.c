@@ -45,6 +45,7 @@ struct bootstrap {
   uint64_t nonce;
   volatile uint32_t* abort_flag;
   int64_t timeout_ms, handshake_ms;
+  int listen_any; /* COLLIE_LISTEN_ANY, read at init for every listener of this communicator */
   int listen_fd;
   union sock_addr listen_addr;
   struct peer_rec* peers;
@@ -71,6 +72,7 @@ void bootstrap_note_dropped(const union sock_addr* from, const char* where, cons
 int bootstrap_rank(const struct bootstrap* bs) { return bs->rank; }
 int bootstrap_nranks(const struct bootstrap* bs) { return bs->nranks; }
 uint64_t bootstrap_nonce(const struct bootstrap* bs) { return bs->nonce; }
+int bootstrap_listen_any(const struct bootstrap* bs) { return bs->listen_any; }
 const union sock_addr* bootstrap_peer_addr(const struct bootstrap* bs, int peer) {
   return &bs->peers[peer].addr;
 }
@@ -617,6 +619,7 @@ ncclResult_t bootstrap_init(const ncclUniqueId* ids, int nids, int rank, int nra
   bs->nonce = id0.nonce;
   bs->timeout_ms = param_int(P_COLLIE_BOOTSTRAP_TIMEOUT, 1, 86400) * 1000;
   bs->handshake_ms = param_int(P_COLLIE_BOOTSTRAP_HANDSHAKE_TIMEOUT, 10, 3600000);
+  bs->listen_any = (int)param_int(P_COLLIE_LISTEN_ANY, 0, 1);
   pthread_mutex_init(&bs->lock, NULL);
   bs->peers = calloc((size_t)nranks, sizeof(*bs->peers));
   bs->out_fd = malloc(sizeof(int) * (size_t)nranks);
@@ -634,7 +637,7 @@ ncclResult_t bootstrap_init(const ncclUniqueId* ids, int nids, int rank, int nra
   }
   char ifname[64];
   NCCLCHECKGOTO(sock_pick_interface(&id.root, &bs->listen_addr, ifname, sizeof(ifname)), res, fail);
-  NCCLCHECKGOTO(sock_listen(&bs->listen_addr, &bs->listen_fd), res, fail);
+  NCCLCHECKGOTO(sock_listen_on(&bs->listen_addr, bs->listen_any, &bs->listen_fd), res, fail);
   {
     char a[SOCK_ADDR_STRLEN];
     TRACE(LOG_BOOTSTRAP, "rank %d listening on %s (%s)", rank, sock_addr_str(&bs->listen_addr, a, sizeof(a)),

@@ -53,6 +53,8 @@ void bootstrap_destroy(struct bootstrap* bs);
 int bootstrap_rank(const struct bootstrap* bs);
 int bootstrap_nranks(const struct bootstrap* bs);
 uint64_t bootstrap_nonce(const struct bootstrap* bs);
+/* COLLIE_LISTEN_ANY as read at init: transports' listeners follow it too. */
+int bootstrap_listen_any(const struct bootstrap* bs);
 /* Where a peer listens (valid after init). */
 const union sock_addr* bootstrap_peer_addr(const struct bootstrap* bs, int peer);
 /* Host name a peer reported (for error messages). */
@@ -71,6 +73,16 @@ ncclResult_t bootstrap_bcast(struct bootstrap* bs, int root, void* data, size_t 
 ncclResult_t root_start(struct bootstrap_id* id, int started_by_init);
 /* Joins root threads of this process that have finished. */
 void root_reap(void);
+/* For tests/fuzz only: a root with no listener or thread. root_test_connection
+ * hands it one accepted connection (it reads what `fd` holds, as root_main
+ * would, and takes or closes the fd); returns 0 still pending, 1 kept, 2
+ * dropped. root_test_finish replies as at the end of the bootstrap (the
+ * successor addresses, or the list of missing ranks), closes everything, frees
+ * the root and returns 1 if every rank had checked in. */
+struct root;
+struct root* root_test_new(const struct bootstrap_id* id);
+int root_test_connection(struct root* r, int fd, const union sock_addr* from);
+int root_test_finish(struct root* r);
 
 /* Connections dropped by listeners since process start (strangers, bad
  * frames, stalls); for tests and logs. */

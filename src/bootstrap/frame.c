@@ -97,8 +97,8 @@ int checkin_decode(const uint8_t* in, size_t n, struct checkin* c, char* why, si
   c->neighbor = (int32_t)get32(in + 16);
   memcpy(c->addr, in + 20, sizeof(c->addr));
   c->nonce = (uint64_t)get32(in + 48) | (uint64_t)get32(in + 52) << 32;
-  if (c->nranks < 1) {
-    snprintf(why, why_len, "nranks %d < 1", c->nranks);
+  if (c->nranks < 1 || c->nranks > CHECKIN_MAX_RANKS) {
+    snprintf(why, why_len, "nranks %d outside [1, %d]", c->nranks, CHECKIN_MAX_RANKS);
     return -1;
   }
   if (c->rank < 0 || c->rank >= c->nranks) {

@@ -57,6 +57,9 @@ int frame_decode(const uint8_t* in, size_t n, const uint8_t secret[FRAME_SECRET_
 
 /* Payload of FRAME_CHECKIN, fixed size, little-endian. */
 #define CHECKIN_BYTES 56
+/* Most ranks a check-in may announce: the root sizes its table from the
+ * first check-in, so this bounds what one frame can make it allocate. */
+#define CHECKIN_MAX_RANKS (1 << 24)
 struct checkin {
   int32_t rank;
   int32_t nranks;

@@ -54,6 +54,9 @@ __attribute__((constructor)) static void registry_lock_atfork(void) {
 }
 static struct root* registry;
 
+/* Largest check-in frame the root reads (the check-in itself is CHECKIN_BYTES). */
+#define ROOT_MAX_FRAME 4096
+
 static int block_first(int k, int nranks, int nroots) { return (int)((int64_t)k * nranks / nroots); }
 
 /* For FRAME_ROOT_ERROR the tag carries the ncclResult_t the rank returns. */
@@ -69,9 +72,9 @@ static void root_send(struct root* r, int fd, int type, uint32_t tag, const void
 
 /* Replies to a check-in that cannot be accepted, then drops it. */
 static void root_reject(struct root* r, struct conn_reader* c, const char* why) {
-  char a[SOCK_ADDR_STRLEN];
+  char a[SOCK_ADDR_STRLEN], b[SOCK_ADDR_STRLEN];
   WARN("bootstrap root %s: rejected a check-in from %s: %s", sock_addr_str(&r->id.root, a, sizeof(a)),
-       sock_addr_str(&c->from, a, sizeof(a)), why);
+       sock_addr_str(&c->from, b, sizeof(b)), why);
   root_send(r, c->fd, FRAME_ROOT_ERROR, ncclInvalidUsage, why, (uint32_t)strlen(why) + 1, time_ms() + 1000);
   conn_close(c);
 }
@@ -100,7 +103,11 @@ static int root_checkin(struct root* r, struct conn_reader* c, const uint8_t* pa
     r->count = block_first(r->index + 1, r->nranks, r->nroots) - r->first;
     r->next_first = block_first((r->index + 1) % r->nroots, r->nranks, r->nroots);
     r->slots = calloc((size_t)r->count, sizeof(*r->slots));
-    if (!r->slots) return 0;
+    if (!r->slots) {
+      r->nranks = 0; /* the next check-in tries again rather than using no slots */
+      bootstrap_note_dropped(&c->from, "root", "out of memory for the check-in table");
+      return 0;
+    }
     for (int i = 0; i < r->count; i++) r->slots[i].fd = -1;
   } else if (ci.nranks != r->nranks || ci.nroots != r->nroots || ci.root_index != r->index) {
     snprintf(why, sizeof(why),
@@ -142,6 +149,32 @@ static int root_checkin(struct root* r, struct conn_reader* c, const uint8_t* pa
   }
   c->fd = -1;
   return 1;
+}
+
+/* What one look at a pending connection did with it. */
+enum { ROOT_PENDING = 0, ROOT_KEPT, ROOT_DROPPED };
+
+/* Reads what a pending connection sent; a complete first frame is handled as
+ * a check-in. ROOT_KEPT: the fd now belongs to a slot or was answered and
+ * closed; ROOT_DROPPED: the caller closes it. */
+static int root_service(struct root* r, struct conn_reader* c) {
+  char why[256];
+  int ev = conn_progress(c, r->id.secret, ROOT_MAX_FRAME, INT32_MAX, why, sizeof(why));
+  if (ev == CONN_MSG) {
+    uint8_t* payload = conn_take(c);
+    int keep = root_checkin(r, c, payload);
+    free(payload);
+    return keep ? ROOT_KEPT : ROOT_DROPPED;
+  }
+  if (ev == CONN_BAD) {
+    bootstrap_note_dropped(&c->from, "root", why);
+    return ROOT_DROPPED;
+  }
+  if (ev == CONN_CLOSED) {
+    bootstrap_note_dropped(&c->from, "root", "closed before sending a check-in");
+    return ROOT_DROPPED;
+  }
+  return ROOT_PENDING;
 }
 
 static void root_finish_ok(struct root* r) {
@@ -188,7 +221,6 @@ static void* root_main(void* arg) {
   int64_t first_checkin = r->started_by_init ? start : -1;
   struct pollfd* pfds = NULL;
   int cap_pfds = 0;
-  char why[256];
 
   while (!__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) {
     if (r->nranks && r->arrived == r->count && r->have_next) {
@@ -224,20 +256,10 @@ static void* root_main(void* arg) {
       struct conn_reader* c = &r->pending[i];
       int drop = 0, keep = 0;
       if (rc > 0 && (pfds[2 + i].revents & (POLLIN | POLLHUP | POLLERR))) {
-        int ev = conn_progress(c, r->id.secret, 4096, INT32_MAX, why, sizeof(why));
-        if (ev == CONN_MSG) {
-          uint8_t* payload = conn_take(c);
-          keep = root_checkin(r, c, payload);
-          free(payload);
-          if (keep && first_checkin < 0) first_checkin = now;
-          if (!keep) drop = 1;
-        } else if (ev == CONN_BAD) {
-          bootstrap_note_dropped(&c->from, "root", why);
-          drop = 1;
-        } else if (ev == CONN_CLOSED) {
-          bootstrap_note_dropped(&c->from, "root", "closed before sending a check-in");
-          drop = 1;
-        }
+        int st = root_service(r, c);
+        keep = st == ROOT_KEPT;
+        drop = st == ROOT_DROPPED;
+        if (keep && first_checkin < 0) first_checkin = now;
       }
       if (!drop && !keep && now >= c->deadline_ms) {
         bootstrap_note_dropped(&c->from, "root", "no valid check-in before the handshake deadline");
@@ -292,7 +314,7 @@ ncclResult_t root_start(struct bootstrap_id* id, int started_by_init) {
   r->timeout_ms = param_int(P_COLLIE_BOOTSTRAP_TIMEOUT, 1, 86400) * 1000;
   r->handshake_ms = param_int(P_COLLIE_BOOTSTRAP_HANDSHAKE_TIMEOUT, 10, 3600000);
   union sock_addr addr = id->root;
-  ncclResult_t res = sock_listen(&addr, &r->listen_fd);
+  ncclResult_t res = sock_listen_on(&addr, (int)param_int(P_COLLIE_LISTEN_ANY, 0, 1), &r->listen_fd);
   if (res != ncclSuccess) {
     free(r);
     return res;
@@ -351,3 +373,40 @@ static void reap(int stop_all) {
 void root_reap(void) { reap(0); }
 
 __attribute__((destructor)) static void root_fini(void) { reap(1); }
+
+/* ---------------------------------------------------------------- fuzzing */
+
+/* A root without listener or thread, for tests/fuzz: the fuzzer hands it
+ * connections (each an fd holding what a client sent) and the same code as
+ * root_main's loop handles them. */
+struct root* root_test_new(const struct bootstrap_id* id) {
+  struct root* r = calloc(1, sizeof(*r));
+  if (!r) return NULL;
+  r->id = *id;
+  r->owner = getpid();
+  r->timeout_ms = 1000;
+  r->handshake_ms = 1000;
+  r->listen_fd = -1;
+  r->wake[0] = r->wake[1] = -1;
+  return r;
+}
+
+int root_test_connection(struct root* r, int fd, const union sock_addr* from) {
+  struct conn_reader c;
+  conn_reader_init(&c, fd, from, time_ms() + r->handshake_ms);
+  int st = root_service(r, &c);
+  if (st != ROOT_KEPT) conn_close(&c); /* a connection still pending counts as past its deadline */
+  return st;
+}
+
+int root_test_finish(struct root* r) {
+  int ok = r->nranks && r->arrived == r->count && r->have_next;
+  if (ok) root_finish_ok(r);
+  else root_finish_timeout(r, r->timeout_ms);
+  for (int i = 0; r->slots && i < r->count; i++)
+    if (r->slots[i].fd >= 0) close(r->slots[i].fd);
+  free(r->slots);
+  free(r->pending);
+  free(r);
+  return ok;
+}

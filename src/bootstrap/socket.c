@@ -200,26 +200,41 @@ ncclResult_t sock_pick_interface(const union sock_addr* near, union sock_addr* o
   return ncclSuccess;
 }
 
-ncclResult_t sock_listen(union sock_addr* addr, int* fd) {
+ncclResult_t sock_listen(union sock_addr* addr, int* fd) { return sock_listen_on(addr, 0, fd); }
+
+ncclResult_t sock_listen_on(union sock_addr* addr, int wildcard, int* fd) {
   char buf[SOCK_ADDR_STRLEN];
+  /* Bound to the interface's own address by default: a listener on every
+   * address would also answer on interfaces the job was told not to use. */
+  union sock_addr bind_addr = *addr;
+  if (wildcard) {
+    if (bind_addr.sa.sa_family == AF_INET6) bind_addr.sin6.sin6_addr = in6addr_any;
+    else bind_addr.sin.sin_addr.s_addr = htonl(INADDR_ANY);
+  }
   int s = socket(addr->sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (s < 0) return err_set(ncclSystemError, "socket() failed: %s", strerror(errno));
   int one = 1;
   /* A fixed port (NCCL_COMM_ID) must be reusable right after a previous job. */
   setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(s, &addr->sa, sock_addr_len(addr)) != 0) {
+  if (bind(s, &bind_addr.sa, sock_addr_len(&bind_addr)) != 0) {
     int e = errno;
     close(s);
     return err_set(ncclSystemError, "cannot bind a bootstrap listener to %s: %s",
-                   sock_addr_str(addr, buf, sizeof(buf)), strerror(e));
+                   sock_addr_str(&bind_addr, buf, sizeof(buf)), strerror(e));
   }
   if (listen(s, 16384) != 0) {
     int e = errno;
     close(s);
     return err_set(ncclSystemError, "listen() failed: %s", strerror(e));
   }
-  socklen_t len = sizeof(*addr);
-  getsockname(s, &addr->sa, &len);
+  socklen_t len = sizeof(bind_addr);
+  getsockname(s, &bind_addr.sa, &len);
+  if (wildcard) {
+    if (addr->sa.sa_family == AF_INET6) addr->sin6.sin6_port = bind_addr.sin6.sin6_port;
+    else addr->sin.sin_port = bind_addr.sin.sin_port;
+  } else {
+    *addr = bind_addr;
+  }
   *fd = s;
   return ncclSuccess;
 }

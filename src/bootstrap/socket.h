@@ -55,6 +55,10 @@ ncclResult_t sock_pick_interface(const union sock_addr* near, union sock_addr* o
 /* Listening socket on `addr` (port 0: ephemeral; the chosen port is written
  * back). Nonblocking, close-on-exec. */
 ncclResult_t sock_listen(union sock_addr* addr, int* fd);
+/* The same; with `wildcard` (COLLIE_LISTEN_ANY, read by the caller at init)
+ * it binds the wildcard address of addr's family on addr's port, and only
+ * the port is written back: `addr` stays what peers are told. */
+ncclResult_t sock_listen_on(union sock_addr* addr, int wildcard, int* fd);
 
 /* Connects, retrying refused/unreachable attempts with backoff until
  * `deadline_ms` (CLOCK_MONOTONIC ms). TCP_NODELAY, nonblocking, cloexec. */

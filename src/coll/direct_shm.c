@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -152,7 +153,8 @@ static ncclResult_t direct_setup(struct ncclComm* comm) {
     goto out;
   }
   fd = memfd_create("collie-direct", MFD_CLOEXEC);
-  if (fd < 0 || ftruncate(fd, (off_t)d->map_len) != 0) {
+  /* memfds start 0777; only this user's processes (the peers) may open it. */
+  if (fd < 0 || fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)d->map_len) != 0) {
     res = err_set(ncclSystemError, "direct: cannot create a %zu-byte mailbox: %s", d->map_len, strerror(errno));
     goto out;
   }

@@ -299,7 +299,7 @@ ncclResult_t sock_recv_setup(struct conn* c, void* info, size_t* info_len) {
   in.addr = *bootstrap_peer_addr(c->comm->bs, c->comm->rank);
   if (in.addr.sa.sa_family == AF_INET) in.addr.sin.sin_port = 0;
   else in.addr.sin6.sin6_port = 0;
-  NCCLCHECK(sock_listen(&in.addr, &s->listen_fd));
+  NCCLCHECK(sock_listen_on(&in.addr, bootstrap_listen_any(c->comm->bs), &s->listen_fd));
   in.nlinks = s->nlinks;
   memcpy(info, &in, sizeof(in));
   *info_len = sizeof(in);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -161,6 +162,8 @@ ncclResult_t shm_recv_setup(struct conn* c, void* info, size_t* info_len) {
   s->map_len = ctrl_bytes() + (size_t)c->nslots * c->slot_bytes;
   s->memfd = memfd_create("collie-shm", MFD_CLOEXEC);
   if (s->memfd < 0) return err_set(ncclSystemError, "shm: memfd_create failed: %s", strerror(errno));
+  /* memfds start 0777; only this user's processes (the peer) may open it. */
+  if (fchmod(s->memfd, 0600) != 0) return err_set(ncclSystemError, "shm: fchmod failed: %s", strerror(errno));
   if (ftruncate(s->memfd, (off_t)s->map_len) != 0)
     return err_set(ncclSystemError, "shm: cannot size a %zu-byte segment: %s", s->map_len, strerror(errno));
   s->map = mmap(NULL, s->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, s->memfd, 0);
