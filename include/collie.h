@@ -261,6 +261,7 @@ typedef struct {
   uint64_t bytes_reduced;   /**< allreduce payload bytes */
   int64_t fusion_threshold; /**< current (agreed) fusion threshold in bytes; autotune may change it */
   double cycle_time_ms;     /**< current cycle time */
+  uint64_t negotiate_ns;    /**< time spent agreeing (bit-vector allreduce, exchanges), waiting for other ranks included */
 } collie_engine_stats_t;
 
 /**

@@ -987,7 +987,9 @@ static ncclResult_t set_round(struct engine* e, struct pset* s, int* shutdown) {
     }
   }
   for (int i = 0; i < nj; i++) jobs[i].r = map_get(&s->pend, jobs[i].m->name);
-  res = execute(e, s, jobs, nj, time_ns());
+  int64_t agreed = time_ns();
+  e->stats.negotiate_ns += (uint64_t)(agreed - now);
+  res = execute(e, s, jobs, nj, agreed);
   if (res != ncclSuccess) goto out;
 
   if (world && all_joined) {

@@ -752,7 +752,11 @@ static int t_autotune(int rank, int n, const ncclUniqueId* ids, int nids, void* 
   if (start(rank, n, ids, &comm)) return 1;
   static float g[20][4096];
   double t0 = mp_now();
-  while (mp_now() - t0 < 3.0) {
+  for (;;) {
+    /* Ranks decide together when to stop (a rank looping once more would stall). */
+    int32_t late = mp_now() - t0 > 3.0;
+    WAIT_OK(collie_allreduce_async("stop", &late, &late, 1, ncclInt32, COLLIE_MAX, 1, 1, COLLIE_WORLD));
+    if (late) break;
     int h[20];
     for (int i = 0; i < 20; i++) {
       char name[16];
