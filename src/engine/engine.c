@@ -827,10 +827,10 @@ static ncclResult_t set_round(struct engine* e, struct pset* s, int* shutdown) {
     coord_wants = stall_scan(e, s, now);
     /* A cached tensor some ranks wait on for too long goes back to the
      * coordinator, which can then name the missing ranks. */
+    int64_t limit = e->stall_check_ns > 0 ? e->stall_check_ns : e->stall_shutdown_ns;
     for (int i = 0; i < nsl; i++) {
       struct centry* ce = c->slots[i];
-      if (ce && ce->partial_since && e->stall_check_ns > 0 && now - ce->partial_since > e->stall_check_ns)
-        v[V_SLOT(n, i) + 2] = 0;
+      if (ce && ce->partial_since && limit > 0 && now - ce->partial_since > limit) v[V_SLOT(n, i) + 2] = 0;
     }
     if (world && e->at.on && e->at.fusion != e->fusion) coord_wants = 1;
     if (world && e->at.on && e->at.cycle_us != e->cycle_us) coord_wants = 1;
