@@ -745,6 +745,27 @@ static int t_shutdown(int rank, int n, const ncclUniqueId* ids, int nids, void* 
   return 0;
 }
 
+/* ------------------------------------------------------------ a peer dies */
+
+static int t_peerdeath(int rank, int n, const ncclUniqueId* ids, int nids, void* arg) {
+  ncclComm_t comm;
+  if (start(rank, n, ids, &comm)) return 1;
+  float v[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  WAIT_OK(collie_allreduce_async("before", v, v, 8, ncclFloat32, COLLIE_SUM, 1, 1, COLLIE_WORLD));
+  MP_CHECK(collie_barrier(COLLIE_WORLD) == 0, "barrier");
+  if (rank == n - 1) _exit(0); /* gone without a word */
+  int h = collie_allreduce_async("after", v, v, 8, ncclFloat32, COLLIE_SUM, 1, 1, COLLIE_WORLD);
+  int rc = collie_wait(h);
+  MP_CHECK(rc == COLLIE_ERR_COMMUNICATION, "wait -> %d: %s", rc, collie_handle_error(h));
+  MP_CHECK(strstr(collie_handle_error(h), "communication failure"), "message: %s", collie_handle_error(h));
+  MP_CHECK(collie_allreduce_async("later", v, v, 8, ncclFloat32, COLLIE_SUM, 1, 1, COLLIE_WORLD) ==
+               COLLIE_ERR_COMMUNICATION,
+           "submission after the failure");
+  MP_CHECK(collie_shutdown() == 0, "shutdown");
+  ncclCommAbort(comm);
+  return 0;
+}
+
 /* ------------------------------------------------------------ autotune */
 
 static int t_autotune(int rank, int n, const ncclUniqueId* ids, int nids, void* arg) {
@@ -831,7 +852,8 @@ int main(int argc, char** argv) {
   } tests[] = {{"basic", t_basic},       {"orders", t_orders},   {"dtypes", t_dtypes}, {"colls", t_colls},
                {"mismatch", t_mismatch}, {"join", t_join},       {"sets", t_sets},     {"fusion", t_fusion},
                {"timeline", t_timeline}, {"stall", t_stall},     {"cycles", t_cycles}, {"shutdown", t_shutdown},
-               {"autotune", t_autotune}, {"errors", t_errors}};
+               {"autotune", t_autotune}, {"errors", t_errors},
+               {"peerdeath", t_peerdeath}};
   for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
     if (strcmp(argv[1], tests[i].name) != 0) continue;
     int rc = mp_run(n, tests[i].fn, NULL, 120);
