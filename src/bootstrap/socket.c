@@ -219,8 +219,11 @@ ncclResult_t sock_listen_on(union sock_addr* addr, int wildcard, int* fd) {
   if (bind(s, &bind_addr.sa, sock_addr_len(&bind_addr)) != 0) {
     int e = errno;
     close(s);
-    return err_set(ncclSystemError, "cannot bind a bootstrap listener to %s: %s",
-                   sock_addr_str(&bind_addr, buf, sizeof(buf)), strerror(e));
+    return err_set(ncclSystemError, "cannot bind a bootstrap listener to %s: %s%s",
+                   sock_addr_str(&bind_addr, buf, sizeof(buf)), strerror(e),
+                   e == EADDRNOTAVAIL ? " (not an address of this host: check NCCL_COMM_ID, or set "
+                                        "COLLIE_LISTEN_ANY=1 to listen on every address)"
+                                      : "");
   }
   if (listen(s, 16384) != 0) {
     int e = errno;
