@@ -132,6 +132,12 @@ int collie_init_comm(ncclComm_t comm);
  * @brief Stops the engine: pending handles fail with COLLIE_ERR_SHUTDOWN,
  * the timeline is closed, process-set communicators are destroyed (and the
  * world one when collie_init created it). Collective; safe to call twice.
+ * As in Horovod, the request travels with the next cycle: one rank's
+ * shutdown stops every rank's engine (their pending handles and later
+ * submissions fail with COLLIE_ERR_SHUTDOWN; they still call
+ * collie_shutdown to free it). Operations already agreed finish first.
+ * Bounded: if peers are gone, it returns after the communicator's failure
+ * detection (COLLIE_PEER_TIMEOUT), aborting the engine's communicators.
  */
 int collie_shutdown(void);
 
@@ -152,6 +158,9 @@ int collie_cross_size(void);
  * ranks of `process_set` (COLLIE_AVERAGE divides by its size). Scale factors
  * apply to floating-point dtypes only and must be 1.0 otherwise.
  * Buffers must stay valid until the handle completes.
+ * Names identify operations across ranks; a name may not be pending twice in
+ * one set. A NULL name is replaced by "collie.noname.<kind>.<n>" from a
+ * per-set counter, so ranks must submit unnamed operations in the same order.
  * @return a handle >= 0, or a negative collie_status_t.
  */
 int collie_allreduce_async(const char* name, const void* sendbuf, void* recvbuf, size_t count,
