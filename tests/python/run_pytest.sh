@@ -28,10 +28,11 @@ esac
 
 # -x: a rank stops at its first failure, and the launcher then stops the others
 # (they would otherwise wait in the next collective for the rank that left).
-args="-q -x -p no:cacheprovider --color=no $file"
+# faulthandler: a test that hangs prints every thread's stack after 120 s.
+args="-q -x -p no:cacheprovider --color=no -o faulthandler_timeout=120 $file"
 case $mode in
   single) exec "$py" -m pytest $args ;;
-  collie-run) exec "$collie_run" -n "$n" --tag-output --timeout 540 "$py" -m pytest $args ;;
+  collie-run) exec "$collie_run" -n "$n" --tag-output --timeout 400 "$py" -m pytest $args ;;
   mpirun) exec mpirun --allow-run-as-root --oversubscribe --tag-output -np "$n" "$py" -m pytest $args ;;
   *) echo "run_pytest.sh: unknown mode $mode"; exit 2 ;;
 esac

@@ -120,8 +120,12 @@ def test_threads_submit_in_their_own_order():
             ks = list(range(t, 24, 3))
             if (r + t) % 2:
                 ks.reverse()
-            for k in ks:
-                results[k] = collie.allreduce(np.full(50, k, np.int64), op=collie.Sum, name="thr.%d" % k)
+            # Submitted without waiting: a thread that blocked on each call in
+            # a rank-dependent order would wait for a peer waiting on it.
+            hs = {k: collie.allreduce_async(np.full(50, k, np.int64), op=collie.Sum, name="thr.%d" % k)
+                  for k in ks}
+            for k, h in hs.items():
+                results[k] = collie.synchronize(h)
         except Exception as e:  # reported below, on the main thread
             errors.append(e)
     threads = [threading.Thread(target=worker, args=(t,)) for t in range(3)]
