@@ -139,7 +139,8 @@ for r in $(seq 0 $((nranks - 1))); do
   h=$((r / per_host + 1))
   dt=$(awk -v e="${exit_at[$r]}" -v c="$cut_at" 'BEGIN { printf "%.2f", e - c }')
   line=$(grep -m1 'ERROR\|NO ERROR\|FAIL' "$work/rank$r.out" || echo "(no report)")
-  echo "rank $r (host $h): exit ${status[$r]}, $dt s after the cut: $line"
+  ab=$(grep -m1 -o 'abort took [0-9.]* s' "$work/rank$r.out" || true)
+  echo "rank $r (host $h): exit ${status[$r]}, $dt s after the cut${ab:+, $ab}: $line"
   if [ $h -ne $hosts ] && [ "${status[$r]}" != 3 ]; then
     echo "FAIL: rank $r on a connected host did not end with the error (exit ${status[$r]})"; fail=1
   fi
