@@ -4,7 +4,7 @@
  * engine (fusion on or off, as COLLIE_FUSION_THRESHOLD says) or as one
  * ncclAllReduce of the same total bytes. Prints one line on rank 0:
  *   mode ranks tensors params median_ms min_ms negotiate_us_per_cached_tensor negotiate_us_per_cycle
- * Usage: collie-fusion-bench engine|nccl [steps] */
+ * Usage: collie-fusion-bench engine|nccl [steps] [avg|sum] */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +59,8 @@ int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "engine";
   int steps = argc > 2 ? atoi(argv[2]) : 10;
   int warmup = 3;
+  /* argv[3] "sum" or "avg" (default): the op for both paths. */
+  int avg = !(argc > 3 && strcmp(argv[3], "sum") == 0);
   if (steps < 1 || steps > 10000) steps = 10;
   resnet50();
   size_t total = 0;
@@ -83,7 +85,7 @@ int main(int argc, char** argv) {
     for (size_t k = 0; k < total; k++) big[k] = 1.0f;
     for (int s = -warmup; s < steps; s++) {
       double t0 = now_s();
-      if (ncclAllReduce(big, big, total, ncclFloat32, ncclSum, comm, NULL) != ncclSuccess) {
+      if (ncclAllReduce(big, big, total, ncclFloat32, avg ? ncclAvg : ncclSum, comm, NULL) != ncclSuccess) {
         fprintf(stderr, "allreduce: %s\n", ncclGetLastError(NULL));
         return 1;
       }
@@ -111,7 +113,7 @@ int main(int argc, char** argv) {
       /* Backpropagation produces the last layer's gradients first. */
       for (int i = ntensors - 1; i >= 0; i--) {
         snprintf(name, sizeof(name), "grad.%d", i);
-        h[i] = collie_allreduce_async(name, bufs[i], bufs[i], sizes[i], ncclFloat32, COLLIE_AVERAGE, 1.0, 1.0,
+        h[i] = collie_allreduce_async(name, bufs[i], bufs[i], sizes[i], ncclFloat32, avg ? COLLIE_AVERAGE : COLLIE_SUM, 1.0, 1.0,
                                       COLLIE_WORLD);
       }
       for (int i = 0; i < ntensors; i++) {
