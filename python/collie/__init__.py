@@ -393,7 +393,10 @@ def synchronize(handle):
 def _input(array, what):
     """A C-contiguous numpy array of a supported dtype (a copy when needed)."""
     a = np.ascontiguousarray(array)
-    _lib.nccl_dtype(a.dtype)  # TypeError early for dtypes NCCL lacks
+    try:
+        _lib.nccl_dtype(a.dtype)
+    except TypeError as e:
+        raise TypeError("collie.%s: %s" % (what, str(e).replace("collie: ", "", 1))) from None
     return a
 
 

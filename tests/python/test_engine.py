@@ -69,7 +69,9 @@ def test_topology():
 def test_allreduce_every_op_and_dtype(dtype, op):
     r, n = collie.rank(), collie.size()
     for count in (1, 1000, 66000):
-        x = contrib(r, n, count, dtype, op).reshape(-1, 1) if count % 2 == 0 else contrib(r, n, count, dtype, op)
+        x = contrib(r, n, count, dtype, op)
+        if count % 2 == 0:
+            x = x.reshape(-1, 2)  # shapes are kept
         out = collie.allreduce(x, op=OPS[op], name="ar.%s.%s.%d" % (np.dtype(dtype).name, op, count))
         assert out.shape == x.shape and out.dtype == x.dtype and out is not x
         np.testing.assert_array_equal(out.reshape(-1), reference(range(n), n, count, dtype, op))
