@@ -4,6 +4,8 @@
 #ifndef COLLIE_COMM_H
 #define COLLIE_COMM_H
 
+#include <pthread.h>
+
 #include "bootstrap/bootstrap.h"
 #include "core.h"
 #include "transport/transport.h"
@@ -56,6 +58,14 @@ struct ncclComm {
   int nredops;
   struct dev_state* dev;     /* device path (device/dev_exec.c), set up on first use */
   struct dev_regs* dev_regs; /* ncclCommRegister's cache (device/dev_api.c) */
+  /* Failures (failures.h): keep-alive ring, nonblocking worker, revoke. */
+  struct health* health;
+  struct async_worker* async;
+  int nonblocking;   /* config.blocking = 0, or NCCL_COMM_BLOCKING=0: work runs on `async` */
+  uint32_t revoked;  /* ncclCommRevoke / NCCL_SHRINK_ABORT: running work stops */
+  int busy;          /* operations running now: abort frees nothing before 0 */
+  pthread_mutex_t err_lock;
+  char err_msg[512]; /* why async_error was set */
 };
 
 struct user_redop {

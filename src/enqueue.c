@@ -14,6 +14,7 @@
 #include "comm.h"
 #include "device/dev_plan.h"
 #include "device/device.h"
+#include "failures.h"
 
 const char* coll_name(int kind) {
   static const char* names[] = {"ncclAllReduce", "ncclBroadcast", "ncclReduce",  "ncclAllGather", "ncclReduceScatter",
@@ -129,9 +130,18 @@ static ncclResult_t check_common(struct coll_args* a, ncclComm_t comm, size_t co
   call_dev_buf = call_host_buf = NULL;
   NCCLCHECK(comm_check(comm, fn));
   if (comm->finalized) return err_set(ncclInvalidUsage, "%s: the communicator was finalized", fn);
-  if (comm->async_error != ncclSuccess)
-    return err_set(ncclInvalidUsage, "%s: the communicator is in error (%s); destroy or abort it", fn,
-                   ncclGetErrorString(comm->async_error));
+  if (__atomic_load_n(&comm->revoked, __ATOMIC_ACQUIRE))
+    return err_set(ncclInvalidUsage, "%s: the communicator was revoked (only destroy, abort, split or shrink remain)",
+                   fn);
+  ncclResult_t ae = __atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE);
+  if (ae == ncclInProgress)
+    return err_set(ncclInvalidUsage,
+                   "%s: the communicator is still initializing (poll ncclCommGetAsyncError until it is not "
+                   "ncclInProgress)", fn);
+  /* The error that broke it, with its message (a failed peer names its rank and host). */
+  if (ae != ncclSuccess)
+    return err_set(ae, "%s: the communicator is in error (%s): %s; destroy or abort it", fn, ncclGetErrorString(ae),
+                   comm_error_msg(comm));
   if (!dtype_valid(dt)) return err_set(ncclInvalidArgument, "%s: invalid datatype %d", fn, (int)dt);
   size_t esz = dtype_size(dt);
   /* The largest buffer any collective touches is count * nranks elements. */
@@ -245,15 +255,21 @@ static ncclResult_t run_comm_tasks(struct task* t) {
   int routed = 0;
   NCCLCHECK(dev_route(t, &routed));
   if (routed) return ncclSuccess;
+  struct ncclComm* comm = t->a.comm;
+  /* ncclCommAbort from another thread frees nothing while this is non-zero:
+   * the decrement below is this function's last touch of comm. */
+  __atomic_add_fetch(&comm->busy, 1, __ATOMIC_ACQ_REL);
+  int saved = log_get_rank(), myrank = comm->rank;
+  if (saved != myrank) log_set_rank(myrank);
   while (t && res == ncclSuccess) {
-    struct ncclComm* comm = t->a.comm;
-    int saved = log_get_rank();
-    if (saved != comm->rank) log_set_rank(comm->rank);
     if (t->a.kind == COLL_SEND || t->a.kind == COLL_RECV) {
       int n = 0;
       for (struct task* u = t; u && (u->a.kind == COLL_SEND || u->a.kind == COLL_RECV); u = u->next) n++;
       struct p2p_op* ops = calloc((size_t)n, sizeof(*ops));
-      if (!ops) return err_set(ncclSystemError, "out of memory for a point-to-point group");
+      if (!ops) {
+        res = err_set(ncclSystemError, "out of memory for a point-to-point group");
+        break;
+      }
       for (int i = 0; i < n; i++, t = t->next) {
         size_t bytes = t->a.count * dtype_size(t->a.dt);
         ops[i] = (struct p2p_op){.peer = t->a.peer, .is_send = t->a.kind == COLL_SEND,
@@ -270,11 +286,20 @@ static ncclResult_t run_comm_tasks(struct task* t) {
     /* Errors found before any data moved (e.g. an unmatched send to self)
      * leave the communicator usable; anything after that breaks it. */
     if (res != ncclSuccess && (res != ncclInvalidUsage || comm->broken) && res != ncclInvalidArgument)
-      __atomic_store_n(&comm->async_error, res, __ATOMIC_RELEASE);
-    if (saved != comm->rank) log_set_rank(saved);
+      comm_set_error(comm, res, err_last_thread());
   }
+  if (saved != myrank) log_set_rank(saved);
+  __atomic_sub_fetch(&comm->busy, 1, __ATOMIC_ACQ_REL);
   return res;
 }
+
+ncclResult_t enqueue_run_list(struct task* list) {
+  ncclResult_t res = run_comm_tasks(list);
+  free_tasks(list);
+  return res;
+}
+
+void enqueue_free_list(struct task* list) { free_tasks(list); }
 
 struct comm_job {
   struct task* tasks;
@@ -304,6 +329,7 @@ static ncclResult_t run_tasks(struct task* list) {
   struct comm_job* jobs = NULL;
   struct task** tails = NULL;
   ncclResult_t res = ncclSuccess;
+  int any_async = 0;
   for (struct task* t = list; t;) {
     struct task* next = t->next;
     t->next = NULL;
@@ -329,9 +355,20 @@ static ncclResult_t run_tasks(struct task* list) {
     }
     t = next;
   }
+  /* Nonblocking communicators: their worker runs their part; this call returns ncclInProgress. */
+  int k = 0;
+  for (int j = 0; j < njobs; j++) {
+    if (jobs[j].tasks->a.comm->nonblocking) {
+      async_push(jobs[j].tasks->a.comm, jobs[j].tasks);
+      any_async = 1;
+    } else {
+      jobs[k++] = jobs[j];
+    }
+  }
+  njobs = k;
   if (njobs == 1) {
     res = run_comm_tasks(jobs[0].tasks);
-  } else {
+  } else if (njobs > 1) {
     int started = 0;
     for (int j = 1; j < njobs; j++) {
       if (pthread_create(&jobs[j].thread, NULL, comm_job_main, &jobs[j]) != 0) {
@@ -350,7 +387,7 @@ out:
   for (int j = 0; j < njobs; j++) free_tasks(jobs[j].tasks);
   free(jobs);
   free(tails);
-  return res;
+  return res == ncclSuccess && any_async ? ncclInProgress : res;
 }
 
 static ncclResult_t submit(const struct coll_args* a0) {
@@ -363,7 +400,7 @@ static ncclResult_t submit(const struct coll_args* a0) {
                              "%s: %s is device memory but %s is host memory; the buffers of one call must all be "
                              "device memory or all host memory",
                              coll_name(a->kind), call_dev_buf, call_host_buf));
-  if (group_depth == 0) {
+  if (group_depth == 0 && !a->comm->nonblocking) {
     /* The common case runs straight away, without allocating. */
     struct task t = {NULL, *a};
     return run_comm_tasks(&t);
@@ -372,6 +409,10 @@ static ncclResult_t submit(const struct coll_args* a0) {
   if (!t) return err_set(ncclSystemError, "%s: out of memory", coll_name(a->kind));
   t->next = NULL;
   t->a = *a;
+  if (group_depth == 0) {
+    async_push(a->comm, t);
+    return ncclInProgress;
+  }
   if (group_tail) group_tail->next = t;
   else group_head = t;
   group_tail = t;

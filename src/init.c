@@ -13,6 +13,7 @@
 #include "coll/coll.h"
 #include "comm.h"
 #include "device/device.h"
+#include "failures.h"
 #include "graph/topo.h"
 
 #define CONFIG_MAGIC 0xcafebeefu
@@ -42,7 +43,13 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
 
 NCCL_API(const char*, ncclGetLastError, ncclComm_t comm);
 const char* ncclGetLastError(ncclComm_t comm) {
-  (void)comm; /* errors are recorded per thread; the comm adds nothing yet */
+  /* A communicator in error answers with what broke it (a failed peer's rank
+   * and host), whichever thread found it: with nonblocking communicators
+   * that is the worker, not the caller. */
+  if (comm && comm->magic == COMM_MAGIC) {
+    ncclResult_t e = __atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE);
+    if (e != ncclSuccess && e != ncclInProgress) return comm_error_msg(comm);
+  }
   const char* t = err_last_thread();
   return t[0] ? t : err_last_global();
 }
@@ -124,16 +131,29 @@ static void compute_locality(ncclComm_t comm) {
   comm->nhosts = nhosts;
 }
 
-static void comm_free(ncclComm_t comm) {
-  if (!comm) return;
-  dev_comm_free(comm); /* drains the device queue: its proxy uses the connectors */
+/* Releases what init built (threads first, then connections, then memory);
+ * the shell (magic, peers, error record) stays. Idempotent: a nonblocking
+ * init that failed releases early and ncclCommDestroy comes later. */
+static void comm_release(ncclComm_t comm) {
+  health_stop(comm, 1);
   channels_free(comm);
   direct_free(comm);
   transport_close_all(comm);
   rings_free(comm);
   free(comm->redops);
+  comm->redops = NULL;
+  comm->nredops = 0;
   bootstrap_destroy(comm->bs);
+  comm->bs = NULL;
+}
+
+static void comm_free(ncclComm_t comm) {
+  if (!comm) return;
+  async_stop(comm, 1);
+  dev_comm_free(comm); /* drains the device queue: its proxy uses the connectors */
+  comm_release(comm);
   free(comm->peers);
+  pthread_mutex_destroy(&comm->err_lock);
   comm->magic = 0;
   free(comm);
 }
@@ -145,50 +165,18 @@ static void print_version(void) {
             COLLIE_VERSION_MINOR, COLLIE_VERSION_PATCH, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
 }
 
-static ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const ncclUniqueId* ids, int rank,
-                              const ncclConfig_t* config, const char* fn) {
-  if (newcomm == NULL) return err_set(ncclInvalidArgument, "%s: newcomm is NULL", fn);
-  *newcomm = NULL;
-  if (nranks < 1) return err_set(ncclInvalidArgument, "%s: nranks %d < 1", fn, nranks);
-  if (rank < 0 || rank >= nranks)
-    return err_set(ncclInvalidArgument, "%s: rank %d outside [0, %d)", fn, rank, nranks);
-  if (ids == NULL) return err_set(ncclInvalidArgument, "%s: unique ID pointer is NULL", fn);
-  if (nids < 1 || nids > nranks)
-    return err_set(ncclInvalidArgument, "%s: nId %d outside [1, nranks=%d]", fn, nids, nranks);
-  ncclConfig_t cfg;
-  NCCLCHECK(config_resolve(config, &cfg));
-
-  log_reset();
-  pthread_once(&version_once, print_version);
-  int saved_rank = log_get_rank();
-  log_set_rank(rank);
+/* Everything init does once the shell exists: rendezvous, peer info,
+ * locality, rings, tuning, the keep-alive ring. */
+static ncclResult_t comm_setup(ncclComm_t comm, int nids, const ncclUniqueId* ids, const char* fn) {
+  int rank = comm->rank, nranks = comm->nranks;
   int64_t t0 = time_ns();
-  ncclResult_t res = ncclSuccess;
-  ncclComm_t comm = calloc(1, sizeof(*comm));
-  if (!comm) {
-    log_set_rank(saved_rank);
-    return err_set(ncclSystemError, "%s: out of memory", fn);
-  }
-  comm->magic = COMM_MAGIC;
-  comm->rank = rank;
-  comm->nranks = nranks;
-  comm->config = cfg;
-  comm->cuda_dev = device_current();
-  comm->async_error = ncclSuccess;
-  comm->peers = calloc((size_t)nranks, sizeof(*comm->peers));
-  if (!comm->peers) {
-    res = err_set(ncclSystemError, "%s: out of memory for %d peers", fn, nranks);
-    goto fail;
-  }
-  NCCLCHECKGOTO(bootstrap_init(ids, nids, rank, nranks, &comm->abort_flag, &comm->bs), res, fail);
+  NCCLCHECK(bootstrap_init(ids, nids, rank, nranks, &comm->abort_flag, &comm->bs));
   fill_local_info(comm, &comm->peers[rank]);
-  NCCLCHECKGOTO(bootstrap_allgather(comm->bs, comm->peers, sizeof(*comm->peers)), res, fail);
+  NCCLCHECK(bootstrap_allgather(comm->bs, comm->peers, sizeof(*comm->peers)));
   for (int i = 0; i < nranks; i++) {
-    if (comm->peers[i].rank != i || comm->peers[i].size != sizeof(collie_peer_info_t)) {
-      res = err_set(ncclInternalError, "%s: peer info from rank %d is inconsistent (rank field %d)", fn, i,
-                    comm->peers[i].rank);
-      goto fail;
-    }
+    if (comm->peers[i].rank != i || comm->peers[i].size != sizeof(collie_peer_info_t))
+      return err_set(ncclInternalError, "%s: peer info from rank %d is inconsistent (rank field %d)", fn, i,
+                     comm->peers[i].rank);
   }
   compute_locality(comm);
   {
@@ -203,11 +191,87 @@ static ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const n
   comm->comm_hash = bootstrap_nonce(comm->bs) ^ 0x636f6c6c6965ULL;
   comm->shm_disable = (int)param_int(P_NCCL_SHM_DISABLE, 0, 1);
   comm->timeout_s = param_int(P_COLLIE_TIMEOUT, 0, 86400 * 365);
-  NCCLCHECKGOTO(rings_init(comm), res, fail);
-  NCCLCHECKGOTO(tuning_init(comm), res, fail);
-  INFO(LOG_INIT, "comm %p rank %d nranks %d hosts %d local %d/%d cudaDev %d commHash 0x%llx - Init COMPLETE (%.3f ms)",
+  NCCLCHECK(rings_init(comm));
+  NCCLCHECK(tuning_init(comm));
+  NCCLCHECK(health_init(comm));
+  INFO(LOG_INIT, "comm %p rank %d nranks %d hosts %d local %d/%d cudaDev %d commHash 0x%llx%s - Init COMPLETE (%.3f ms)",
        (void*)comm, rank, nranks, comm->nhosts, comm->local_rank, comm->local_size, comm->cuda_dev,
-       (unsigned long long)comm->comm_hash, (time_ns() - t0) / 1e6);
+       (unsigned long long)comm->comm_hash, comm->nonblocking ? " nonblocking" : "", (time_ns() - t0) / 1e6);
+  return ncclSuccess;
+}
+
+struct async_init {
+  const char* fn;
+  int nids;
+  ncclUniqueId ids[];
+};
+
+static ncclResult_t comm_setup_async(struct ncclComm* comm, void* arg) {
+  struct async_init* ai = arg;
+  ncclResult_t res = comm_setup(comm, ai->nids, ai->ids, ai->fn);
+  if (res != ncclSuccess) comm_release(comm);
+  return res;
+}
+
+ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const ncclUniqueId* ids, int rank,
+                       const ncclConfig_t* config, const char* fn) {
+  if (newcomm == NULL) return err_set(ncclInvalidArgument, "%s: newcomm is NULL", fn);
+  *newcomm = NULL;
+  if (nranks < 1) return err_set(ncclInvalidArgument, "%s: nranks %d < 1", fn, nranks);
+  if (rank < 0 || rank >= nranks)
+    return err_set(ncclInvalidArgument, "%s: rank %d outside [0, %d)", fn, rank, nranks);
+  if (ids == NULL) return err_set(ncclInvalidArgument, "%s: unique ID pointer is NULL", fn);
+  if (nids < 1 || nids > nranks)
+    return err_set(ncclInvalidArgument, "%s: nId %d outside [1, nranks=%d]", fn, nids, nranks);
+  ncclConfig_t cfg;
+  NCCLCHECK(config_resolve(config, &cfg));
+  if (param_str(P_NCCL_COMM_BLOCKING)) cfg.blocking = (int)param_int(P_NCCL_COMM_BLOCKING, 0, 1);
+
+  log_reset();
+  pthread_once(&version_once, print_version);
+  int saved_rank = log_get_rank();
+  log_set_rank(rank);
+  ncclResult_t res = ncclSuccess;
+  ncclComm_t comm = calloc(1, sizeof(*comm));
+  if (!comm) {
+    log_set_rank(saved_rank);
+    return err_set(ncclSystemError, "%s: out of memory", fn);
+  }
+  comm->magic = COMM_MAGIC;
+  comm->rank = rank;
+  comm->nranks = nranks;
+  comm->config = cfg;
+  comm->nonblocking = !cfg.blocking;
+  comm->cuda_dev = device_current();
+  comm->async_error = ncclSuccess;
+  pthread_mutex_init(&comm->err_lock, NULL);
+  comm->peers = calloc((size_t)nranks, sizeof(*comm->peers));
+  if (!comm->peers) {
+    res = err_set(ncclSystemError, "%s: out of memory for %d peers", fn, nranks);
+    goto fail;
+  }
+  if (comm->nonblocking) {
+    /* The worker runs the init; the handle is valid at once and reads
+     * ncclInProgress (ncclCommGetAsyncError) until the init is over. */
+    struct async_init* ai = malloc(sizeof(*ai) + sizeof(ncclUniqueId) * (size_t)nids);
+    if (!ai) {
+      res = err_set(ncclSystemError, "%s: out of memory", fn);
+      goto fail;
+    }
+    ai->fn = fn;
+    ai->nids = nids;
+    memcpy(ai->ids, ids, sizeof(ncclUniqueId) * (size_t)nids);
+    comm->async_error = ncclInProgress;
+    res = async_start(comm, comm_setup_async, ai, free);
+    if (res != ncclSuccess) {
+      free(ai);
+      goto fail;
+    }
+    *newcomm = comm;
+    log_set_rank(saved_rank < 0 ? rank : saved_rank);
+    return ncclInProgress;
+  }
+  NCCLCHECKGOTO(comm_setup(comm, nids, ids, fn), res, fail);
   *newcomm = comm;
   log_set_rank(saved_rank < 0 ? rank : saved_rank);
   return ncclSuccess;
@@ -248,6 +312,12 @@ static void* init_all_thread(void* p) {
   struct init_all_arg* a = p;
   if (a->dev >= 0) device_set(a->dev);
   a->res = comm_init(a->slot, a->nranks, 1, &a->id, a->rank, NULL, "ncclCommInitAll");
+  /* NCCL_COMM_BLOCKING=0: this call still returns complete communicators. */
+  if (a->res == ncclInProgress) {
+    async_drain(*a->slot);
+    a->res = __atomic_load_n(&(*a->slot)->async_error, __ATOMIC_ACQUIRE);
+    if (a->res != ncclSuccess) err_set(a->res, "%s", comm_error_msg(*a->slot));
+  }
   if (a->res != ncclSuccess) snprintf(a->err, sizeof(a->err), "%s", err_last_thread());
   return NULL;
 }
@@ -306,16 +376,21 @@ NCCL_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm);
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   NCCLCHECK(comm_check(comm, "ncclCommFinalize"));
   if (comm->finalized) return err_set(ncclInvalidUsage, "ncclCommFinalize: comm %p was already finalized", (void*)comm);
-  /* Nothing is ever left in flight on host-only communicators yet. */
+  if (__atomic_load_n(&comm->revoked, __ATOMIC_ACQUIRE))
+    return err_set(ncclInvalidUsage, "ncclCommFinalize: comm %p was revoked", (void*)comm);
+  /* Host work completes inside its call; a nonblocking communicator's queue
+   * may still be running (ncclCommGetAsyncError tells when it is done). */
   dev_quiesce(comm); /* device calls queued on streams have run */
   comm->finalized = 1;
-  return ncclSuccess;
+  return async_pending(comm) ? ncclInProgress : ncclSuccess;
 }
 
 NCCL_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm);
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (comm == NULL) return ncclSuccess;
   NCCLCHECK(comm_check(comm, "ncclCommDestroy"));
+  /* Queued nonblocking work completes first (it fails fast if a peer died). */
+  async_stop(comm, 0);
   INFO(LOG_INIT, "comm %p rank %d nranks %d - Destroy COMPLETE", (void*)comm, comm->rank, comm->nranks);
   comm_free(comm);
   root_reap();
@@ -326,8 +401,25 @@ NCCL_API(ncclResult_t, ncclCommAbort, ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (comm == NULL) return ncclSuccess;
   NCCLCHECK(comm_check(comm, "ncclCommAbort"));
+  int64_t t0 = time_ns();
+  /* Leaving with nothing running is a goodbye; cutting work short is a
+   * failure the peers must hear about (they may be waiting on this rank). */
+  int interrupted = __atomic_load_n(&comm->busy, __ATOMIC_ACQUIRE) > 0 || async_pending(comm) > 0;
   __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_RELEASE);
-  INFO(LOG_INIT, "comm %p rank %d nranks %d - Abort COMPLETE", (void*)comm, comm->rank, comm->nranks);
+  comm_wake_waiters(comm);
+  async_stop(comm, 1);
+  /* A call blocked on another thread notices the flag before its next sleep
+   * (every wait sleeps at most 100 ms) and returns; only then is it safe to
+   * free what it uses. */
+  if (!comm_wait_idle(comm, 5000)) {
+    WARN("ncclCommAbort: comm %p rank %d: an operation on another thread did not stop; its memory is left allocated",
+         (void*)comm, comm->rank);
+    return ncclSuccess;
+  }
+  if (interrupted) transport_poison(comm);
+  health_stop(comm, !interrupted && __atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE) == ncclSuccess);
+  INFO(LOG_INIT, "comm %p rank %d nranks %d - Abort COMPLETE (%.3f ms)", (void*)comm, comm->rank, comm->nranks,
+       (time_ns() - t0) / 1e6);
   comm_free(comm);
   root_reap();
   return ncclSuccess;
@@ -339,7 +431,12 @@ NCCL_API(ncclResult_t, ncclCommGetAsyncError, ncclComm_t comm, ncclResult_t* asy
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   NCCLCHECK(comm_check(comm, "ncclCommGetAsyncError"));
   if (asyncError == NULL) return err_set(ncclInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
-  *asyncError = __atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE);
+  ncclResult_t e = __atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE);
+  /* Nonblocking work queued or running (or a revoke not yet quiescent). */
+  if (e == ncclSuccess && (async_pending(comm) ||
+                           (__atomic_load_n(&comm->revoked, __ATOMIC_ACQUIRE) && __atomic_load_n(&comm->busy, __ATOMIC_ACQUIRE))))
+    e = ncclInProgress;
+  *asyncError = e;
   return ncclSuccess;
 }
 
@@ -398,6 +495,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
     return err_set(ncclInvalidArgument, "ncclCommSplit: color %d is negative (use NCCL_SPLIT_NOCOLOR to opt out)", color);
   if (comm->finalized) return err_set(ncclInvalidUsage, "ncclCommSplit: the parent communicator was finalized");
+  async_drain(comm); /* the parent's queued work goes first */
   if (comm->async_error != ncclSuccess)
     return err_set(ncclInvalidUsage, "ncclCommSplit: the parent communicator is in error (%s)",
                    ncclGetErrorString(comm->async_error));

@@ -7,7 +7,6 @@
 
 /* Why each group of functions is missing; the text ends up in
  * ncclGetLastError and in the WARN log line. */
-#define WHY_ELASTIC "communicator split, shrink and revoke arrive with the failures/elasticity milestone"
 #define WHY_REG "window registration (symmetric memory) is not implemented by collie's device path yet"
 
 static ncclResult_t not_yet(const char* fn, const char* why) {
@@ -36,28 +35,6 @@ ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
   (void)comm;
   (void)win;
   return not_yet(__func__, WHY_REG);
-}
-
-/* ---- Communicator management beyond init/destroy ------------------------ */
-
-NCCL_API(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags);
-ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
-  (void)comm;
-  (void)revokeFlags;
-  return not_yet(__func__, WHY_ELASTIC);
-}
-
-NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList,
-         int excludeRanksCount, ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags);
-ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
-                            ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
-  (void)comm;
-  (void)excludeRanksList;
-  (void)excludeRanksCount;
-  (void)config;
-  (void)shrinkFlags;
-  if (newcomm != NULL) *newcomm = NULL;
-  return not_yet(__func__, WHY_ELASTIC);
 }
 
 /* ---- Logging ------------------------------------------------------------ */

@@ -51,6 +51,7 @@ struct bootstrap {
   struct peer_rec* peers;
   int* out_fd;
   uint8_t* in_closed; /* the peer's connection to us ended */
+  uint8_t* failed;    /* declared dead by the failure detector (atomic bytes) */
   struct conn_reader* in;
   int nin, cap_in;
   struct pollfd* pfds;
@@ -67,6 +68,10 @@ void bootstrap_note_dropped(const union sock_addr* from, const char* where, cons
   char a[SOCK_ADDR_STRLEN];
   __atomic_add_fetch(&dropped_count, 1, __ATOMIC_RELAXED);
   WARN("bootstrap %s: dropped a connection from %s: %s", where, sock_addr_str(from, a, sizeof(a)), why);
+}
+
+void bootstrap_peer_failed(struct bootstrap* bs, int peer) {
+  if (bs && peer >= 0 && peer < bs->nranks) __atomic_store_n(&bs->failed[peer], 1, __ATOMIC_RELAXED);
 }
 
 int bootstrap_rank(const struct bootstrap* bs) { return bs->rank; }
@@ -331,6 +336,9 @@ static ncclResult_t send_bytes(struct bootstrap* bs, int peer, int fd, const voi
       return err_set(ncclRemoteError, "bootstrap: rank %d cannot send to rank %d (%s): %s", bs->rank, peer,
                      bootstrap_peer_host(bs, peer), strerror(errno));
     if (aborted(bs)) return err_set(ncclSystemError, "bootstrap: send to rank %d aborted", peer);
+    if (__atomic_load_n(&bs->failed[peer], __ATOMIC_RELAXED))
+      return err_set(ncclRemoteError, "bootstrap: rank %d (%s) failed while rank %d was sending to it", peer,
+                     bootstrap_peer_host(bs, peer), bs->rank);
     int64_t now = time_ms();
     if (now >= deadline)
       return err_set(ncclRemoteError, "bootstrap: rank %d timed out after %lld s sending to rank %d (%s)", bs->rank,
@@ -415,6 +423,9 @@ static ncclResult_t recv_locked(struct bootstrap* bs, int peer, uint32_t tag, vo
       free(m);
       return res;
     }
+    if (__atomic_load_n(&bs->failed[peer], __ATOMIC_RELAXED))
+      return err_set(ncclRemoteError, "bootstrap: rank %d (%s) failed while rank %d waited for it (tag 0x%x)", peer,
+                     bootstrap_peer_host(bs, peer), bs->rank, tag);
     if (bs->in_closed[peer])
       return err_set(ncclRemoteError,
                      "bootstrap: rank %d (%s) closed its connection to rank %d while a message (tag 0x%x) "
@@ -526,6 +537,7 @@ void bootstrap_destroy(struct bootstrap* bs) {
   free(bs->peers);
   free(bs->out_fd);
   free(bs->in_closed);
+  free(bs->failed);
   free(bs);
 }
 
@@ -624,7 +636,8 @@ ncclResult_t bootstrap_init(const ncclUniqueId* ids, int nids, int rank, int nra
   bs->peers = calloc((size_t)nranks, sizeof(*bs->peers));
   bs->out_fd = malloc(sizeof(int) * (size_t)nranks);
   bs->in_closed = calloc((size_t)nranks, 1);
-  if (!bs->peers || !bs->out_fd || !bs->in_closed) {
+  bs->failed = calloc((size_t)nranks, 1);
+  if (!bs->peers || !bs->out_fd || !bs->in_closed || !bs->failed) {
     res = err_set(ncclSystemError, "out of memory in bootstrap (%d ranks)", nranks);
     goto fail;
   }

@@ -60,6 +60,11 @@ const union sock_addr* bootstrap_peer_addr(const struct bootstrap* bs, int peer)
 /* Host name a peer reported (for error messages). */
 const char* bootstrap_peer_host(const struct bootstrap* bs, int peer);
 
+/* The failure detector (health.c) declared `peer` dead: waits for it end
+ * with ncclRemoteError at once; the other peers stay reachable (shrink needs
+ * them). Safe from any thread. */
+void bootstrap_peer_failed(struct bootstrap* bs, int peer);
+
 /* Tagged point-to-point; the sizes on both sides must agree. */
 ncclResult_t bootstrap_send(struct bootstrap* bs, int peer, uint32_t tag, const void* data, size_t size);
 ncclResult_t bootstrap_recv(struct bootstrap* bs, int peer, uint32_t tag, void* data, size_t size);

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "coll.h"
+#include "../failures.h"
 
 #define MB_CTRL_BYTES 4096
 #define TAG_DIRECT_SETUP 0x7f000010u
@@ -102,6 +103,10 @@ static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* wa
       continue;
     }
     NCCLCHECK(prim_sleep_checks(comm, peer, &deadline, 1));
+    if (health_peer_left(comm, peer)) {
+      if ((int32_t)(__atomic_load_n(word, __ATOMIC_ACQUIRE) - want) >= 0) return ncclSuccess;
+      return comm_left_error(comm, peer);
+    }
     __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
     int moved = 0;
     for (int k = 0; k < 512 && !moved; k++) {

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "coll.h"
+#include "../failures.h"
 
 static int nslots_for(size_t bytes, size_t slot) { return bytes == 0 ? 1 : (int)((bytes + slot - 1) / slot); }
 
@@ -112,7 +113,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
       res = step(op, comm->slot_bytes, &moved);
       if (op->slots_done < op->nslots) {
         blocked = op->link.c;
-        if (blocked->ops->peer_failed(blocked))
+        if (blocked->ops->peer_failed(blocked) && (res = comm_await_cause(comm, 250)) == ncclSuccess)
           res = err_set(ncclRemoteError, "rank %d: rank %d (%s) failed or left during a point-to-point group",
                         comm->rank, op->peer, bootstrap_peer_host(comm->bs, op->peer));
       } else {
@@ -141,6 +142,14 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     }
     if ((res = prim_sleep_checks(comm, -1, &deadline, !p2p_only)) != ncclSuccess) break;
     /* Several connectors may be pending: sleep briefly on one of them. */
+    if (blocked && health_peer_left(comm, blocked->peer)) {
+      struct slot_hdr h;
+      if (!(blocked->is_send ? blocked->ops->send_slot(blocked) != NULL : blocked->ops->recv_slot(blocked, &h) != NULL)) {
+        res = comm_left_error(comm, blocked->peer);
+        break;
+      }
+      continue;
+    }
     if (blocked) blocked->ops->wait(blocked, 1);
   }
   if (res != ncclSuccess) transport_poison(comm);

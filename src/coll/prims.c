@@ -2,6 +2,7 @@
 #include "prims.h"
 
 #include "coll.h"
+#include "../failures.h"
 
 #include <sched.h>
 #include <string.h>
@@ -18,8 +19,8 @@ int64_t prim_deadline(struct ncclComm* comm) {
 }
 
 ncclResult_t prim_sleep_checks(struct ncclComm* comm, int peer, int64_t* deadline, int board) {
-  if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED))
-    return err_set(ncclSystemError, "rank %d: operation aborted", comm->rank);
+  /* Abort, revoke, or a failure found elsewhere (a dead peer: health.c). */
+  NCCLCHECK(comm_stop_check(comm));
   if (board) {
     ncclResult_t b = board_check(comm);
     if (b != ncclSuccess) {
@@ -42,9 +43,11 @@ ncclResult_t prim_sleep_checks(struct ncclComm* comm, int peer, int64_t* deadlin
 /* One round of waiting for connector c after `it` unsuccessful polls. */
 static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_t* t0) {
   struct ncclComm* comm = c->comm;
-  if (c->ops->peer_failed(c))
+  if (c->ops->peer_failed(c)) {
+    NCCLCHECK(comm_await_cause(comm, 250));
     return err_set(ncclRemoteError, "rank %d: rank %d (%s) failed or left during the operation", comm->rank, c->peer,
                    bootstrap_peer_host(comm->bs, c->peer));
+  }
   if (c->type == CONN_SOCKET) {
     NCCLCHECK(transport_progress(comm, c->channel));
     /* What progress just read (or sent) may be exactly what we wait for:
@@ -76,6 +79,12 @@ static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_
     return ncclSuccess;
   }
   NCCLCHECK(prim_sleep_checks(comm, c->peer, deadline, 1));
+  if (health_peer_left(comm, c->peer)) {
+    /* Look once more: what it wrote before leaving is visible by now. */
+    struct slot_hdr h;
+    if (c->is_send ? c->ops->send_slot(c) != NULL : c->ops->recv_slot(c, &h) != NULL) return ncclSuccess;
+    return comm_left_error(comm, c->peer);
+  }
   c->ops->wait(c, 100);
   return ncclSuccess;
 }
@@ -104,9 +113,11 @@ ncclResult_t prim_recv_slot(struct prim_link* l, size_t bytes, const void** slot
     struct slot_hdr h;
     const void* p = c->ops->recv_slot(c, &h);
     if (p) {
-      if (h.flags & SLOT_ERROR)
+      if (h.flags & SLOT_ERROR) {
+        NCCLCHECK(comm_await_cause(c->comm, 250));
         return err_set(ncclRemoteError, "rank %d: rank %d reported an error in this operation (see its log)",
                        c->comm->rank, c->peer);
+      }
       if (h.opseq != l->opseq || h.total != l->total || h.bytes != bytes)
         return err_set(ncclInvalidUsage,
                        "rank %d: rank %d's call does not match this one (its operation #%llu: %s of %llu bytes of %s, "

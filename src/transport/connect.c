@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "../comm.h"
+#include "../failures.h"
 #include "transport.h"
 
 /* Setup messages carry the channel in their tag. */
@@ -179,12 +180,25 @@ ncclResult_t transport_flush(struct ncclComm* comm) {
       if (!c->ops->pending(c)) break;
       if (c->ops->peer_failed(c))
         return err_set(ncclRemoteError, "rank %d: connection to rank %d failed while flushing", comm->rank, c->peer);
-      if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED))
-        return err_set(ncclSystemError, "rank %d: aborted while flushing", comm->rank);
+      /* Abort, revoke, or a peer declared dead (also one that went silent). */
+      NCCLCHECK(comm_stop_check(comm));
       c->ops->wait(c, 10);
     }
   }
   return ncclSuccess;
+}
+
+void transport_wake(struct ncclComm* comm) {
+  /* Tables and entries are written by the thread that sets connectors up:
+   * read each once; an entry is either NULL or a connector set up in full. */
+  struct conn** st = __atomic_load_n(&comm->send_conns, __ATOMIC_ACQUIRE);
+  struct conn** rt = __atomic_load_n(&comm->recv_conns, __ATOMIC_ACQUIRE);
+  for (int i = 0; st && rt && i < comm->nranks * MAX_CHANNELS; i++) {
+    struct conn* c = __atomic_load_n(&st[i], __ATOMIC_ACQUIRE);
+    if (c && c->ops && c->ops->wake) c->ops->wake(c);
+    c = __atomic_load_n(&rt[i], __ATOMIC_ACQUIRE);
+    if (c && c->ops && c->ops->wake) c->ops->wake(c);
+  }
 }
 
 void transport_poison(struct ncclComm* comm) {
@@ -197,11 +211,13 @@ void transport_poison(struct ncclComm* comm) {
 }
 
 void transport_wait_sockets(struct ncclComm* comm, int ch, int timeout_ms) {
-  struct pollfd pfds[256];
+  struct pollfd pfds[257];
   int n = 0;
+  int ffd = health_fail_fd(comm); /* a failure found elsewhere ends the sleep */
+  if (ffd >= 0) pfds[n++] = (struct pollfd){.fd = ffd, .events = POLLIN};
   struct conn** st = comm->send_conns + (size_t)ch * comm->nranks;
   struct conn** rt = comm->recv_conns + (size_t)ch * comm->nranks;
-  for (int i = 0; i < comm->nranks && n <= 256 - 16; i++) {
+  for (int i = 0; i < comm->nranks && n <= 257 - 16; i++) {
     struct conn* c = st[i];
     if (c && c->type == CONN_SOCKET) n += c->ops->pollfds(c, pfds + n);
     c = rt[i];

@@ -129,6 +129,13 @@ static void shm_fail(struct conn* c) {
   futex(&s->ctrl->head, FUTEX_WAKE, 1, NULL);
 }
 
+static void shm_wake(struct conn* c) {
+  struct shm_conn* s = c->priv;
+  if (!s || !s->ctrl) return;
+  futex(&s->ctrl->tail, FUTEX_WAKE, 64, NULL);
+  futex(&s->ctrl->head, FUTEX_WAKE, 64, NULL);
+}
+
 static int shm_peer_failed(struct conn* c) {
   struct shm_conn* s = c->priv;
   return __atomic_load_n(c->is_send ? &s->ctrl->recv_failed : &s->ctrl->send_failed, __ATOMIC_ACQUIRE) != 0;
@@ -150,7 +157,7 @@ static int shm_pending(struct conn* c) {
 
 static const struct conn_ops shm_ops = {shm_send_slot, shm_send_commit, NULL, shm_recv_slot, NULL, shm_recv_release,
                                         shm_progress,  shm_wait,        shm_fail,      shm_pending, NULL,
-                                        shm_peer_failed, shm_close};
+                                        shm_peer_failed, shm_close, shm_wake};
 
 ncclResult_t shm_recv_setup(struct conn* c, void* info, size_t* info_len) {
   if (c->nslots > SHM_MAX_SLOTS) c->nslots = SHM_MAX_SLOTS;

@@ -82,6 +82,9 @@ struct conn_ops {
   /* Has the peer failed/closed? */
   int (*peer_failed)(struct conn* c);
   void (*close)(struct conn* c);
+  /* Optional: wake a waiter of this connector sleeping in wait() (it then
+   * re-checks the communicator's state); changes nothing else. */
+  void (*wake)(struct conn* c);
 };
 
 /* Gets (setting up on first use) the connectors with the given peers.
@@ -99,6 +102,9 @@ void transport_close_all(struct ncclComm* comm);
 /* The communicator failed part-way through an operation: fail every
  * connector, so that every peer waiting on this rank gets an error. */
 void transport_poison(struct ncclComm* comm);
+/* Wakes every waiter sleeping on a connector of the communicator, from any
+ * thread (the failure detector): they notice a recorded error at once. */
+void transport_wake(struct ncclComm* comm);
 /* Progress every socket connector of channel `ch` (pending sends and
  * receives); each channel is driven by one thread at a time. */
 ncclResult_t transport_progress(struct ncclComm* comm, int ch);

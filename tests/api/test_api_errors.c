@@ -408,7 +408,7 @@ static void test_stubs(void** state) {
   EXPECT_ERR(ncclCommDeregister(c, handle), ncclInvalidArgument, "ncclCommDeregister");
   EXPECT_ERR(ncclCommWindowRegister(c, buf, sizeof(buf), &win, 0), ncclInvalidUsage, "ncclCommWindowRegister");
   EXPECT_ERR(ncclCommWindowDeregister(c, win), ncclInvalidUsage, "ncclCommWindowDeregister");
-  EXPECT_ERR(ncclCommRevoke(c, 0), ncclInvalidUsage, "ncclCommRevoke");
+  EXPECT_ERR(ncclCommRevoke(c, 5), ncclInvalidArgument, "revokeFlags");
   /* ncclCommSplit exists: bad arguments are ncclInvalidArgument; a 1-rank split works. */
   EXPECT_ERR(ncclCommSplit(c, -5, 0, &nc, NULL), ncclInvalidArgument, "ncclCommSplit");
   assert_null(nc);

@@ -1,0 +1,161 @@
+/* Nonblocking communicators (config.blocking = 0 or NCCL_COMM_BLOCKING=0):
+ * one worker thread per communicator runs its init, then the collectives and
+ * groups queued by enqueue.c, in order. Calls return ncclInProgress at once;
+ * ncclCommGetAsyncError reads ncclInProgress while anything is queued or
+ * running. Blocking communicators never come here (no thread hop on their
+ * path). Talks to init.c (start, stop) and enqueue.c (task lists). */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "failures.h"
+
+struct async_job {
+  struct async_job* next;
+  struct task* list;
+};
+
+struct async_worker {
+  struct ncclComm* comm;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  struct async_job *head, *tail;
+  int pending; /* init + jobs queued or running */
+  int quit, cancel;
+  ncclResult_t (*init)(struct ncclComm*, void*);
+  void* arg;
+  void (*free_arg)(void*);
+};
+
+static void* worker_main(void* p) {
+  struct async_worker* w = p;
+  struct ncclComm* comm = w->comm;
+  log_set_rank(comm->rank);
+  ncclResult_t r = w->init(comm, w->arg);
+  if (w->free_arg) w->free_arg(w->arg);
+  if (r != ncclSuccess) {
+    comm_set_error(comm, r, err_last_thread());
+  } else {
+    ncclResult_t cur = ncclInProgress;
+    __atomic_compare_exchange_n(&comm->async_error, &cur, ncclSuccess, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+  }
+  pthread_mutex_lock(&w->mu);
+  w->pending--;
+  pthread_cond_broadcast(&w->cv);
+  for (;;) {
+    while (!w->head && !w->quit) pthread_cond_wait(&w->cv, &w->mu);
+    struct async_job* j = w->head;
+    if (!j) break;
+    w->head = j->next;
+    if (!w->head) w->tail = NULL;
+    int drop = w->cancel || __atomic_load_n(&comm->revoked, __ATOMIC_ACQUIRE) ||
+               __atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE) || r != ncclSuccess;
+    pthread_mutex_unlock(&w->mu);
+    if (drop) {
+      enqueue_free_list(j->list);
+    } else {
+      ncclResult_t jr = enqueue_run_list(j->list);
+      /* Nobody is there to take a return code: every failure of queued work
+       * is the communicator's (argument errors were caught at the call). */
+      if (jr != ncclSuccess) comm_set_error(comm, jr, err_last_thread());
+    }
+    free(j);
+    pthread_mutex_lock(&w->mu);
+    w->pending--;
+    pthread_cond_broadcast(&w->cv);
+  }
+  pthread_mutex_unlock(&w->mu);
+  return NULL;
+}
+
+ncclResult_t async_start(struct ncclComm* comm, ncclResult_t (*init)(struct ncclComm*, void*), void* arg,
+                         void (*free_arg)(void*)) {
+  struct async_worker* w = calloc(1, sizeof(*w));
+  if (!w) return err_set(ncclSystemError, "out of memory for a nonblocking communicator's worker");
+  w->comm = comm;
+  w->init = init;
+  w->arg = arg;
+  w->free_arg = free_arg;
+  w->pending = 1;
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_cond_init(&w->cv, NULL);
+  comm->async = w;
+  int rc = pthread_create(&w->thread, NULL, worker_main, w);
+  if (rc != 0) {
+    comm->async = NULL;
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w);
+    return err_set(ncclSystemError, "cannot start a nonblocking communicator's worker: %s", strerror(rc));
+  }
+  return ncclSuccess;
+}
+
+void async_push(struct ncclComm* comm, struct task* list) {
+  struct async_worker* w = comm->async;
+  struct async_job* j = malloc(sizeof(*j));
+  if (!j) {
+    enqueue_free_list(list);
+    comm_set_error(comm, ncclSystemError, "out of memory queueing nonblocking work");
+    return;
+  }
+  j->next = NULL;
+  j->list = list;
+  pthread_mutex_lock(&w->mu);
+  if (w->tail) w->tail->next = j;
+  else w->head = j;
+  w->tail = j;
+  w->pending++;
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+int async_pending(struct ncclComm* comm) {
+  struct async_worker* w = comm->async;
+  if (!w) return 0;
+  pthread_mutex_lock(&w->mu);
+  int p = w->pending;
+  pthread_mutex_unlock(&w->mu);
+  return p;
+}
+
+void async_drain(struct ncclComm* comm) {
+  struct async_worker* w = comm->async;
+  if (!w) return;
+  pthread_mutex_lock(&w->mu);
+  while (w->pending > 0) pthread_cond_wait(&w->cv, &w->mu);
+  pthread_mutex_unlock(&w->mu);
+}
+
+void async_stop(struct ncclComm* comm, int cancel) {
+  struct async_worker* w = comm->async;
+  if (!w) return;
+  pthread_mutex_lock(&w->mu);
+  w->quit = 1;
+  if (cancel) w->cancel = 1;
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  pthread_join(w->thread, NULL);
+  comm->async = NULL;
+  /* Whatever was dropped unrun is freed here. */
+  while (w->head) {
+    struct async_job* j = w->head;
+    w->head = j->next;
+    enqueue_free_list(j->list);
+    free(j);
+  }
+  pthread_mutex_destroy(&w->mu);
+  pthread_cond_destroy(&w->cv);
+  free(w);
+}
+
+int comm_wait_idle(struct ncclComm* comm, int ms) {
+  int64_t end = time_ms() + ms;
+  for (;;) {
+    if (__atomic_load_n(&comm->busy, __ATOMIC_ACQUIRE) == 0 && async_pending(comm) == 0) return 1;
+    if (time_ms() >= end) return 0;
+    struct timespec ts = {0, 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}

@@ -1,0 +1,84 @@
+/* Failure handling inside one process: the keep-alive ring that turns a dead,
+ * closed or silent peer into an error on every rank (health.c), the
+ * background worker of nonblocking communicators (async.c), and the
+ * communicator's error record shared by both and by enqueue.c / init.c.
+ * ncclCommShrink and ncclCommRevoke live in shrink.c. */
+#ifndef COLLIE_FAILURES_H
+#define COLLIE_FAILURES_H
+
+#include "comm.h"
+
+/* ---- error record (health.c) */
+
+/* Records the communicator's first fatal error with its message (later ones
+ * are ignored; nothing is recorded on a revoked communicator). Safe from any
+ * thread. */
+int comm_set_error(struct ncclComm* comm, ncclResult_t code, const char* msg); /* 1: recorded */
+/* The recorded message ("" if none). */
+const char* comm_error_msg(struct ncclComm* comm);
+/* ncclSuccess while operations may continue; else the reason they must stop
+ * (abort, revoke, a recorded error), with err_set called for this thread. */
+ncclResult_t comm_stop_check(struct ncclComm* comm);
+
+/* A peer broke off an operation (poisoned its connectors, reported an error
+ * in a slot): the cause may be a failure the keep-alive ring reports a moment
+ * later. Waits up to `ms` for it and returns it (err_set done), so the message
+ * names the rank that failed rather than the neighbour that passed the error
+ * on; ncclSuccess if nothing came. */
+ncclResult_t comm_await_cause(struct ncclComm* comm, int ms);
+
+/* ---- keep-alive ring (health.c) */
+
+/* Collective over the communicator (after the bootstrap allgather): connects
+ * each rank to its ring neighbours and starts the watchdog thread. Reads
+ * COLLIE_PEER_TIMEOUT. No-op for one rank. */
+ncclResult_t health_init(struct ncclComm* comm);
+/* `peer` left the communicator on purpose (destroy, or an idle abort): a
+ * shared-memory waiter for it that still finds nothing fails with
+ * comm_left_error instead of waiting forever. Socket waiters need no such
+ * check: the transport sees the close, after any bytes still in flight. */
+int health_peer_left(struct ncclComm* comm, int peer);
+ncclResult_t comm_left_error(struct ncclComm* comm, int peer);
+/* Wakes every sleeping waiter of the communicator (after abort, revoke or a
+ * recorded failure: each then ends with the reason). Any thread. */
+void comm_wake_waiters(struct ncclComm* comm);
+/* An fd that becomes readable (for good) once a failure is recorded, or -1:
+ * waits that sleep in poll() include it so they end at once. */
+int health_fail_fd(struct ncclComm* comm);
+/* Stops the thread and closes the connections. `goodbye`: tell the
+ * neighbours this rank leaves on purpose (else they report it failed).
+ * Idempotent. */
+void health_stop(struct ncclComm* comm, int goodbye);
+
+/* ---- nonblocking communicators (async.c) */
+
+struct task; /* enqueue.c: a queued collective or point-to-point call */
+
+/* Starts the worker of a nonblocking communicator: it runs init(comm, arg)
+ * first (ncclCommGetAsyncError reads ncclInProgress meanwhile), then the
+ * queued work in order. free_arg(arg) is called once init has run. */
+ncclResult_t async_start(struct ncclComm* comm, ncclResult_t (*init)(struct ncclComm*, void*), void* arg,
+                         void (*free_arg)(void*));
+/* Queues a list of tasks of this communicator (ownership passes). */
+void async_push(struct ncclComm* comm, struct task* list);
+/* Work queued or running (init included). */
+int async_pending(struct ncclComm* comm);
+/* Waits until nothing is queued or running. */
+void async_drain(struct ncclComm* comm);
+/* Stops the worker: queued work is dropped if `cancel` (the abort flag or
+ * revoke makes running work end), else finished first. Idempotent. */
+void async_stop(struct ncclComm* comm, int cancel);
+
+/* enqueue.c: runs a task list of one communicator and frees it. */
+ncclResult_t enqueue_run_list(struct task* list);
+/* enqueue.c: frees a task list without running it. */
+void enqueue_free_list(struct task* list);
+
+/* init.c: the common init path (also used by split and shrink). */
+ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const ncclUniqueId* ids, int rank,
+                       const ncclConfig_t* config, const char* fn);
+
+/* Waits (sleeping) until no operation runs on comm, at most `ms`; 1 if quiescent. */
+int comm_wait_idle(struct ncclComm* comm, int ms);
+
+#endif
