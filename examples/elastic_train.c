@@ -10,11 +10,12 @@
  *   ELASTIC_KILL_SLOT=K      the worker in slot K (COLLIE_ELASTIC_SLOT) ...
  *   ELASTIC_KILL_STEP=S      ... kills itself with SIGKILL in the middle of step S
  *   ELASTIC_KILL_ALWAYS=1    ... in every incarnation, not only the first
- *                            (COLLIE_ELASTIC_RESTARTS=0)
+ *                            (COLLIE_ELASTIC_RESTARTS=0), at its first step >= S
  *   ELASTIC_WAIT_SIZE=W      before the last step, wait until the world has W
  *                            ranks again (a replacement or new worker joined)
  * Prints "final step=N sum=... hash=..." and "OK" when the state equals the
  * closed form; exits 1 on any error. */
+#define _DEFAULT_SOURCE /* usleep */
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -25,6 +26,13 @@
 #include "collie.h"
 
 #define DIM 1000
+
+/* Elastic errors reach collie_last_error() once the engine offers the hook
+ * (see src/elastic/elastic.c); ncclGetLastError has them anyway. */
+static const char* last_err(void) {
+  const char* e = collie_last_error();
+  return e && *e ? e : ncclGetLastError(NULL);
+}
 
 static long env_long(const char* name, long def) {
   const char* v = getenv(name);
@@ -55,23 +63,23 @@ static uint64_t hash_state(const double* x, long step) {
 int main(void) {
   long steps = env_long("ELASTIC_STEPS", 40);
   long step_ms = env_long("ELASTIC_STEP_MS", 20);
-  long kill_slot = env_long("ELASTIC_KILL_SLOT", -1);
+  const char* kill_slot = getenv("ELASTIC_KILL_SLOT");
+  const char* slot = getenv("COLLIE_ELASTIC_SLOT");
   long kill_step = env_long("ELASTIC_KILL_STEP", -1);
   long kill_always = env_long("ELASTIC_KILL_ALWAYS", 0);
   long wait_size = env_long("ELASTIC_WAIT_SIZE", 0);
-  long slot = env_long("COLLIE_ELASTIC_SLOT", -2);
   long restarts = env_long("COLLIE_ELASTIC_RESTARTS", 0);
-  int doomed = slot == kill_slot && (restarts == 0 || kill_always);
+  int doomed = kill_slot && slot && strcmp(kill_slot, slot) == 0 && (restarts == 0 || kill_always);
 
   static double x[DIM], tmp[DIM];
   long step = 0;
   if (collie_elastic_init() != 0) {
-    fprintf(stderr, "elastic_train: init failed: %s\n", collie_last_error());
+    fprintf(stderr, "elastic_train: init failed: %s\n", ncclGetLastError(NULL));
     return 1;
   }
   int me = collie_elastic_worker_id();
   if (collie_elastic_state_add("step", &step, sizeof(step)) != 0 || collie_elastic_state_add("x", x, sizeof(x)) != 0) {
-    fprintf(stderr, "elastic_train: %s\n", collie_last_error());
+    fprintf(stderr, "elastic_train: %s\n", last_err());
     return 1;
   }
   int rc = collie_elastic_state_sync();
@@ -82,7 +90,7 @@ int main(void) {
              rc == COLLIE_ERR_MEMBERSHIP ? "membership changed" : "lost a peer", step);
       fflush(stdout);
       if (collie_elastic_reset() != 0) {
-        fprintf(stderr, "elastic_train: worker %d: reset failed: %s\n", me, collie_last_error());
+        fprintf(stderr, "elastic_train: worker %d: reset failed: %s\n", me, ncclGetLastError(NULL));
         return 1;
       }
       resets++;
@@ -93,7 +101,7 @@ int main(void) {
       continue;
     }
     if (rc != 0) {
-      fprintf(stderr, "elastic_train: worker %d: error %d: %s\n", me, rc, collie_last_error());
+      fprintf(stderr, "elastic_train: worker %d: error %d: %s\n", me, rc, last_err());
       return 1;
     }
     if (wait_size > 0 && step == steps - 1 && collie_size() < wait_size) {
@@ -103,8 +111,12 @@ int main(void) {
       rc = collie_elastic_check();
       continue;
     }
-    if (doomed && step == kill_step) {
-      /* Die with an operation in flight, as a crash would. */
+    /* Once: at that step. Always: at the first step this incarnation runs
+     * from there on (a replacement resumes from the synced step). */
+    if (doomed && (kill_always ? step >= kill_step : step == kill_step)) {
+      /* Die with an operation in flight, as a crash would; its input is
+       * right, since the survivors may well complete it. */
+      for (int i = 0; i < DIM; i++) tmp[i] = contribution(step, i);
       int h = collie_allreduce_async("grad", tmp, tmp, DIM, ncclFloat64, COLLIE_AVERAGE, 1.0, 1.0, COLLIE_WORLD);
       (void)h;
       usleep(1000);

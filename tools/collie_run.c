@@ -1198,7 +1198,7 @@ int main(int argc, char **argv)
         if (!job.store_failed && store_failed(job.store, NULL, 0))
             job.store_failed = true;
         if (job.exit_code == 0 && (job.clean_exits == 0 || job.store_failed)) {
-            if (!job.stopping)
+            if (!job.stopping && job.fail_stop_at_ms == 0)
                 fprintf(stderr, "collie-run: elastic job failed: %s\n",
                         job.store_failed ? "the store failed it (see above)"
                                          : "no worker finished (every slot failed)");

@@ -166,9 +166,10 @@ static void form_epoch(struct store* s) {
 /* Decides whether the waiting workers make the next epoch now. */
 static void try_form(struct store* s, int64_t now) {
   if (s->failed) return;
-  int cand = 0, stragglers = 0, real = 0;
+  int cand = 0, stragglers = 0, real = 0, members = 0;
   for (int i = 0; i < s->nw; i++) {
     struct sworker* w = &s->w[i];
+    if (w->in_plan && w->alive && !w->left) members++;
     if (w->alive && !w->left) {
       if (w->arrived)
         cand++;
@@ -179,7 +180,8 @@ static void try_form(struct store* s, int64_t now) {
      * wants to join waits until the members notice (collie_elastic_check). */
     if (w->in_plan && (w->arrived || (!w->alive && !w->left))) real = 1;
   }
-  if (s->epoch == 0) real = cand > 0;
+  /* Nobody left of the current epoch: newcomers start the next one. */
+  if (s->epoch == 0 || members == 0) real = real || cand > 0;
   if (!real) {
     s->round_start_ms = 0;
     return;
