@@ -266,7 +266,7 @@ static int case_victim(int sig, int trials, size_t bytes) {
   int shm0 = count_dev_shm();
   for (int t = 0; t < trials; t++)
     if (victim_trial(t, &lat[t], &lat[trials + t], &lat[2 * trials + t], &lat[3 * trials + t])) return 1;
-  stats("kill -> error (survivors)", lat, trials);
+  stats("fault -> error (survivors)", lat, trials);
   stats("ncclCommShrink", lat + trials, trials);
   stats("shrink + first allreduce", lat + 2 * trials, trials);
   stats("ncclCommAbort (parent)", lat + 3 * trials, trials);
