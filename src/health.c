@@ -61,7 +61,7 @@ struct health {
   int fail_fd; /* eventfd, readable once a failure is recorded: socket waiters poll it */
   int nlinks;
   struct hlink link[2];
-  int64_t timeout_ms; /* 0: no silence detection (and no pings) */
+  int64_t timeout_ms; /* 0: no silence detection (pings still go out) */
   int64_t period_ms;
   uint8_t* dead; /* by rank: known failed (written by the thread only) */
   uint8_t* left; /* by rank: said goodbye (atomic bytes: waiters read them) */
@@ -243,11 +243,12 @@ static void* health_main(void* p) {
   for (;;) {
     int64_t now = time_ms();
     if (__atomic_load_n(&h->stop, __ATOMIC_ACQUIRE)) break;
-    if (h->timeout_ms > 0 && now >= next_ping) {
+    /* Pings go out even with our own silence check off: a peer may have it on. */
+    if (now >= next_ping) {
       for (int i = 0; i < h->nlinks; i++) send_msg(h, &h->link[i], HMSG_PING, 0, 0, 0);
       next_ping = now + h->period_ms;
     }
-    int64_t wait = h->timeout_ms > 0 ? next_ping - now : 60000;
+    int64_t wait = next_ping - now;
     struct pollfd pf[3];
     int idx[3], n = 0;
     pf[n] = (struct pollfd){.fd = h->wake_fd, .events = POLLIN};
@@ -347,7 +348,7 @@ ncclResult_t health_init(struct ncclComm* comm) {
   h->timeout_ms = param_int(P_COLLIE_PEER_TIMEOUT, 0, 86400) * 1000;
   /* About four pings per timeout, at most one a second: negligible traffic
    * and wake-ups even with many ranks on few cores. */
-  h->period_ms = COLLIE_MAX(COLLIE_MIN(h->timeout_ms / 4, 1000), 50);
+  h->period_ms = h->timeout_ms > 0 ? COLLIE_MAX(COLLIE_MIN(h->timeout_ms / 4, 1000), 50) : 1000;
   int prev = (r + n - 1) % n, next = (r + 1) % n;
   /* Listen where the bootstrap listens (same interface), any port. */
   union sock_addr addr = *bootstrap_peer_addr(comm->bs, r), paddr;
