@@ -13,6 +13,9 @@
 #   exclude    slot 2 dies at step 3 in every incarnation: after
 #              --slot-failures 2 it is excluded; the others finish
 #   resetlimit the same with --reset-limit 1: the job fails with a clear message
+#   hostile    collie-rendezvous; while 3 workers train and one is killed,
+#              garbage, wrong-secret and oversized messages hit the store:
+#              they are dropped and the job still ends with the right state
 set -u
 scenario=$1 run=$2 rdzv=$3
 shift 3
@@ -103,6 +106,40 @@ resetlimit)
   [ $rc -ne 124 ] || fail "the job hung instead of failing"
   grep -q "collie-run: elastic job failed: reset limit reached" "$tmp/out" || fail "collie-run did not name the reset limit"
   grep -q "reset failed: elastic: the job failed: reset limit reached" "$tmp/out" || fail "the workers did not report the reset limit"
+  ;;
+hostile)
+  "$rdzv" --min 2 --max 3 --expect 3 >"$tmp/env" 2>"$tmp/out.store" &
+  store_pid=$!
+  for _ in $(seq 100); do grep -q SECRET "$tmp/env" 2>/dev/null && break; sleep 0.1; done
+  export $(cat "$tmp/env")
+  hostport=${COLLIE_RENDEZVOUS%:*}
+  port=${COLLIE_RENDEZVOUS##*:}
+  attack() {
+    # garbage; a well-formed header with a wrong secret; one with a 2 GiB
+    # length (and a wrong secret: test_store.c sends that with the right
+    # one); half a header and silence.
+    printf 'GET / HTTP/1.0\r\nHost: collie\r\nAccept: */*\r\n\r\n' >/dev/tcp/$hostport/$port
+    printf 'COLE\001\000\001\000\000\000\000\000\000\000\000\000AAAAAAAAAAAAAAAA' >/dev/tcp/$hostport/$port
+    printf 'COLE\001\000\001\000\377\377\377\177\000\000\000\000BBBBBBBBBBBBBBBB' >/dev/tcp/$hostport/$port
+    exec 7<>/dev/tcp/$hostport/$port && printf 'COLE\001' >&7
+  } 2>/dev/null
+  export ELASTIC_KILL_SLOT=b ELASTIC_KILL_STEP=8
+  for s in a b c; do
+    COLLIE_ELASTIC_SLOT=$s timeout 200 "${worker[@]}" >"$tmp/out.$s" 2>&1 &
+    pids+=($!)
+    attack
+  done
+  for _ in 1 2 3 4 5; do attack; sleep 0.1; done
+  exec 7>&-
+  wait "${pids[0]}" || fail "worker a failed"
+  wait "${pids[2]}" || fail "worker c failed"
+  wait "$store_pid" || fail "collie-rendezvous failed"
+  store_pid=""
+  cat "$tmp"/out.[ac] >"$tmp/all"
+  expect_final "$tmp/all" 2
+  grep -q "wrong job secret" "$tmp/out.store" || fail "the store did not drop the wrong-secret connections"
+  grep -q "closed inside a message" "$tmp/out.store" || fail "the store did not drop the half header"
+  grep -q "bad magic" "$tmp/out.store" || fail "the store did not drop the garbage"
   ;;
 *)
   echo "unknown scenario $scenario"
