@@ -354,7 +354,7 @@ ncclResult_t health_init(struct ncclComm* comm) {
   union sock_addr addr = *bootstrap_peer_addr(comm->bs, r), paddr;
   if (addr.sa.sa_family == AF_INET) addr.sin.sin_port = 0;
   else addr.sin6.sin6_port = 0;
-  NCCLCHECKGOTO(sock_listen(&addr, &lfd), res, fail);
+  NCCLCHECKGOTO(sock_listen_on(&addr, bootstrap_listen_any(comm->bs), &lfd), res, fail);
   NCCLCHECKGOTO(bootstrap_send(comm->bs, next, TAG_HEALTH_ADDR, &addr, sizeof(addr)), res, fail);
   NCCLCHECKGOTO(bootstrap_recv(comm->bs, prev, TAG_HEALTH_ADDR, &paddr, sizeof(paddr)), res, fail);
   int64_t deadline = time_ms() + param_int(P_COLLIE_BOOTSTRAP_TIMEOUT, 1, 86400) * 1000;
