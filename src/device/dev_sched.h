@@ -82,7 +82,7 @@ struct ds_chan {
 /* Everything one kernel launch needs (passed by value). Counts are elements. */
 struct ds_work {
   int kind, dt, red, avg_n; /* red: RE_SUM..RE_PREMULSUM; avg_n > 1: ncclAvg's divisor */
-  int nranks, rank, root, nch, nslots;
+  int nranks, rank, root, nch, nslots; /* nslots: a power of two */
   size_t slot_bytes, count;
   struct re_scalar scalar;
   const void* scalar_dev; /* premulsum scalar read at run time (ncclScalarDevice), or NULL */
@@ -103,11 +103,30 @@ DS_HD int ds_tree_child(int rank, int n, int j) {
   return c < n ? c : -1;
 }
 
+/* a / b. On the GPU a 64-bit division is a call into a runtime routine, and a
+ * call makes ptxas spill registers; this loop stays inline (steps only). */
+DS_HD size_t ds_div(size_t a, size_t b) {
+#if defined(__CUDA_ARCH__)
+  if (a <= 0xffffffffu && b <= 0xffffffffu) return (uint32_t)a / (uint32_t)b;
+  size_t q = 0, r = 0;
+  for (int i = 63; i >= 0; i--) {
+    r = (r << 1) | ((a >> i) & 1);
+    if (r >= b) {
+      r -= b;
+      q |= (size_t)1 << i;
+    }
+  }
+  return q;
+#else
+  return a / b;
+#endif
+}
+
 /* Part i of `parts` of `total` elements: parts are `align`-element multiples
  * (16 bytes where the type allows), the last ones may be short or empty. */
 DS_HD void ds_split(size_t total, int parts, int i, size_t align, size_t* off, size_t* len) {
-  size_t per = (total + (size_t)parts - 1) / (size_t)parts;
-  per = (per + align - 1) / align * align;
+  size_t per = ds_div(total + (size_t)parts - 1, (size_t)parts);
+  per = ds_div(per + align - 1, align) * align;
   size_t o = per * (size_t)i;
   if (o > total) o = total;
   size_t l = total - o;
@@ -151,7 +170,7 @@ DS_HD int ds_mod(int a, int n) { return ((a % n) + n) % n; }
  * ds_round_elems is that chunk; a round of allreduce covers nranks chunks. */
 DS_HD size_t ds_round_elems(const struct ds_work* w) {
   size_t k = (size_t)(w->nslots / 2 < 1 ? 1 : w->nslots / 2);
-  return k * (w->slot_bytes / (size_t)re_size(w->dt));
+  return k * ds_div(w->slot_bytes, (size_t)re_size(w->dt));
 }
 
 DS_HD int ds_is_ring(int kind) { return kind == DS_ALLREDUCE_RING || kind == DS_ALLGATHER || kind == DS_REDUCESCATTER; }
@@ -172,7 +191,7 @@ DS_HD size_t ds_rounds(const struct ds_work* w, int c) {
   size_t lo, len;
   ds_split(w->count, w->nch, c, ds_align_elems(w->dt), &lo, &len);
   size_t per = ds_round_elems(w) * (w->kind == DS_ALLREDUCE_RING ? (size_t)w->nranks : 1);
-  return (len + per - 1) / per;
+  return ds_div(len + per - 1, per);
 }
 
 /* Step s of round `round` of channel c. Returns 0 when the step does nothing at this rank. */
@@ -382,7 +401,7 @@ DS_HD void ds_piece_elems(const struct ds_work* w, const struct ds_step* st, str
 DS_HD int ds_run_step(const struct ds_work* w, const struct ds_step* st, struct re_scalar sc, struct ds_shared* sh,
                       int tid, int nth) {
   const size_t es = (size_t)re_size(w->dt);
-  const size_t pe = w->slot_bytes / es;
+  const size_t pe = ds_div(w->slot_bytes, es);
   const uint64_t ns = (uint64_t)w->nslots;
   for (size_t base = 0; base < st->len; base += pe) {
     size_t ne = st->len - base < pe ? st->len - base : pe;
@@ -391,12 +410,12 @@ DS_HD int ds_run_step(const struct ds_work* w, const struct ds_step* st, struct 
       for (int j = 0; j < st->nrecv && bad == DS_OK; j++) {
         uint64_t h = *st->recv[j]->head;
         bad = ds_wait_ge(w, st->recv[j]->tail, h + 1);
-        sh->in[j] = st->recv[j]->slots + (size_t)(h % ns) * w->slot_bytes;
+        sh->in[j] = st->recv[j]->slots + (size_t)(h & (ns - 1)) * w->slot_bytes;
       }
       for (int j = 0; j < st->nsend && bad == DS_OK; j++) {
         uint64_t t = *st->send[j]->tail;
         if (t + 1 > ns) bad = ds_wait_ge(w, st->send[j]->head, t + 1 - ns);
-        sh->out[j] = st->send[j]->slots + (size_t)(t % ns) * w->slot_bytes;
+        sh->out[j] = st->send[j]->slots + (size_t)(t & (ns - 1)) * w->slot_bytes;
       }
       DS_FENCE(0); /* acquire: the slots' bytes are read after their tails */
       sh->bad = bad;

@@ -203,3 +203,4 @@ extern "C" int kern_wait_flag(const volatile uint32_t* flag, uint32_t seq, void*
   k_wait<<<1, 1, 0, (cudaStream_t)stream>>>(flag, seq);
   return launched(err);
 }
+

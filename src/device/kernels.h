@@ -12,6 +12,8 @@
 extern "C" {
 #endif
 
+struct ds_work;
+
 /* The premulsum scalar: either its value (as red_op stores it) or, when
  * dev_ptr is not NULL, one element of the datatype in device memory that the
  * kernel reads when it runs (ncclScalarDevice). */
@@ -33,6 +35,8 @@ int kern_div(int dt, void* dst, const void* src, size_t count, int n, void* stre
 /* The stream waits until (int32_t)(*flag - seq) >= 0; `flag` is a device
  * pointer to host-mapped memory that a host thread advances. */
 int kern_wait_flag(const volatile uint32_t* flag, uint32_t seq, void* stream, const char** err);
+/* One collective over device connectors (dev_sched.h): w->nch blocks, one per channel. */
+int kern_sched(const struct ds_work* w, void* stream, const char** err);
 
 #ifdef __cplusplus
 }
