@@ -12,6 +12,7 @@
 
 #include "core.h"
 #include "elastic/client.h"
+#include "engine/engine.h"
 
 #define EL_NAME_MAX 128
 #define EL_POLL_MS 20
@@ -46,9 +47,6 @@ static struct {
   int clean_change; /* the last check agreed on a membership change: the communicator is healthy */
 } E = {.hb_mu = PTHREAD_MUTEX_INITIALIZER, .hb_cv = PTHREAD_COND_INITIALIZER};
 
-/* The engine's collie_last_error() text lives in src/engine/api.c; when it
- * offers this setter, elastic errors show up there too. */
-void engine_last_error_set(const char* msg) __attribute__((weak));
 
 /* The message goes to ncclGetLastError, the WARN log (err_set) and
  * collie_last_error(). */
@@ -59,7 +57,7 @@ __attribute__((format(printf, 2, 3))) static int el_fail(int code, const char* f
   vsnprintf(buf, sizeof(buf), fmt, ap);
   va_end(ap);
   err_set(code == COLLIE_ERR_INVALID_ARGUMENT ? ncclInvalidArgument : ncclSystemError, "%s", buf);
-  if (engine_last_error_set) engine_last_error_set(buf);
+  engine_last_error_set(buf);
   return code;
 }
 

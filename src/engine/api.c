@@ -34,6 +34,9 @@ static __thread char last_error[1400];
 
 COLLIE_EXPORT const char* collie_last_error(void) { return last_error; }
 
+/* Lets the elastic layer (src/elastic) report through collie_last_error(). */
+void engine_last_error_set(const char* msg) { snprintf(last_error, sizeof(last_error), "%s", msg ? msg : ""); }
+
 static int fail(int code, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 static int fail(int code, const char* fmt, ...) {
   va_list ap;

@@ -241,4 +241,7 @@ void engine_complete(struct engine* e, int handle, int status, const char* err, 
                      size_t* counts, int ncounts, int64_t value);
 void engine_inflight_del(struct engine* e, int set, const char* name);
 
+/* Sets the calling thread's collie_last_error() text (used by src/elastic). */
+void engine_last_error_set(const char* msg);
+
 #endif
