@@ -23,8 +23,10 @@
 #include "../comm.h"
 #include "coll/coll.h"
 #include "device.h"
+#include "device/dev_conn.h"
 #include "device/dev_plan.h"
 #include "device/kernels.h"
+#include "param.h"
 
 #define DEV_PINNED_BYTES ((size_t)8 << 20)
 
@@ -56,6 +58,13 @@ struct dev_state {
   char* pinned;
   char* heap;
   size_t heap_bytes;
+  /* GPU kernels over device connectors (ranks of one host): */
+  int kpath, p2p_disable, nch_ready;
+  struct dconn_tab* conns;
+  volatile uint32_t* kwords; /* host-mapped: [0] abort, [1] status (dev_sched.h DS_*) */
+  uint32_t* kwords_dev;
+  cudaEvent_t last;          /* the comm's last kernel: the next one waits for it */
+  int have_last;
 };
 
 static ncclResult_t cuda_err(cudaError_t e, const char* what) {
@@ -317,6 +326,22 @@ static ncclResult_t state_get(struct ncclComm* comm, struct dev_state** out) {
     goto fail;
   }
   d->pinned = p;
+  d->kpath = comm->nhosts == 1 && comm->nranks > 1 && param_int(P_COLLIE_DEVICE_KERNELS, 0, 1) == 1;
+  d->p2p_disable = (int)param_int(P_NCCL_P2P_DISABLE, 0, 1);
+  if (d->kpath) {
+    void* kw = NULL;
+    if ((e = cudaHostAlloc(&kw, 64, cudaHostAllocMapped | cudaHostAllocPortable)) != cudaSuccess) {
+      res = cuda_err(e, "cudaHostAlloc (kernel abort word)");
+      goto fail;
+    }
+    memset(kw, 0, 64);
+    d->kwords = kw;
+    if ((e = cudaHostGetDevicePointer((void**)&d->kwords_dev, kw, 0)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&d->last, cudaEventDisableTiming)) != cudaSuccess) {
+      res = cuda_err(e, "kernel path setup");
+      goto fail;
+    }
+  }
   int rc = pthread_create(&d->thread, NULL, proxy_main, d);
   if (rc != 0) {
     res = err_set(ncclSystemError, "device path: cannot start the proxy thread: %s", strerror(rc));
@@ -324,11 +349,15 @@ static ncclResult_t state_get(struct ncclComm* comm, struct dev_state** out) {
   }
   d->started = 1;
   if (saved >= 0) cudaSetDevice(saved);
-  INFO(LOG_INIT | LOG_PROXY, "comm %p rank %d: device path on CUDA device %d (staged through the proxy thread)",
-       (void*)comm, comm->rank, d->dev);
+  INFO(LOG_INIT | LOG_PROXY, "comm %p rank %d: device path on CUDA device %d (%s)", (void*)comm, comm->rank, d->dev,
+       d->kpath ? (d->p2p_disable ? "GPU kernels over registered shm; send/recv staged"
+                                  : "GPU kernels over CUDA IPC p2p; send/recv staged")
+                : "staged through the proxy thread");
   comm->dev = d;
   goto done;
 fail:
+  if (d->last) cudaEventDestroy(d->last);
+  if (d->kwords) cudaFreeHost((void*)d->kwords);
   if (d->pinned) cudaFreeHost(d->pinned);
   if (d->s) cudaStreamDestroy(d->s);
   if (d->flag) flag_put(d->flag);
@@ -372,6 +401,91 @@ static ncclResult_t local_run(const struct coll_args* a) {
   return ncclSuccess;
 }
 
+/* ---- ranks of one host: the collective runs as a GPU kernel (kern_sched) ---- */
+
+static int kernel_kind(const struct ncclComm* comm, const struct coll_args* a) {
+  if (!(a->mem & MEM_DEVICE)) return -1;
+  switch (a->kind) {
+    case COLL_ALLREDUCE: {
+      int ring_ok = comm->algo_mask & (1 << ALGO_RING), tree_ok = comm->algo_mask & (1 << ALGO_TREE);
+      size_t bytes = a->count * dtype_size(a->dt);
+      if (tree_ok && (!ring_ok || (comm->nranks > 2 && bytes <= ((size_t)64 << 10)))) return DS_ALLREDUCE_TREE;
+      return DS_ALLREDUCE_RING;
+    }
+    case COLL_ALLGATHER: return DS_ALLGATHER;
+    case COLL_REDUCESCATTER: return DS_REDUCESCATTER;
+    case COLL_BROADCAST: return DS_BROADCAST;
+    case COLL_REDUCE: return DS_REDUCE;
+    default: return -1;
+  }
+}
+
+static ncclResult_t kernel_run(struct dev_state* d, const struct coll_args* a) {
+  struct ncclComm* comm = d->comm;
+  uint32_t st = __atomic_load_n(&d->kwords[1], __ATOMIC_ACQUIRE);
+  if (st != DS_OK) {
+    ncclResult_t none = ncclSuccess;
+    __atomic_compare_exchange_n(&comm->async_error, &none, ncclSystemError, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    return err_set(ncclSystemError, "%s: an earlier device kernel of this communicator stopped (%s); call not run",
+                   coll_name(a->kind), st == DS_ABORTED ? "aborted" : "timed out waiting for a peer");
+  }
+  if (a->count == 0) return ncclSuccess;
+  struct ds_work w;
+  memset(&w, 0, sizeof(w));
+  w.kind = kernel_kind(comm, a);
+  w.dt = (int)a->dt;
+  w.red = a->op.kind;
+  w.avg_n = a->avg ? comm->nranks : 0;
+  w.nranks = comm->nranks;
+  w.rank = comm->rank;
+  w.root = a->root;
+  w.nslots = DS_NSLOTS;
+  w.slot_bytes = DS_SLOT_BYTES;
+  w.count = a->count;
+  w.scalar.f = a->op.scalar.f;
+  w.scalar.u = a->op.scalar.u;
+  if (a->scalar_ptr) {
+    if (device_mem_class(a->scalar_ptr) == MEM_DEVICE) {
+      w.scalar_dev = a->scalar_ptr;
+    } else {
+      struct red_op op;
+      red_op_init_premulsum(&op, a->scalar_ptr, a->dt);
+      w.scalar.f = op.scalar.f;
+      w.scalar.u = op.scalar.u;
+    }
+  }
+  w.sendbuff = a->sendbuff;
+  w.recvbuff = a->recvbuff;
+  w.abort = d->kwords_dev;
+  w.status = d->kwords_dev + 1;
+  w.timeout_ns = (uint64_t)comm->timeout_s * 1000000000ull;
+  size_t bytes = a->count * dtype_size(a->dt) * (a->kind == COLL_ALLGATHER || a->kind == COLL_REDUCESCATTER ? (size_t)comm->nranks : 1);
+  w.nch = ds_channels(bytes, DS_SLOT_BYTES, comm->min_ch, comm->max_ch);
+  /* Every rank reaches this for the same call with the same channel count: connectors are set up in step. */
+  while (d->nch_ready < w.nch) {
+    NCCLCHECK(dconn_setup(comm, &d->conns, d->nch_ready, d->p2p_disable, d->s));
+    d->nch_ready++;
+  }
+  for (int c = 0; c < w.nch; c++) dconn_wire(d->conns, comm->rank, c, &w.ch[c]);
+  cudaStream_t s = (cudaStream_t)a->stream;
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing(s, &cs);
+  if (e != cudaSuccess) return cuda_err(e, "cudaStreamIsCapturing");
+  /* Kernels of one communicator share its connectors: one at a time, in call
+   * order, across streams. A captured call is ordered by the graph instead. */
+  int captured = cs != cudaStreamCaptureStatusNone;
+  if (!captured && d->have_last && (e = cudaStreamWaitEvent(s, d->last, 0)) != cudaSuccess)
+    return cuda_err(e, "cudaStreamWaitEvent");
+  const char* err = "";
+  if (kern_sched(&w, s, &err) != 0)
+    return err_set(ncclUnhandledCudaError, "%s: kernel launch failed: %s", coll_name(a->kind), err);
+  if (!captured) {
+    if ((e = cudaEventRecord(d->last, s)) != cudaSuccess) return cuda_err(e, "cudaEventRecord");
+    d->have_last = 1;
+  }
+  return ncclSuccess;
+}
+
 static int stream_index(cudaStream_t* s, int n, cudaStream_t x) {
   for (int i = 0; i < n; i++)
     if (s[i] == x) return i;
@@ -391,6 +505,13 @@ ncclResult_t dev_submit(struct ncclComm* comm, const struct coll_args* a, int n,
   if (local) {
     /* Earlier staged calls on other streams do not order these (as in NCCL); on the same stream they do. */
     for (int i = 0; i < n && res == ncclSuccess; i++) res = local_run(&a[i]);
+    goto out;
+  }
+  int kern = d->kpath && !host_wait;
+  for (int i = 0; i < n && kern; i++)
+    if (kernel_kind(comm, &a[i]) < 0) kern = 0;
+  if (kern) {
+    for (int i = 0; i < n && res == ncclSuccess; i++) res = kernel_run(d, &a[i]);
     goto out;
   }
   struct dev_job* j = calloc(1, sizeof(*j));
@@ -478,6 +599,19 @@ void dev_exec_free(struct ncclComm* comm) {
   int saved = -1;
   cudaGetDevice(&saved);
   cudaSetDevice(d->dev);
+  /* Kernels still use the connectors: wait for the last one; after
+   * ncclCommAbort, the abort word makes their waits give up. */
+  for (int it = 0; d->have_last; it++) {
+    if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) __atomic_store_n(&d->kwords[0], 1, __ATOMIC_RELEASE);
+    cudaError_t e = cudaEventQuery(d->last);
+    if (e != cudaErrorNotReady) break;
+    struct timespec ts = {0, it < 100 ? 100000 : 1000000};
+    nanosleep(&ts, NULL);
+  }
+  cudaGetLastError();
+  dconn_free(d->conns);
+  if (d->last) cudaEventDestroy(d->last);
+  if (d->kwords) cudaFreeHost((void*)d->kwords);
   cudaStreamSynchronize(d->s);
   cudaStreamDestroy(d->s);
   cudaFreeHost(d->pinned);
