@@ -147,7 +147,7 @@ static int parse_seconds(enum param_id id, double def, double lo, double hi, dou
 
 /* Values from the environment at init; world rank 0's are broadcast so every rank fuses and caches alike. */
 struct agreed_cfg {
-  int64_t cycle_us, fusion, cache_cap, stall_check_ns, stall_shutdown_ns;
+  int64_t cycle_us, fusion, cache_cap, stall_check_ns, stall_shutdown_ns, fusion_inplace;
 };
 
 static void local_ranks(struct engine* e) {
@@ -218,6 +218,7 @@ static int engine_init(ncclComm_t comm, int owns) {
       .cache_cap = param_int(P_COLLIE_CACHE_CAPACITY, 0, 1 << 20),
       .stall_check_ns = (int64_t)(check_s * 1e9),
       .stall_shutdown_ns = (int64_t)(shut_s * 1e9),
+      .fusion_inplace = param_int(P_COLLIE_FUSION_INPLACE_BYTES, 0, (int64_t)1 << 40),
   };
   if (cfg.cycle_us < 10) cfg.cycle_us = 10;
   int autotune = param_int(P_COLLIE_AUTOTUNE, 0, 1) == 1;
@@ -242,6 +243,7 @@ static int engine_init(ncclComm_t comm, int owns) {
   e->cache_cap = (int)cfg.cache_cap;
   e->stall_check_ns = cfg.stall_check_ns;
   e->stall_shutdown_ns = cfg.stall_shutdown_ns;
+  e->fusion_inplace = cfg.fusion_inplace;
 
   struct pset* w = calloc(1, sizeof(*w));
   if (!w) goto oom;

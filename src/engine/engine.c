@@ -473,31 +473,62 @@ static ncclResult_t run_allreduce(struct engine* e, struct pset* s, struct job**
     if (r) timeline_span(&e->tl, m->name, "ALLREDUCE", t0, time_ns());
     return ncclSuccess;
   }
-  if (ensure_fusion(e, total * esz) != 0) return err_set(ncclSystemError, "collie engine: out of memory");
+  /* Small tensors are packed into the fusion buffer and reduced with one
+   * call; tensors of at least fusion_inplace bytes are reduced in their own
+   * buffers, one call each in the same batch: on host memory, copying them in
+   * and out costs more than the calls it saves. The split depends only on
+   * agreed sizes, so every rank issues the same calls. A joined rank reduces
+   * identity values from a scratch region after the packed ones. */
+  size_t inplace_min = e->fusion_inplace > 0 ? (size_t)e->fusion_inplace : SIZE_MAX;
+  size_t packed_bytes = 0, scratch = 0;
+  for (int i = 0; i < k; i++) {
+    size_t bytes = g[i]->m->count * esz;
+    if (bytes < inplace_min) packed_bytes += bytes;
+    else if (!g[i]->r && bytes > scratch) scratch = bytes;
+  }
+  if (ensure_fusion(e, packed_bytes + scratch) != 0) return err_set(ncclSystemError, "collie engine: out of memory");
   char* fb = e->fusion_buf;
   size_t off = 0;
   for (int i = 0; i < k; i++) {
     struct meta* mi = g[i]->m;
+    struct req* ri = g[i]->r;
+    size_t bytes = mi->count * esz;
     int64_t a = time_ns();
-    if (g[i]->r) engine_scale(dt, fb + off, g[i]->r->sendbuf, mi->count, mi->prescale);
+    if (bytes >= inplace_min) {
+      void* dst = ri ? ri->recvbuf : fb + packed_bytes;
+      const void* src = ri ? ri->sendbuf : dst;
+      if (!ri) fill_identity(dt, mi->op, dst, mi->count);
+      else if (mi->prescale != 1.0) {
+        engine_scale(dt, dst, src, mi->count, mi->prescale);
+        src = dst;
+      }
+      NCCLRUN(s->comm, ncclAllReduce(src, dst, mi->count, dt, nccl_op(m->op), s->comm, NULL));
+      if (ri && mi->postscale != 1.0) engine_scale(dt, dst, dst, mi->count, mi->postscale);
+      if (ri) timeline_span(&e->tl, mi->name, "ALLREDUCE", a, time_ns());
+      continue;
+    }
+    if (ri) engine_scale(dt, fb + off, ri->sendbuf, mi->count, mi->prescale);
     else fill_identity(dt, mi->op, fb + off, mi->count);
-    if (g[i]->r) timeline_span(&e->tl, mi->name, "MEMCPY_IN_FUSION_BUFFER", a, time_ns());
-    off += mi->count * esz;
+    if (ri) timeline_span(&e->tl, mi->name, "MEMCPY_IN_FUSION_BUFFER", a, time_ns());
+    off += bytes;
   }
-  int64_t t1 = time_ns();
-  NCCLRUN(s->comm, ncclAllReduce(fb, fb, total, dt, nccl_op(m->op), s->comm, NULL));
-  int64_t t2 = time_ns();
   e->stats.fused_tensors += (uint64_t)k;
+  if (packed_bytes == 0) return ncclSuccess;
+  int64_t t1 = time_ns();
+  NCCLRUN(s->comm, ncclAllReduce(fb, fb, packed_bytes / esz, dt, nccl_op(m->op), s->comm, NULL));
+  int64_t t2 = time_ns();
   off = 0;
   for (int i = 0; i < k; i++) {
     struct meta* mi = g[i]->m;
+    size_t bytes = mi->count * esz;
+    if (bytes >= inplace_min) continue;
     if (g[i]->r) {
       timeline_span(&e->tl, mi->name, "ALLREDUCE", t1, t2);
       int64_t a = time_ns();
       engine_scale(dt, g[i]->r->recvbuf, fb + off, mi->count, mi->postscale);
       timeline_span(&e->tl, mi->name, "MEMCPY_OUT_FUSION_BUFFER", a, time_ns());
     }
-    off += mi->count * esz;
+    off += bytes;
   }
   return ncclSuccess;
 }

@@ -218,6 +218,7 @@ struct engine {
   int joined_me;   /* background thread: this rank has joined */
   /* Agreed configuration (world rank 0's values). */
   int64_t cycle_us, fusion, stall_check_ns, stall_shutdown_ns;
+  int64_t fusion_inplace; /* fused tensors of at least this many bytes are reduced where they are */
   int cache_cap;
   /* Background thread scratch. */
   uint8_t* vec;
