@@ -150,6 +150,18 @@ void async_stop(struct ncclComm* comm, int cancel) {
   free(w);
 }
 
+ncclResult_t async_make_blocking(struct ncclComm* comm) {
+  if (!comm->nonblocking) return ncclSuccess;
+  ncclResult_t e = __atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE);
+  if (e != ncclSuccess || async_pending(comm))
+    return err_set(ncclInvalidUsage, "comm %p rank %d: only an idle, healthy nonblocking communicator turns blocking",
+                   (void*)comm, comm->rank);
+  async_stop(comm, 0);
+  comm->nonblocking = 0;
+  comm->config.blocking = 1; /* split and shrink children inherit it */
+  return ncclSuccess;
+}
+
 int comm_wait_idle(struct ncclComm* comm, int ms) {
   int64_t end = time_ms() + ms;
   for (;;) {

@@ -68,6 +68,11 @@ void async_drain(struct ncclComm* comm);
 /* Stops the worker: queued work is dropped if `cancel` (the abort flag or
  * revoke makes running work end), else finished first. Idempotent. */
 void async_stop(struct ncclComm* comm, int cancel);
+/* Turns a nonblocking communicator whose init succeeded and which has nothing
+ * queued into a blocking one (its worker stops; later calls run on the
+ * caller's thread). For a caller that wanted only a cancellable init
+ * (src/elastic). Not thread-safe: no other thread may use comm meanwhile. */
+ncclResult_t async_make_blocking(struct ncclComm* comm);
 
 /* enqueue.c: runs a task list of one communicator and frees it. */
 ncclResult_t enqueue_run_list(struct task* list);

@@ -13,11 +13,16 @@
 #include "core.h"
 #include "elastic/client.h"
 #include "engine/engine.h"
+#include "failures.h"
 
 #define EL_NAME_MAX 128
 #define EL_POLL_MS 20
 #define EL_CONNECT_MS 30000
 #define EL_IO_MS 30000
+/* While an epoch's communicator is being built: how often its progress is
+ * polled, and how often the store is asked whether a member was lost. */
+#define EL_INIT_POLL_MS 2
+#define EL_INIT_WATCH_MS 50
 
 struct el_state {
   char name[EL_NAME_MAX];
@@ -191,6 +196,75 @@ static int exchange_uid(ncclUniqueId* id, int64_t deadline) {
   }
 }
 
+/* Builds the epoch's communicator without ever being stuck in it: the init
+ * runs nonblocking while this thread asks the store whether the epoch is
+ * still whole. A member that dies before or during the init never reaches
+ * the bootstrap, and the others would wait for it until
+ * COLLIE_BOOTSTRAP_TIMEOUT; the store sees the death at once (closed
+ * connection or missed heartbeats), so the half-built communicator is
+ * aborted and everyone rendezvouses again. The finished communicator turns
+ * blocking: the engine's thread then runs its collectives itself.
+ * 0: E.comm is ready; 1: abandoned, rendezvous again; <0: error. */
+static int build_comm(const ncclUniqueId* id, int64_t deadline) {
+  static struct reply r;
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclResult_t nr = ncclCommInitRankConfig(&E.comm, (int)E.size, *id, (int)E.rank, &cfg);
+  int64_t next_watch = time_ms() + EL_INIT_WATCH_MS;
+  int rc = 0;
+  while (nr == ncclInProgress) {
+    sleep_ms(EL_INIT_POLL_MS);
+    if (ncclCommGetAsyncError(E.comm, &nr) != ncclSuccess) nr = ncclInternalError;
+    if (nr != ncclInProgress) break;
+    int64_t now = time_ms();
+    if (now >= deadline) {
+      rc = el_fail(COLLIE_ERR_COMMUNICATION,
+                   "elastic: epoch %u's communicator was not built within %lld s (COLLIE_ELASTIC_TIMEOUT) although "
+                   "the store lost none of its %u members",
+                   E.epoch, (long long)(E.timeout_ms / 1000), E.size);
+      goto abandon;
+    }
+    if (now < next_watch) continue;
+    next_watch = now + EL_INIT_WATCH_MS;
+    rc = call_u32(EREQ_HEARTBEAT, E.epoch, &r);
+    if (rc) goto abandon;
+    if (r.status != ESTATUS_OK) {
+      /* The job failed: the rendezvous reports why. */
+      WARN("elastic: the store ended epoch %u while its communicator was being built", E.epoch);
+      rc = 1;
+      goto abandon;
+    }
+    uint32_t epoch = ebuf_get_u32(&r.in), pending = ebuf_get_u32(&r.in), broken = ebuf_get_u32(&r.in);
+    (void)pending; /* a newcomer waits for the next check; the init goes on */
+    if (r.in.bad) {
+      rc = el_fail(COLLIE_ERR_COMMUNICATION, "elastic: malformed heartbeat reply from the rendezvous store");
+      goto abandon;
+    }
+    if (epoch != E.epoch || broken) {
+      WARN("elastic: epoch %u lost a member while its communicator was being built; aborting it and rendezvousing "
+           "again",
+           E.epoch);
+      rc = 1;
+      goto abandon;
+    }
+  }
+  if (nr != ncclSuccess) {
+    WARN("elastic: building epoch %u's communicator failed (%s); rendezvous again", E.epoch,
+         E.comm ? comm_error_msg(E.comm) : ncclGetLastError(NULL));
+    rc = 1;
+    goto abandon;
+  }
+  if (async_make_blocking(E.comm) != ncclSuccess) {
+    rc = el_fail(COLLIE_ERR_INTERNAL, "elastic: %s", ncclGetLastError(NULL));
+    goto abandon;
+  }
+  return 0;
+abandon:
+  if (E.comm) ncclCommAbort(E.comm);
+  E.comm = NULL;
+  return rc;
+}
+
 static void teardown_world(int broken) {
   if (E.engine_up) {
     /* A broken communicator first fails whatever the engine has in flight,
@@ -229,14 +303,9 @@ static int build_world(int sync) {
       INFO(LOG_INIT, "elastic: epoch %u was superseded before its communicator existed; rendezvous again", E.epoch);
       continue;
     }
-    ncclResult_t nr = ncclCommInitRank(&E.comm, (int)E.size, id, (int)E.rank);
-    if (nr != ncclSuccess) {
-      WARN("elastic: building epoch %u's communicator failed (%s); rendezvous again", E.epoch,
-           ncclGetLastError(NULL));
-      if (E.comm) ncclCommAbort(E.comm);
-      E.comm = NULL;
-      continue;
-    }
+    rc = build_comm(&id, deadline);
+    if (rc < 0) return rc;
+    if (rc == 1) continue;
     rc = collie_init_comm(E.comm);
     if (rc != 0) {
       WARN("elastic: starting the engine on epoch %u failed (%s); rendezvous again", E.epoch, collie_last_error());

@@ -26,7 +26,7 @@ enum eproto_type {
   EREQ_RDZV = 2,      /* last epoch this worker was a member of -> WAIT | READY plan | FAIL */
   EREQ_PUBLISH = 3,   /* epoch, unique id (rank 0 of that epoch only) -> OK | STALE */
   EREQ_GET_UID = 4,   /* epoch -> WAIT | READY uid | STALE */
-  EREQ_HEARTBEAT = 5, /* epoch -> current epoch, change pending, failed */
+  EREQ_HEARTBEAT = 5, /* epoch -> current epoch, change pending, epoch broken (a member died or left it) | FAIL */
   EREQ_LEAVE = 6,     /* clean exit: not a failure */
   EREQ_MAX = 6,
   EREPLY = 64,

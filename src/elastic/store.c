@@ -134,6 +134,18 @@ static int change_pending(struct store* s) {
   return 0;
 }
 
+/* The current epoch can no longer build or run its communicator: a member
+ * died or went back to the rendezvous. (A newcomer waiting to join is a
+ * pending change, not a broken epoch.) */
+static int epoch_broken(struct store* s) {
+  if (s->epoch == 0) return 0;
+  for (int i = 0; i < s->nw; i++) {
+    struct sworker* w = &s->w[i];
+    if (w->in_plan && ((!w->alive && !w->left) || w->arrived)) return 1;
+  }
+  return 0;
+}
+
 static void form_epoch(struct store* s) {
   int n = 0;
   for (int i = 0; i < s->nw; i++) s->w[i].in_plan = 0;
@@ -403,6 +415,7 @@ static int handle(struct store* s, int ci, int64_t now) {
         ebuf_put_u32(&b, ESTATUS_OK);
         ebuf_put_u32(&b, s->epoch);
         ebuf_put_u32(&b, (uint32_t)change_pending(s));
+        ebuf_put_u32(&b, (uint32_t)epoch_broken(s));
       }
       break;
     }

@@ -13,6 +13,11 @@
 #   exclude    slot 2 dies at step 3 in every incarnation: after
 #              --slot-failures 2 it is excluded; the others finish
 #   resetlimit the same with --reset-limit 1: the job fails with a clear message
+#   die_during_init  collie-rendezvous; 3 workers train; a 4th joins (DIE_IN_INIT:
+#              tests/elastic/die_in_init) and dies the moment epoch 2's
+#              unique ID is out, while the others build that communicator:
+#              they abort it, form epoch 3 without it and finish, long before
+#              COLLIE_BOOTSTRAP_TIMEOUT (the ctest TIMEOUT is below it)
 #   hostile    collie-rendezvous; while 3 workers train and one is killed,
 #              garbage, wrong-secret and oversized messages hit the store:
 #              they are dropped and the job still ends with the right state
@@ -106,6 +111,39 @@ resetlimit)
   [ $rc -ne 124 ] || fail "the job hung instead of failing"
   grep -q "collie-run: elastic job failed: reset limit reached" "$tmp/out" || fail "collie-run did not name the reset limit"
   grep -q "reset failed: elastic: the job failed: reset limit reached" "$tmp/out" || fail "the workers did not report the reset limit"
+  ;;
+die_during_init)
+  [ -x "${DIE_IN_INIT:-}" ] || fail "DIE_IN_INIT must name the die_in_init program"
+  "$rdzv" --min 2 --max 4 --expect 3 >"$tmp/env" 2>"$tmp/out.store" &
+  store_pid=$!
+  for _ in $(seq 100); do grep -q SECRET "$tmp/env" 2>/dev/null && break; sleep 0.1; done
+  export $(cat "$tmp/env")
+  [ -n "${COLLIE_RENDEZVOUS:-}" ] || fail "collie-rendezvous printed no address"
+  # Long enough that the 4th worker joins mid-run; each worker's own bound is
+  # below the bootstrap timeout, so waiting that out fails here.
+  export ELASTIC_STEPS=100
+  for s in a b c; do
+    COLLIE_ELASTIC_SLOT=$s timeout 50 "${worker[@]}" >"$tmp/out.$s" 2>&1 &
+    pids+=($!)
+  done
+  for _ in $(seq 300); do grep -q "epoch 1:" "$tmp/out.store" && break; sleep 0.1; done
+  grep -q "epoch 1: 3 workers" "$tmp/out.store" || fail "the first epoch did not form with 3 workers"
+  "$DIE_IN_INIT" >"$tmp/out.doomed" 2>&1 &
+  pids+=($!)
+  for i in 0 1 2; do wait "${pids[$i]}" || fail "worker $i failed (or waited out the bootstrap timeout)"; done
+  wait "${pids[3]}"
+  rc=$?
+  [ $rc -eq 137 ] || fail "the joining worker did not die inside an epoch (exit status $rc)"
+  wait "$store_pid" || fail "collie-rendezvous failed"
+  store_pid=""
+  grep -q "epoch 2: 4 workers" "$tmp/out.store" || fail "the joining worker was not taken into epoch 2"
+  grep -q "slot doomed.*lost" "$tmp/out.store" || fail "the store did not see the joining worker die"
+  grep -q "epoch 3: 3 workers" "$tmp/out.store" || fail "the survivors did not form epoch 3"
+  cat "$tmp"/out.[abc] >"$tmp/all"
+  grep -q "epoch 2 lost a member while its communicator was being built" "$tmp/all" ||
+    fail "no survivor aborted epoch 2's half-built communicator"
+  [ "$(grep -c "epoch 3, rank" "$tmp/all")" -eq 3 ] || fail "not every survivor resumed in epoch 3"
+  expect_final "$tmp/all" 3
   ;;
 hostile)
   "$rdzv" --min 2 --max 3 --expect 3 >"$tmp/env" 2>"$tmp/out.store" &

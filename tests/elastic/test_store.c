@@ -108,12 +108,17 @@ static int rdzv_all(struct w** ws, int n) {
   return left ? -1 : 0;
 }
 
+/* The third field of the last OK heartbeat: the epoch lost a member. */
+static uint32_t hb_broken = 9;
+
 static uint32_t heartbeat(struct w* w, uint32_t* epoch, uint32_t* pending) {
   struct rep r;
   if (req_u32(w, EREQ_HEARTBEAT, w->epoch, &r) != 0) return 98;
   if (r.status == ESTATUS_OK) {
     *epoch = ebuf_get_u32(&r.in);
     *pending = ebuf_get_u32(&r.in);
+    hb_broken = ebuf_get_u32(&r.in);
+    if (!ebuf_done(&r.in)) return 97;
   }
   return r.status;
 }
@@ -172,7 +177,7 @@ static void test_epochs(void) {
         memcmp(r.buf + 4, m + 4, EPROTO_UID_BYTES) == 0);
 
   uint32_t ep = 0, pend = 9;
-  CHECK(heartbeat(&a, &ep, &pend) == ESTATUS_OK && ep == 1 && pend == 0);
+  CHECK(heartbeat(&a, &ep, &pend) == ESTATUS_OK && ep == 1 && pend == 0 && hb_broken == 0);
 
   /* b dies: the others see a pending change, re-rendezvous, and form epoch 2
    * with the oldest survivor first. */
@@ -183,6 +188,7 @@ static void test_epochs(void) {
     seen = heartbeat(&c, &ep, &pend) == ESTATUS_OK && pend == 1;
   }
   CHECK(seen);
+  CHECK(hb_broken == 1); /* a member died: the epoch cannot go on */
   struct w* two[] = {&c, &a};
   CHECK(rdzv_all(two, 2) == 0);
   CHECK(a.epoch == 2 && a.rank == 0 && c.rank == 1 && c.size == 2);
@@ -195,7 +201,8 @@ static void test_epochs(void) {
   CHECK(rdzv(&d, &r) == ESTATUS_WAIT);
   usleep(300000);
   CHECK(rdzv(&d, &r) == ESTATUS_WAIT);
-  CHECK(heartbeat(&a, &ep, &pend) == ESTATUS_OK && ep == 2 && pend == 1);
+  /* A newcomer is a pending change, but epoch 2 itself is intact. */
+  CHECK(heartbeat(&a, &ep, &pend) == ESTATUS_OK && ep == 2 && pend == 1 && hb_broken == 0);
   struct w* three[] = {&d, &c, &a};
   CHECK(rdzv_all(three, 3) == 0);
   CHECK(d.epoch == 3 && a.rank == 0 && c.rank == 1 && d.rank == 2);
@@ -204,8 +211,11 @@ static void test_epochs(void) {
   CHECK(ep == 3 && resets == 2);
 
   /* Rank 0 goes back to the rendezvous before publishing: GET_UID says stale. */
+  CHECK(heartbeat(&c, &ep, &pend) == ESTATUS_OK && ep == 3 && hb_broken == 0);
   CHECK(rdzv(&a, &r) == ESTATUS_WAIT);
   CHECK(req_u32(&c, EREQ_GET_UID, 3, &r) == 0 && r.status == ESTATUS_STALE);
+  /* ... and the epoch is broken for those still building its communicator. */
+  CHECK(heartbeat(&c, &ep, &pend) == ESTATUS_OK && ep == 3 && hb_broken == 1);
 
   /* Clean exits are not failures. */
   int reg, live;
