@@ -67,7 +67,43 @@ struct health {
   uint8_t* left; /* by rank: said goodbye (atomic bytes: waiters read them) */
   int stop, goodbye; /* set before waking the thread to leave */
   int started;
+  pid_t pid;             /* the process that owns the links (not a forked child) */
+  struct health* next_live; /* live_list: rings of this process, for the exit goodbye */
 };
+
+/* Rings of this process that are running. A process that exits normally
+ * (exit() or returning from main) without destroying its communicators says
+ * goodbye on them from a library destructor, so its peers do not report it as
+ * failed; a killed process cannot, and is reported. */
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct health* live_list;
+
+static void live_add(struct health* h) {
+  pthread_mutex_lock(&live_mu);
+  h->next_live = live_list;
+  live_list = h;
+  pthread_mutex_unlock(&live_mu);
+}
+
+static void live_remove(struct health* h) {
+  pthread_mutex_lock(&live_mu);
+  for (struct health** p = &live_list; *p; p = &(*p)->next_live)
+    if (*p == h) {
+      *p = h->next_live;
+      break;
+    }
+  pthread_mutex_unlock(&live_mu);
+}
+
+static void send_msg(struct health* h, struct hlink* l, int type, int why, int rank, int detector);
+
+__attribute__((destructor)) static void health_exit_goodbye(void) {
+  if (pthread_mutex_trylock(&live_mu) != 0) return; /* never block an exiting process */
+  for (struct health* h = live_list; h; h = h->next_live)
+    if (h->pid == getpid())
+      for (int i = 0; i < h->nlinks; i++) send_msg(h, &h->link[i], HMSG_BYE, 0, 0, 0);
+  pthread_mutex_unlock(&live_mu);
+}
 
 /* ------------------------------------------------------------ error record */
 
@@ -393,7 +429,9 @@ ncclResult_t health_init(struct ncclComm* comm) {
     goto fail;
   }
   h->started = 1;
+  h->pid = getpid();
   comm->health = h;
+  live_add(h);
   INFO(LOG_INIT, "rank %d: keep-alive ring with ranks %d and %d, timeout %lld ms, ping every %lld ms", r, prev, next,
        (long long)h->timeout_ms, (long long)h->period_ms);
   return ncclSuccess;
@@ -416,6 +454,7 @@ void health_stop(struct ncclComm* comm, int goodbye) {
   struct health* h = comm->health;
   if (!h) return;
   comm->health = NULL;
+  live_remove(h);
   h->goodbye = goodbye;
   __atomic_store_n(&h->stop, 1, __ATOMIC_RELEASE);
   uint64_t one = 1;

@@ -7,6 +7,7 @@ follow Horovod (hvd.init, hvd.allreduce, ...). The plain NCCL API is in
 collie.nccl. The library is found as described in python/README.md.
 """
 
+import atexit
 import ctypes as _c
 import itertools
 import os
@@ -221,6 +222,19 @@ def shutdown():
         if comm is not None:
             comm.destroy()
         _check(rc, "collie_shutdown")
+
+
+def _shutdown_at_exit():
+    # As Horovod does: an interpreter that ends with the engine running stops
+    # it, so peers see an orderly shutdown rather than a vanished rank.
+    try:
+        if _fn("collie_is_initialized")():
+            shutdown()
+    except Exception:
+        pass
+
+
+atexit.register(_shutdown_at_exit)
 
 
 def is_initialized():

@@ -549,6 +549,26 @@ static int rank_revoke(int rank, int nranks, const ncclUniqueId* ids, int nids, 
   return 0;
 }
 
+/* A rank that exits normally (exit(), destructors run) without destroying its
+ * communicator says goodbye: the peer waiting for it is told it left, not that
+ * it failed. */
+static int rank_exit(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  float x = 1, y = 0;
+  MP_NCCL(ncclAllReduce(&x, &y, 1, ncclFloat, ncclSum, comm, NULL));
+  if (rank == 1) exit(0);
+  ncclResult_t r = ncclAllReduce(&x, &y, 1, ncclFloat, ncclSum, comm, NULL);
+  const char* msg = ncclGetLastError(comm);
+  MP_CHECK(r != ncclSuccess, "allreduce with a rank that exited succeeded");
+  MP_CHECK(strstr(msg, "left the communicator") != NULL && strstr(msg, "failed") == NULL,
+           "the peer that exited normally is not reported as having left: %s", msg);
+  ncclCommAbort(comm);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char* c = argc > 1 ? argv[1] : "";
@@ -561,6 +581,7 @@ int main(int argc, char** argv) {
   if (!strcmp(c, "nonblocking")) return mp_run_ids(argc > 2 ? atoi(argv[2]) : 3, 2, rank_nonblocking, NULL, NULL, 0, 120);
   if (!strcmp(c, "shrink")) return mp_run(5, rank_shrink, NULL, 120);
   if (!strcmp(c, "revoke")) return mp_run_ids(3, 2, rank_revoke, NULL, NULL, 0, 120);
-  fprintf(stderr, "usage: test_failures kill|stop [trials [bytes]] | abort [n] | nonblocking [n] | shrink | revoke\n");
+  if (!strcmp(c, "exit")) return mp_run(2, rank_exit, NULL, 120);
+  fprintf(stderr, "usage: test_failures kill|stop [trials [bytes]] | abort [n] | nonblocking [n] | shrink | revoke | exit\n");
   return 2;
 }
