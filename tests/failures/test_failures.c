@@ -428,7 +428,12 @@ static int rank_nonblocking(int rank, int nranks, const ncclUniqueId* ids, int n
   MP_NCCL(ncclCommDestroy(c2));
   /* A peer that vanishes: queued work ends in ncclRemoteError naming it. */
   int gone = nranks - 1;
-  if (rank == gone) _exit(0); /* no destroy, no goodbye */
+  if (rank == gone) {
+    free(send);
+    free(recv);
+    free(bc);
+    _exit(0); /* no destroy, no goodbye */
+  }
   r = ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, NULL);
   MP_CHECK(r == ncclInProgress || r == ncclRemoteError, "allreduce with a peer gone -> %s", ncclGetErrorString(r));
   r = settle(comm);

@@ -78,6 +78,7 @@ static int mp_run_hooks(int nranks, int nids, mp_rank_fn fn, void* arg, const in
     pid_t p = fork();
     if (p == 0) {
       close(fds[1]);
+      free(pids); /* the parent's: a child that ends with _exit must not leak it under valgrind */
       /* Each write below is one atomic chunk (<= PIPE_BUF): one read each. */
       size_t want = sizeof(ncclUniqueId) * (size_t)nids;
       ssize_t got = read(fds[0], ids, want);
