@@ -2,6 +2,7 @@
  * checks, the handle table and submission to the background thread
  * (engine.c). All state is in engine_g under one mutex; collie_wait sleeps on
  * a condition variable that the background thread signals. */
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -49,26 +50,82 @@ static int fail(int code, const char* fmt, ...) {
 
 /* ------------------------------------------------------------ handles (lock held) */
 
-static int handle_new(struct engine* e, int parts) {
-  for (int i = 0; i < e->nhandles; i++) {
-    int k = (e->handle_hint + i) % e->nhandles;
-    if (!e->handles[k].used) {
-      e->handle_hint = k + 1;
-      e->handles[k] = (struct handle){.used = 1, .parts = parts};
-      return k;
-    }
+/* Handle ids only grow (wrapping at INT_MAX, skipping ids still in use), so
+ * a stale id never names a later operation. Slots are reused; an
+ * open-addressing table (linear probing, backward-shift deletion) maps ids
+ * to slots. */
+static size_t hidx_home(const struct engine* e, int id) { return ((uint32_t)id * 2654435761u) & (e->hidx_cap - 1); }
+
+static int hidx_find(const struct engine* e, int id) {
+  if (!e->hidx_cap || id < 0) return -1;
+  for (size_t i = hidx_home(e, id);; i = (i + 1) & (e->hidx_cap - 1)) {
+    int slot = e->hidx[i];
+    if (slot < 0) return -1;
+    if (e->handles[slot].id == id) return (int)i;
   }
-  int n = e->nhandles ? e->nhandles * 2 : 64;
-  if (n > (1 << 28)) return -1;
-  struct handle* h = realloc(e->handles, sizeof(*h) * (size_t)n);
-  if (!h) return -1;
-  memset(h + e->nhandles, 0, sizeof(*h) * (size_t)(n - e->nhandles));
-  int k = e->nhandles;
-  e->handles = h;
-  e->nhandles = n;
-  e->handle_hint = k + 1;
-  e->handles[k] = (struct handle){.used = 1, .parts = parts};
-  return k;
+}
+
+static void hidx_insert(struct engine* e, int id, int slot) {
+  size_t i = hidx_home(e, id);
+  while (e->hidx[i] >= 0) i = (i + 1) & (e->hidx_cap - 1);
+  e->hidx[i] = slot;
+}
+
+static void hidx_remove(struct engine* e, size_t i) {
+  size_t mask = e->hidx_cap - 1;
+  e->hidx[i] = -1;
+  /* Moves later entries of the probe run back so lookups never stop early. */
+  for (size_t j = (i + 1) & mask; e->hidx[j] >= 0; j = (j + 1) & mask) {
+    size_t home = hidx_home(e, e->handles[e->hidx[j]].id);
+    int between = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+    if (between) continue;
+    e->hidx[i] = e->hidx[j];
+    e->hidx[j] = -1;
+    i = j;
+  }
+}
+
+static int handle_new(struct engine* e, int parts) {
+  int slot = -1;
+  for (int i = 0; i < e->nhandles && slot < 0; i++) {
+    int k = (e->handle_hint + i) % e->nhandles;
+    if (!e->handles[k].used) slot = k;
+  }
+  if (slot < 0) {
+    int n = e->nhandles ? e->nhandles * 2 : 64;
+    if (n > (1 << 28)) return -1;
+    /* The index stays at most half full. */
+    size_t cap = (size_t)n * 2;
+    int* idx = malloc(sizeof(int) * cap);
+    if (!idx) return -1;
+    struct handle* h = realloc(e->handles, sizeof(*h) * (size_t)n);
+    if (!h) {
+      free(idx);
+      return -1;
+    }
+    memset(h + e->nhandles, 0, sizeof(*h) * (size_t)(n - e->nhandles));
+    e->handles = h;
+    free(e->hidx);
+    e->hidx = idx;
+    e->hidx_cap = cap;
+    for (size_t i = 0; i < cap; i++) e->hidx[i] = -1;
+    for (int k = 0; k < e->nhandles; k++)
+      if (e->handles[k].used) hidx_insert(e, e->handles[k].id, k);
+    slot = e->nhandles;
+    e->nhandles = n;
+  }
+  int id = e->next_handle_id;
+  while (hidx_find(e, id) >= 0) id = id == INT_MAX ? 0 : id + 1;
+  e->next_handle_id = id == INT_MAX ? 0 : id + 1;
+  e->handle_hint = slot + 1;
+  e->handles[slot] = (struct handle){.used = 1, .id = id, .parts = parts};
+  hidx_insert(e, id, slot);
+  return id;
+}
+
+static struct handle* handle_lookup(struct engine* e, int id) {
+  int i = hidx_find(e, id);
+  return i < 0 ? NULL : &e->handles[e->hidx[i]];
 }
 
 static void handle_clear(struct handle* h) {
@@ -78,15 +135,24 @@ static void handle_clear(struct handle* h) {
   memset(h, 0, sizeof(*h));
 }
 
+/* Frees a handle and forgets its id. */
+static void handle_drop(struct engine* e, int id) {
+  int i = hidx_find(e, id);
+  if (i < 0) return;
+  struct handle* h = &e->handles[e->hidx[i]];
+  hidx_remove(e, (size_t)i);
+  handle_clear(h);
+}
+
 static struct handle* handle_get(struct engine* e, int id) {
-  if (!e->initialized || id < 0 || id >= e->nhandles || !e->handles[id].used) return NULL;
-  return &e->handles[id];
+  if (!e->initialized) return NULL;
+  return handle_lookup(e, id);
 }
 
 void engine_complete(struct engine* e, int id, int status, const char* err, void* result, size_t result_count,
                      size_t* counts, int ncounts, int64_t value) {
   pthread_mutex_lock(&e->lock);
-  struct handle* h = id >= 0 && id < e->nhandles && e->handles[id].used ? &e->handles[id] : NULL;
+  struct handle* h = handle_lookup(e, id);
   if (!h) {
     pthread_mutex_unlock(&e->lock);
     free(result);
@@ -311,6 +377,9 @@ static void engine_teardown(struct engine* e, int abort_comms) {
   free(e->handles);
   e->handles = NULL;
   e->nhandles = e->handle_hint = 0;
+  free(e->hidx);
+  e->hidx = NULL;
+  e->hidx_cap = 0; /* next_handle_id carries on: ids stay unique across init cycles */
   map_free(&e->inflight);
   e->initialized = 0;
   e->running = 0;
@@ -750,9 +819,8 @@ COLLIE_EXPORT int collie_release(int id) {
   struct engine* e = &engine_g;
   pthread_mutex_lock(&e->lock);
   int rc = wait_locked(e, id, "collie_release");
-  struct handle* h = handle_get(e, id);
-  if (h) {
-    handle_clear(h);
+  if (handle_get(e, id)) {
+    handle_drop(e, id);
     rc = 0;
   }
   pthread_mutex_unlock(&e->lock);
@@ -768,7 +836,7 @@ static int blocking(struct req* r, int set, const char* fn) {
   struct handle* hd = handle_get(&engine_g, h);
   if (hd) {
     if (rc == 0) rc = (int)hd->value;
-    handle_clear(hd);
+    handle_drop(&engine_g, h);
   }
   pthread_mutex_unlock(&engine_g.lock);
   return rc;
@@ -805,7 +873,7 @@ COLLIE_EXPORT int collie_join(void) {
     struct handle* hd = handle_get(e, h);
     if (hd) {
       if (rc == 0) rc = (int)hd->value;
-      handle_clear(hd);
+      handle_drop(e, h);
     }
   }
   pthread_mutex_unlock(&e->lock);

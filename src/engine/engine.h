@@ -158,7 +158,7 @@ int engine_dtype_is_float(ncclDataType_t dt);
 /* ------------------------------------------------------------ engine state */
 
 struct handle {
-  int used, done, status, parts;
+  int used, id, done, status, parts;
   char* err;
   void* result;
   size_t result_count;
@@ -206,8 +206,11 @@ struct engine {
   ncclComm_t world;
   int owns_world;
   int rank, size, local_rank, local_size, cross_rank, cross_size;
-  struct handle* handles;
+  struct handle* handles; /* slots, reused */
   int nhandles, handle_hint;
+  int* hidx; /* handle id -> slot (open addressing, -1 empty), hidx_cap a power of two */
+  size_t hidx_cap;
+  int next_handle_id; /* ids only grow (wrapping at INT_MAX): a released id stays invalid */
   struct req *in_head, *in_tail; /* submitted, not yet taken */
   struct map inflight;           /* "set/name" of every pending request */
   struct pset* sets;             /* ordered by id; world first */

@@ -2,7 +2,7 @@
  * N ranks (tests/mp/harness.h), each starts the engine on a communicator and
  * runs one scenario. Usage: test_engine SCENARIO NRANKS [ARG]. Scenarios:
  * basic, orders, dtypes, colls, mismatch, join, sets, fusion, timeline,
- * stall, cycles, shutdown, autotune, errors. */
+ * stall, cycles, shutdown, autotune, errors, peerdeath, handles. */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -800,6 +800,82 @@ static int t_autotune(int rank, int n, const ncclUniqueId* ids, int nids, void* 
   return stop(comm);
 }
 
+/* ------------------------------------------------------------ handle ids */
+
+/* Every invalid-handle entry point refuses the id. */
+static int refused(int id) {
+  void* b;
+  size_t c, counts[16];
+  MP_CHECK(collie_poll(id) == COLLIE_ERR_INVALID_ARGUMENT, "poll(%d) accepted", id);
+  MP_CHECK(collie_wait(id) == COLLIE_ERR_INVALID_ARGUMENT, "wait(%d) accepted", id);
+  MP_CHECK(collie_result(id, &b, &c) == COLLIE_ERR_INVALID_ARGUMENT, "result(%d) accepted", id);
+  MP_CHECK(collie_result_counts(id, counts) == COLLIE_ERR_INVALID_ARGUMENT, "result_counts(%d) accepted", id);
+  MP_CHECK(collie_release(id) == COLLIE_ERR_INVALID_ARGUMENT, "release(%d) accepted", id);
+  MP_CHECK(collie_handle_error(id)[0] == '\0', "error text of %d", id);
+  return 0;
+}
+
+/* Ids only grow: a released (stale) id never names a later operation, also
+ * after many operations, out-of-order releases and a new init. */
+static int t_handles(int rank, int n, const ncclUniqueId* ids, int nids, void* arg) {
+  ncclComm_t comm;
+  if (start(rank, n, ids, &comm)) return 1;
+  int32_t v = 1;
+  int h0 = collie_allreduce_async("h0", &v, &v, 1, ncclInt32, COLLIE_SUM, 1, 1, COLLIE_WORLD);
+  WAIT_OK(h0);
+  MP_CHECK(collie_release(h0) == 0, "release h0");
+  if (refused(h0) || refused(-1) || refused(INT32_MAX)) return 1;
+  int prev = h0;
+  for (int i = 0; i < 300; i++) {
+    int32_t x = 1;
+    int h = collie_allreduce_async("seq", &x, &x, 1, ncclInt32, COLLIE_SUM, 1, 1, COLLIE_WORLD);
+    MP_CHECK(h > prev, "handle %d after %d: ids must grow", h, prev);
+    if (refused(h0) || refused(prev)) return 1;
+    WAIT_OK(h);
+    MP_CHECK(x == n, "seq %d: %d", i, x);
+    MP_CHECK(collie_release(h) == 0, "release");
+    prev = h;
+  }
+  /* Many live handles (the id table grows), released in a scrambled order:
+   * the others stay valid, the released ones are refused. */
+  enum { NH = 200 };
+  static int32_t buf[NH];
+  int hs[NH], order[NH];
+  for (int i = 0; i < NH; i++) {
+    char name[32];
+    snprintf(name, sizeof(name), "many.%d", i);
+    buf[i] = i;
+    hs[i] = collie_allreduce_async(name, &buf[i], &buf[i], 1, ncclInt32, COLLIE_SUM, 1, 1, COLLIE_WORLD);
+    MP_CHECK(hs[i] > prev, "many.%d: handle %d after %d", i, hs[i], prev);
+    prev = hs[i];
+    order[i] = i;
+  }
+  for (int i = 0; i < NH; i++) WAIT_OK(hs[i]);
+  unsigned seed = 12345;
+  for (int i = NH - 1; i > 0; i--) {
+    int j = (int)(rand_r(&seed) % (unsigned)(i + 1)), t = order[i];
+    order[i] = order[j];
+    order[j] = t;
+  }
+  for (int k = 0; k < NH; k++) {
+    int i = order[k];
+    MP_CHECK(buf[i] == i * n, "many.%d = %d", i, buf[i]);
+    MP_CHECK(collie_release(hs[i]) == 0, "release many.%d (handle %d): %s", i, hs[i], collie_last_error());
+    if (refused(hs[i])) return 1;
+    for (int q = k + 1; q < NH; q++)
+      MP_CHECK(collie_poll(hs[order[q]]) == 1, "handle %d lost after releasing %d", hs[order[q]], hs[i]);
+  }
+  /* A new engine on the same communicator keeps counting. */
+  MP_CHECK(collie_shutdown() == 0, "shutdown");
+  MP_CHECK(collie_init_comm(comm) == 0, "re-init: %s", collie_last_error());
+  int h = collie_allreduce_async("again", &v, &v, 1, ncclInt32, COLLIE_SUM, 1, 1, COLLIE_WORLD);
+  MP_CHECK(h > prev, "after re-init: handle %d, last before %d", h, prev);
+  if (refused(prev) || refused(h0)) return 1;
+  WAIT_OK(h);
+  MP_CHECK(collie_release(h) == 0, "release");
+  return stop(comm);
+}
+
 /* ------------------------------------------------------------ argument errors */
 
 static int t_errors(int rank, int n, const ncclUniqueId* ids, int nids, void* arg) {
@@ -853,7 +929,7 @@ int main(int argc, char** argv) {
                {"mismatch", t_mismatch}, {"join", t_join},       {"sets", t_sets},     {"fusion", t_fusion},
                {"timeline", t_timeline}, {"stall", t_stall},     {"cycles", t_cycles}, {"shutdown", t_shutdown},
                {"autotune", t_autotune}, {"errors", t_errors},
-               {"peerdeath", t_peerdeath}};
+               {"peerdeath", t_peerdeath}, {"handles", t_handles}};
   for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
     if (strcmp(argv[1], tests[i].name) != 0) continue;
     int rc = mp_run(n, tests[i].fn, NULL, 120);
