@@ -200,7 +200,10 @@ int collie_broadcast_async(const char* name, void* buf, size_t count, ncclDataTy
  * @brief Queues an all-to-all: sendcounts[j] elements (consecutive in sendbuf)
  * go to rank j of the set; sendcounts has collie_process_set_size() entries.
  * The output is allocated by the engine; collie_result_counts() gives the
- * count received from each rank.
+ * count received from each rank. While some ranks have joined (collie_join),
+ * a joined rank sends zero elements to every rank, and what the others send
+ * to it is dropped (it has no handle to receive it): sendcounts keep one
+ * entry per rank of the set, joined ones included.
  */
 int collie_alltoall_async(const char* name, const void* sendbuf, const size_t* sendcounts,
                           ncclDataType_t dtype, int process_set);
@@ -216,8 +219,9 @@ int collie_reducescatter_async(const char* name, const void* sendbuf, size_t cou
 /**
  * @brief Declares that this rank has no more work this epoch (world set).
  * Until every rank has joined, this rank takes part in other ranks'
- * allreduces with zeros (averages still divide by the full size),
- * allgathers with zero elements, and broadcasts. Blocks until all ranks
+ * allreduces with the reduction's identity (zeros for sum: averages still
+ * divide by the full size), allgathers and alltoalls with zero elements
+ * (alltoall data sent to it is dropped), and broadcasts. Blocks until all ranks
  * have joined. @return the last rank to join, or a negative code.
  */
 int collie_join(void);
@@ -225,6 +229,13 @@ int collie_join(void);
 /** @brief Blocks until every rank of the set reaches it. @return 0 or a negative code. */
 int collie_barrier(int process_set);
 
+/*
+ * Handles: ids only grow (they wrap at INT_MAX, skipping ids still in use),
+ * and stay unique across collie_shutdown / collie_init cycles of a process,
+ * so an id that was released, or never issued, is refused by every call
+ * below with COLLIE_ERR_INVALID_ARGUMENT (collie_handle_error returns "")
+ * instead of naming a later operation. Thread-safe.
+ */
 /** 1 if the handle is done (success or error), 0 if pending, negative if invalid. */
 int collie_poll(int handle);
 /** Blocks until done. @return 0 on success or the operation's negative code. */

@@ -228,11 +228,6 @@ static int build_response(struct pset* s, const char* name, struct pentry* p, st
   if (!msg[0] && f->kind == EK_BROADCAST && !p->per[f->root])
     snprintf(msg, sizeof(msg), "collie: tensor '%s': broadcast root rank %d has joined and cannot send", name,
              f->root);
-  if (!msg[0] && f->kind == EK_ALLTOALL) {
-    for (int r = 0; r < n && !msg[0]; r++)
-      if (!p->per[r])
-        snprintf(msg, sizeof(msg), "collie: tensor '%s': alltoall is not supported while rank %d has joined", name, r);
-  }
   if (msg[0]) {
     resp->status = COLLIE_ERR_MISMATCH;
     resp->err = strdup(msg);
@@ -249,6 +244,8 @@ static int build_response(struct pset* s, const char* name, struct pentry* p, st
       else
         for (int j = 0; j < n && j < p->per[r]->nshape; j++) resp->counts[(size_t)r * n + j] = (uint64_t)p->per[r]->shape[j];
     }
+    /* A joined rank's row stays zero: it sends nothing (its column keeps
+     * what the others send it, received and dropped). */
   }
   return 0;
 }
@@ -589,8 +586,13 @@ static ncclResult_t run_other(struct engine* e, struct pset* s, struct job* j, v
       break;
     }
     case EK_ALLTOALL: {
-      if (m->ncounts != n * n || !r) return err_set(ncclInternalError, "collie engine: alltoall response without counts");
+      if (m->ncounts != n * n) return err_set(ncclInternalError, "collie engine: alltoall response without counts");
       const uint64_t* row = m->counts + (size_t)me * n;
+      /* A joined rank (no request) sends nothing and receives what the
+       * others address to it into a result that is then dropped. */
+      const char* sendbuf = r ? r->sendbuf : NULL;
+      for (int q = 0; q < n && !r; q++)
+        if (row[q]) return err_set(ncclInternalError, "collie engine: alltoall '%s' asks a joined rank to send", m->name);
       size_t total = 0;
       for (int q = 0; q < n; q++) total += m->counts[(size_t)q * n + me];
       *result = malloc(total ? total * esz : 1);
@@ -604,9 +606,9 @@ static ncclResult_t run_other(struct engine* e, struct pset* s, struct job* j, v
         size_t in = m->counts[(size_t)q * n + me];
         (*counts)[q] = in;
         if (q == me) {
-          memcpy((char*)*result + roff * esz, (const char*)r->sendbuf + soff * esz, in * esz);
+          if (in) memcpy((char*)*result + roff * esz, sendbuf + soff * esz, in * esz);
         } else {
-          if (row[q]) ncclSend((const char*)r->sendbuf + soff * esz, row[q], dt, q, s->comm, NULL);
+          if (row[q]) ncclSend(sendbuf + soff * esz, row[q], dt, q, s->comm, NULL);
           if (in) ncclRecv((char*)*result + roff * esz, in, dt, q, s->comm, NULL);
         }
         soff += row[q];

@@ -2,7 +2,7 @@
  * N ranks (tests/mp/harness.h), each starts the engine on a communicator and
  * runs one scenario. Usage: test_engine SCENARIO NRANKS [ARG]. Scenarios:
  * basic, orders, dtypes, colls, mismatch, join, sets, fusion, timeline,
- * stall, cycles, shutdown, autotune, errors, peerdeath, handles. */
+ * stall, cycles, shutdown, autotune, errors, peerdeath, handles, join_a2a. */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -477,6 +477,47 @@ static int t_join(int rank, int n, const ncclUniqueId* ids, int nids, void* arg)
   return stop(comm);
 }
 
+/* Alltoall with unequal step counts: a joined rank sends nothing to anyone
+ * and what the others address to it is dropped; the others receive zero
+ * elements from it. */
+static int t_join_a2a(int rank, int n, const ncclUniqueId* ids, int nids, void* arg) {
+  ncclComm_t comm;
+  if (start(rank, n, ids, &comm)) return 1;
+  for (int epoch = 0; epoch < 2; epoch++) {
+    int steps = 2 * (rank + 1) + epoch;
+    for (int s = 0; s < steps; s++) {
+      size_t sc[16];
+      int64_t a2a[512];
+      size_t off = 0;
+      for (int j = 0; j < n; j++) {
+        sc[j] = (size_t)(j + 1 + s % 2);
+        for (size_t k = 0; k < sc[j]; k++) a2a[off++] = 1000 * rank + 100 * j + 10 * s + (int64_t)k;
+      }
+      int h = collie_alltoall_async("j.a2a", a2a, sc, ncclInt64, COLLIE_WORLD);
+      WAIT_OK(h);
+      void* res;
+      size_t cnt, counts[16];
+      MP_CHECK(collie_result(h, &res, &cnt) == 0 && collie_result_counts(h, counts) == 0, "result: %s",
+               collie_last_error());
+      off = 0;
+      for (int q = 0; q < n; q++) {
+        int active = 2 * (q + 1) + epoch > s;
+        size_t want = active ? (size_t)(rank + 1 + s % 2) : 0;
+        MP_CHECK(counts[q] == want, "epoch %d step %d: %zu elements from rank %d, want %zu", epoch, s, counts[q], q,
+                 want);
+        for (size_t k = 0; k < counts[q]; k++, off++)
+          MP_CHECK(((int64_t*)res)[off] == 1000 * q + 100 * rank + 10 * s + (int64_t)k, "step %d [%zu] = %lld", s,
+                   off, (long long)((int64_t*)res)[off]);
+      }
+      MP_CHECK(cnt == off, "count %zu want %zu", cnt, off);
+      collie_release(h);
+    }
+    int last = collie_join();
+    MP_CHECK(last == n - 1, "join returned %d, want %d: %s", last, n - 1, collie_last_error());
+  }
+  return stop(comm);
+}
+
 /* ------------------------------------------------------------ process sets */
 
 struct set_ctx {
@@ -929,7 +970,8 @@ int main(int argc, char** argv) {
                {"mismatch", t_mismatch}, {"join", t_join},       {"sets", t_sets},     {"fusion", t_fusion},
                {"timeline", t_timeline}, {"stall", t_stall},     {"cycles", t_cycles}, {"shutdown", t_shutdown},
                {"autotune", t_autotune}, {"errors", t_errors},
-               {"peerdeath", t_peerdeath}, {"handles", t_handles}};
+               {"peerdeath", t_peerdeath}, {"handles", t_handles},
+               {"join_a2a", t_join_a2a}};
   for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
     if (strcmp(argv[1], tests[i].name) != 0) continue;
     int rc = mp_run(n, tests[i].fn, NULL, 120);
