@@ -63,7 +63,8 @@ struct ncclComm {
   struct async_worker* async;
   int nonblocking;   /* config.blocking = 0, or NCCL_COMM_BLOCKING=0: work runs on `async` */
   uint32_t revoked;  /* ncclCommRevoke / NCCL_SHRINK_ABORT: running work stops */
-  int busy;          /* operations running now: abort frees nothing before 0 */
+  int busy;          /* operations running now: abort frees nothing before 0 (a futex word: comm_wait_idle) */
+  int stop_fd;       /* eventfd, readable for good after abort, revoke or a recorded failure: waits poll it */
   pthread_mutex_t err_lock;
   char err_msg[512]; /* why async_error was set */
 };

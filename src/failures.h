@@ -19,6 +19,8 @@ const char* comm_error_msg(struct ncclComm* comm);
 /* ncclSuccess while operations may continue; else the reason they must stop
  * (abort, revoke, a recorded error), with err_set called for this thread. */
 ncclResult_t comm_stop_check(struct ncclComm* comm);
+/* The same as a bootstrap watch (bootstrap_set_watch). */
+ncclResult_t comm_stop_check_cb(void* comm);
 
 /* A peer broke off an operation (poisoned its connectors, reported an error
  * in a slot): the cause may be a failure the keep-alive ring reports a moment
@@ -42,8 +44,8 @@ ncclResult_t comm_left_error(struct ncclComm* comm, int peer);
 /* Wakes every sleeping waiter of the communicator (after abort, revoke or a
  * recorded failure: each then ends with the reason). Any thread. */
 void comm_wake_waiters(struct ncclComm* comm);
-/* An fd that becomes readable (for good) once a failure is recorded, or -1:
- * waits that sleep in poll() include it so they end at once. */
+/* comm->stop_fd: becomes readable (for good) on abort, revoke or a recorded
+ * failure; waits that sleep in poll() include it so they end at once. */
 int health_fail_fd(struct ncclComm* comm);
 /* Stops the thread and closes the connections. `goodbye`: tell the
  * neighbours this rank leaves on purpose (else they report it failed).
@@ -85,5 +87,8 @@ ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const ncclUniq
 
 /* Waits (sleeping) until no operation runs on comm, at most `ms`; 1 if quiescent. */
 int comm_wait_idle(struct ncclComm* comm, int ms);
+/* Ends an operation counted in comm->busy and wakes comm_wait_idle: the
+ * caller's last touch of comm. */
+void comm_busy_exit(struct ncclComm* comm);
 
 #endif

@@ -58,7 +58,6 @@ struct health {
   struct ncclComm* comm;
   pthread_t thread;
   int wake_fd;
-  int fail_fd; /* eventfd, readable once a failure is recorded: socket waiters poll it */
   int nlinks;
   struct hlink link[2];
   int64_t timeout_ms; /* 0: no silence detection (pings still go out) */
@@ -137,6 +136,8 @@ ncclResult_t comm_stop_check(struct ncclComm* comm) {
   return err_set(e, "rank %d: %s", comm->rank, msg);
 }
 
+ncclResult_t comm_stop_check_cb(void* comm) { return comm_stop_check(comm); }
+
 ncclResult_t comm_await_cause(struct ncclComm* comm, int ms) {
   if (!comm->health) return ncclSuccess;
   int64_t end = time_ms() + ms;
@@ -145,9 +146,14 @@ ncclResult_t comm_await_cause(struct ncclComm* comm, int ms) {
     if ((e != ncclSuccess && e != ncclInProgress) || __atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED) ||
         __atomic_load_n(&comm->revoked, __ATOMIC_RELAXED))
       return comm_stop_check(comm);
-    if (time_ms() >= end) return ncclSuccess;
-    struct timespec ts = {0, 5 * 1000 * 1000};
-    nanosleep(&ts, NULL);
+    int64_t left = end - time_ms();
+    if (left <= 0) return ncclSuccess;
+    /* Readable once anything is recorded (or on abort, revoke): no polling period. */
+    struct pollfd p = {.fd = comm->stop_fd, .events = POLLIN};
+    if (poll(&p, 1, (int)left) < 0) {
+      struct timespec ts = {0, 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
   }
 }
 
@@ -330,7 +336,6 @@ static void health_free(struct health* h) {
   for (int i = 0; i < 2; i++)
     if (h->link[i].fd >= 0) close(h->link[i].fd);
   if (h->wake_fd >= 0) close(h->wake_fd);
-  if (h->fail_fd >= 0) close(h->fail_fd);
   free(h->dead);
   free(h->left);
   free(h);
@@ -371,7 +376,7 @@ ncclResult_t health_init(struct ncclComm* comm) {
   struct health* h = calloc(1, sizeof(*h));
   if (!h) return err_set(ncclSystemError, "out of memory for the keep-alive ring");
   h->comm = comm;
-  h->wake_fd = h->fail_fd = -1;
+  h->wake_fd = -1;
   h->link[0].fd = h->link[1].fd = -1;
   ncclResult_t res = ncclSuccess;
   int lfd = -1;
@@ -418,8 +423,7 @@ ncclResult_t health_init(struct ncclComm* comm) {
   int64_t now = time_ms();
   h->link[0].last_rx_ms = h->link[1].last_rx_ms = now;
   h->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  h->fail_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (h->wake_fd < 0 || h->fail_fd < 0) {
+  if (h->wake_fd < 0) {
     res = err_set(ncclSystemError, "eventfd failed: %s", strerror(errno));
     goto fail;
   }
@@ -442,13 +446,14 @@ fail:
 }
 
 void comm_wake_waiters(struct ncclComm* comm) {
-  transport_wake(comm);
-  struct health* h = comm->health;
+  /* The fd first: a socket or bootstrap waiter that checked the flags before
+   * they were set then wakes from poll() at once. */
   uint64_t one = 1;
-  if (h) (void)!write(h->fail_fd, &one, sizeof(one));
+  if (comm->stop_fd >= 0) (void)!write(comm->stop_fd, &one, sizeof(one));
+  transport_wake(comm);
 }
 
-int health_fail_fd(struct ncclComm* comm) { return comm->health ? comm->health->fail_fd : -1; }
+int health_fail_fd(struct ncclComm* comm) { return comm->stop_fd; }
 
 void health_stop(struct ncclComm* comm, int goodbye) {
   struct health* h = comm->health;

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "coll/coll.h"
@@ -153,6 +154,7 @@ static void comm_free(ncclComm_t comm) {
   dev_comm_free(comm); /* drains the device queue: its proxy uses the connectors */
   comm_release(comm);
   free(comm->peers);
+  if (comm->stop_fd >= 0) close(comm->stop_fd);
   pthread_mutex_destroy(&comm->err_lock);
   comm->magic = 0;
   free(comm);
@@ -171,6 +173,8 @@ static ncclResult_t comm_setup(ncclComm_t comm, int nids, const ncclUniqueId* id
   int rank = comm->rank, nranks = comm->nranks;
   int64_t t0 = time_ns();
   NCCLCHECK(bootstrap_init(ids, nids, rank, nranks, &comm->abort_flag, &comm->bs));
+  /* Lazy connector setup waits in the bootstrap: revoke and failures end it too. */
+  bootstrap_set_watch(comm->bs, comm_stop_check_cb, comm, comm->stop_fd);
   fill_local_info(comm, &comm->peers[rank]);
   NCCLCHECK(bootstrap_allgather(comm->bs, comm->peers, sizeof(*comm->peers)));
   for (int i = 0; i < nranks; i++) {
@@ -238,6 +242,7 @@ ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const ncclUniq
     return err_set(ncclSystemError, "%s: out of memory", fn);
   }
   comm->magic = COMM_MAGIC;
+  comm->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   comm->rank = rank;
   comm->nranks = nranks;
   comm->config = cfg;
@@ -245,6 +250,10 @@ ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const ncclUniq
   comm->cuda_dev = device_current();
   comm->async_error = ncclSuccess;
   pthread_mutex_init(&comm->err_lock, NULL);
+  if (comm->stop_fd < 0) {
+    res = err_set(ncclSystemError, "%s: eventfd failed: %s", fn, strerror(errno));
+    goto fail;
+  }
   comm->peers = calloc((size_t)nranks, sizeof(*comm->peers));
   if (!comm->peers) {
     res = err_set(ncclSystemError, "%s: out of memory for %d peers", fn, nranks);

@@ -58,7 +58,20 @@ struct bootstrap {
   int cap_pfds;
   struct bs_msg *qhead, *qtail;
   pthread_mutex_t lock;
+  /* The owning communicator's stop condition (bootstrap_set_watch). */
+  ncclResult_t (*stop)(void* arg);
+  void* stop_arg;
+  int wake_fd;
 };
+
+/* How one call waits: watched calls also end on the communicator's stop
+ * condition and sleep on its wake fd; control calls (shrink) do not. */
+struct wopt {
+  int watched;
+  int64_t timeout_ms;
+  int timed_out; /* out */
+};
+#define WOPT_DEFAULT(bs) ((struct wopt){1, (bs)->timeout_ms, 0})
 
 static uint64_t dropped_count;
 
@@ -68,6 +81,12 @@ void bootstrap_note_dropped(const union sock_addr* from, const char* where, cons
   char a[SOCK_ADDR_STRLEN];
   __atomic_add_fetch(&dropped_count, 1, __ATOMIC_RELAXED);
   WARN("bootstrap %s: dropped a connection from %s: %s", where, sock_addr_str(from, a, sizeof(a)), why);
+}
+
+void bootstrap_set_watch(struct bootstrap* bs, ncclResult_t (*stop)(void* arg), void* arg, int wake_fd) {
+  bs->stop = stop;
+  bs->stop_arg = arg;
+  bs->wake_fd = wake_fd;
 }
 
 void bootstrap_peer_failed(struct bootstrap* bs, int peer) {
@@ -264,8 +283,11 @@ static int in_service(struct bootstrap* bs, int i, int64_t now) {
 
 /* One round of waiting: accepts, reads, and (with want_fd >= 0) waits for
  * that fd to become writable. Sleeps at most `wait_ms` (capped at a slice). */
-static ncclResult_t progress(struct bootstrap* bs, int64_t wait_ms, int want_fd) {
-  int n = 1 + bs->nin + (want_fd >= 0);
+static ncclResult_t progress(struct bootstrap* bs, int64_t wait_ms, int want_fd, const struct wopt* o) {
+  /* The wake fd stays readable once written: only a watched wait, which
+   * then stops, may sleep on it (others would spin). */
+  int wfd = o->watched && bs->stop ? bs->wake_fd : -1;
+  int n = 1 + bs->nin + (want_fd >= 0) + (wfd >= 0);
   if (n > bs->cap_pfds) {
     int cap = n * 2;
     struct pollfd* np = realloc(bs->pfds, sizeof(*np) * (size_t)cap);
@@ -282,6 +304,7 @@ static ncclResult_t progress(struct bootstrap* bs, int64_t wait_ms, int want_fd)
     if (bs->in[i].rank < 0) wait_ms = COLLIE_MIN(wait_ms, bs->in[i].deadline_ms - now);
   }
   if (want_fd >= 0) bs->pfds[1 + nin] = (struct pollfd){.fd = want_fd, .events = POLLOUT};
+  if (wfd >= 0) bs->pfds[n - 1] = (struct pollfd){.fd = wfd, .events = POLLIN};
   if (wait_ms < 0) wait_ms = 0;
   int rc = poll(bs->pfds, (nfds_t)n, (int)wait_ms);
   if (rc < 0) {
@@ -321,8 +344,16 @@ static int aborted(struct bootstrap* bs) {
   return bs->abort_flag && __atomic_load_n(bs->abort_flag, __ATOMIC_RELAXED);
 }
 
+/* The communicator's own reason to stop a watched wait (abort, revoke, a
+ * recorded failure), err_set done; ncclSuccess to go on waiting. */
+static ncclResult_t watch_check(struct bootstrap* bs, const struct wopt* o) {
+  if (!o->watched || !bs->stop) return ncclSuccess;
+  return bs->stop(bs->stop_arg);
+}
+
 /* Sends n bytes on a nonblocking fd while servicing inbound traffic. */
-static ncclResult_t send_bytes(struct bootstrap* bs, int peer, int fd, const void* buf, size_t n, int64_t deadline) {
+static ncclResult_t send_bytes(struct bootstrap* bs, int peer, int fd, const void* buf, size_t n, int64_t deadline,
+                               struct wopt* o) {
   const char* p = buf;
   size_t done = 0;
   while (done < n) {
@@ -339,27 +370,30 @@ static ncclResult_t send_bytes(struct bootstrap* bs, int peer, int fd, const voi
     if (__atomic_load_n(&bs->failed[peer], __ATOMIC_RELAXED))
       return err_set(ncclRemoteError, "bootstrap: rank %d (%s) failed while rank %d was sending to it", peer,
                      bootstrap_peer_host(bs, peer), bs->rank);
+    NCCLCHECK(watch_check(bs, o));
     int64_t now = time_ms();
-    if (now >= deadline)
-      return err_set(ncclRemoteError, "bootstrap: rank %d timed out after %lld s sending to rank %d (%s)", bs->rank,
-                     (long long)(bs->timeout_ms / 1000), peer, bootstrap_peer_host(bs, peer));
-    NCCLCHECK(progress(bs, deadline - now, fd));
+    if (now >= deadline) {
+      o->timed_out = 1;
+      return err_set(ncclRemoteError, "bootstrap: rank %d timed out after %.1f s sending to rank %d (%s)", bs->rank,
+                     o->timeout_ms / 1000.0, peer, bootstrap_peer_host(bs, peer));
+    }
+    NCCLCHECK(progress(bs, deadline - now, fd, o));
   }
   return ncclSuccess;
 }
 
 static ncclResult_t send_frame(struct bootstrap* bs, int peer, int fd, int type, uint32_t tag, const void* data,
-                               size_t size, int64_t deadline) {
+                               size_t size, int64_t deadline, struct wopt* o) {
   struct frame_hdr h;
   uint8_t hdr[FRAME_HDR_BYTES];
   frame_init(&h, type, (uint32_t)size, bs->rank, tag, bs->secret);
   frame_encode(&h, hdr);
-  NCCLCHECK(send_bytes(bs, peer, fd, hdr, sizeof(hdr), deadline));
-  if (size) NCCLCHECK(send_bytes(bs, peer, fd, data, size, deadline));
+  NCCLCHECK(send_bytes(bs, peer, fd, hdr, sizeof(hdr), deadline, o));
+  if (size) NCCLCHECK(send_bytes(bs, peer, fd, data, size, deadline, o));
   return ncclSuccess;
 }
 
-static ncclResult_t connect_peer(struct bootstrap* bs, int peer, int64_t deadline) {
+static ncclResult_t connect_peer(struct bootstrap* bs, int peer, int64_t deadline, struct wopt* o) {
   if (bs->out_fd[peer] >= 0) return ncclSuccess;
   int fd;
   int st = sock_connect(&bs->peers[peer].addr, deadline, bs->abort_flag, &fd);
@@ -371,7 +405,7 @@ static ncclResult_t connect_peer(struct bootstrap* bs, int peer, int64_t deadlin
                    st == SOCK_ERROR ? strerror(errno) : sock_status_str(st));
   }
   bs->out_fd[peer] = fd;
-  ncclResult_t res = send_frame(bs, peer, fd, FRAME_HELLO, (uint32_t)peer, NULL, 0, deadline);
+  ncclResult_t res = send_frame(bs, peer, fd, FRAME_HELLO, (uint32_t)peer, NULL, 0, deadline, o);
   if (res != ncclSuccess) {
     close(fd);
     bs->out_fd[peer] = -1;
@@ -379,7 +413,8 @@ static ncclResult_t connect_peer(struct bootstrap* bs, int peer, int64_t deadlin
   return res;
 }
 
-static ncclResult_t send_locked(struct bootstrap* bs, int peer, uint32_t tag, const void* data, size_t size) {
+static ncclResult_t send_locked(struct bootstrap* bs, int peer, uint32_t tag, const void* data, size_t size,
+                               struct wopt* o) {
   if (size > FRAME_MAX_PAYLOAD)
     return err_set(ncclInvalidArgument, "bootstrap: message of %zu bytes exceeds the %u-byte limit", size,
                    FRAME_MAX_PAYLOAD);
@@ -390,9 +425,9 @@ static ncclResult_t send_locked(struct bootstrap* bs, int peer, uint32_t tag, co
     enqueue(bs, peer, tag, (uint32_t)size, copy);
     return ncclSuccess;
   }
-  int64_t deadline = time_ms() + bs->timeout_ms;
-  NCCLCHECK(connect_peer(bs, peer, deadline));
-  ncclResult_t res = send_frame(bs, peer, bs->out_fd[peer], FRAME_MSG, tag, data, size, deadline);
+  int64_t deadline = time_ms() + o->timeout_ms;
+  NCCLCHECK(connect_peer(bs, peer, deadline, o));
+  ncclResult_t res = send_frame(bs, peer, bs->out_fd[peer], FRAME_MSG, tag, data, size, deadline, o);
   if (res != ncclSuccess) {
     /* The stream may hold half a frame: never reuse it. */
     close(bs->out_fd[peer]);
@@ -401,8 +436,9 @@ static ncclResult_t send_locked(struct bootstrap* bs, int peer, uint32_t tag, co
   return res;
 }
 
-static ncclResult_t recv_locked(struct bootstrap* bs, int peer, uint32_t tag, void* data, size_t size) {
-  int64_t deadline = time_ms() + bs->timeout_ms;
+static ncclResult_t recv_locked(struct bootstrap* bs, int peer, uint32_t tag, void* data, size_t size,
+                               struct wopt* o) {
+  int64_t deadline = time_ms() + o->timeout_ms;
   for (;;) {
     struct bs_msg** pp = &bs->qhead;
     struct bs_msg* prev = NULL;
@@ -432,13 +468,15 @@ static ncclResult_t recv_locked(struct bootstrap* bs, int peer, uint32_t tag, vo
                      "was awaited: did that process exit or fail?",
                      peer, bootstrap_peer_host(bs, peer), bs->rank, tag);
     if (aborted(bs)) return err_set(ncclSystemError, "bootstrap: receive from rank %d aborted", peer);
+    NCCLCHECK(watch_check(bs, o));
     int64_t now = time_ms();
-    if (now >= deadline)
-      return err_set(ncclRemoteError,
-                     "bootstrap: rank %d timed out after %lld s waiting for rank %d (%s), tag 0x%x "
-                     "(COLLIE_BOOTSTRAP_TIMEOUT)",
-                     bs->rank, (long long)(bs->timeout_ms / 1000), peer, bootstrap_peer_host(bs, peer), tag);
-    NCCLCHECK(progress(bs, deadline - now, -1));
+    if (now >= deadline) {
+      o->timed_out = 1;
+      return err_set(ncclRemoteError, "bootstrap: rank %d timed out after %.1f s waiting for rank %d (%s), tag 0x%x%s",
+                     bs->rank, o->timeout_ms / 1000.0, peer, bootstrap_peer_host(bs, peer), tag,
+                     o->timeout_ms == bs->timeout_ms ? " (COLLIE_BOOTSTRAP_TIMEOUT)" : "");
+    }
+    NCCLCHECK(progress(bs, deadline - now, -1, o));
   }
 }
 
@@ -450,17 +488,41 @@ static ncclResult_t check_peer(struct bootstrap* bs, int peer, const char* what)
 
 ncclResult_t bootstrap_send(struct bootstrap* bs, int peer, uint32_t tag, const void* data, size_t size) {
   NCCLCHECK(check_peer(bs, peer, "send"));
+  struct wopt o = WOPT_DEFAULT(bs);
   pthread_mutex_lock(&bs->lock);
-  ncclResult_t res = send_locked(bs, peer, tag, data, size);
+  ncclResult_t res = send_locked(bs, peer, tag, data, size, &o);
   pthread_mutex_unlock(&bs->lock);
   return res;
 }
 
 ncclResult_t bootstrap_recv(struct bootstrap* bs, int peer, uint32_t tag, void* data, size_t size) {
   NCCLCHECK(check_peer(bs, peer, "recv"));
+  struct wopt o = WOPT_DEFAULT(bs);
   pthread_mutex_lock(&bs->lock);
-  ncclResult_t res = recv_locked(bs, peer, tag, data, size);
+  ncclResult_t res = recv_locked(bs, peer, tag, data, size, &o);
   pthread_mutex_unlock(&bs->lock);
+  return res;
+}
+
+ncclResult_t bootstrap_send_ctl(struct bootstrap* bs, int peer, uint32_t tag, const void* data, size_t size,
+                                int64_t timeout_ms, int* timed_out) {
+  NCCLCHECK(check_peer(bs, peer, "send"));
+  struct wopt o = {0, timeout_ms > 0 ? timeout_ms : bs->timeout_ms, 0};
+  pthread_mutex_lock(&bs->lock);
+  ncclResult_t res = send_locked(bs, peer, tag, data, size, &o);
+  pthread_mutex_unlock(&bs->lock);
+  if (timed_out) *timed_out = o.timed_out;
+  return res;
+}
+
+ncclResult_t bootstrap_recv_ctl(struct bootstrap* bs, int peer, uint32_t tag, void* data, size_t size,
+                                int64_t timeout_ms, int* timed_out) {
+  NCCLCHECK(check_peer(bs, peer, "recv"));
+  struct wopt o = {0, timeout_ms > 0 ? timeout_ms : bs->timeout_ms, 0};
+  pthread_mutex_lock(&bs->lock);
+  ncclResult_t res = recv_locked(bs, peer, tag, data, size, &o);
+  pthread_mutex_unlock(&bs->lock);
+  if (timed_out) *timed_out = o.timed_out;
   return res;
 }
 
@@ -468,12 +530,13 @@ static ncclResult_t allgather_locked(struct bootstrap* bs, void* all, size_t siz
   int n = bs->nranks, r = bs->rank;
   int next = (r + 1) % n, prev = (r + n - 1) % n;
   char* base = all;
+  struct wopt o = WOPT_DEFAULT(bs);
   /* Step s forwards the block that arrived at step s-1 (ours at s = 0). */
   for (int s = 0; s < n - 1; s++) {
     int send_block = (r - s + n) % n;
     int recv_block = (r - s - 1 + 2 * n) % n;
-    NCCLCHECK(send_locked(bs, next, TAG_ALLGATHER, base + (size_t)send_block * size, size));
-    NCCLCHECK(recv_locked(bs, prev, TAG_ALLGATHER, base + (size_t)recv_block * size, size));
+    NCCLCHECK(send_locked(bs, next, TAG_ALLGATHER, base + (size_t)send_block * size, size, &o));
+    NCCLCHECK(recv_locked(bs, prev, TAG_ALLGATHER, base + (size_t)recv_block * size, size, &o));
   }
   return ncclSuccess;
 }
@@ -490,9 +553,10 @@ ncclResult_t bootstrap_barrier(struct bootstrap* bs) {
   ncclResult_t res = ncclSuccess;
   pthread_mutex_lock(&bs->lock);
   int n = bs->nranks, r = bs->rank;
+  struct wopt o = WOPT_DEFAULT(bs);
   for (int k = 0, d = 1; d < n && res == ncclSuccess; k++, d <<= 1) {
-    res = send_locked(bs, (r + d) % n, TAG_BARRIER | (uint32_t)k, NULL, 0);
-    if (res == ncclSuccess) res = recv_locked(bs, (r - d % n + n) % n, TAG_BARRIER | (uint32_t)k, NULL, 0);
+    res = send_locked(bs, (r + d) % n, TAG_BARRIER | (uint32_t)k, NULL, 0, &o);
+    if (res == ncclSuccess) res = recv_locked(bs, (r - d % n + n) % n, TAG_BARRIER | (uint32_t)k, NULL, 0, &o);
   }
   pthread_mutex_unlock(&bs->lock);
   return res;
@@ -507,10 +571,11 @@ ncclResult_t bootstrap_bcast(struct bootstrap* bs, int root, void* data, size_t 
   /* Binomial tree: receive from the parent (vr without its lowest set bit),
    * then send to children vr + 2^k for every 2^k below that bit. */
   int mask = 1;
+  struct wopt o = WOPT_DEFAULT(bs);
   while (mask < n && !(vr & mask)) mask <<= 1;
-  if (vr != 0) res = recv_locked(bs, ((vr & ~mask) + root) % n, TAG_BCAST, data, size);
+  if (vr != 0) res = recv_locked(bs, ((vr & ~mask) + root) % n, TAG_BCAST, data, size, &o);
   for (mask >>= 1; res == ncclSuccess && mask > 0; mask >>= 1)
-    if (vr + mask < n) res = send_locked(bs, (vr + mask + root) % n, TAG_BCAST, data, size);
+    if (vr + mask < n) res = send_locked(bs, (vr + mask + root) % n, TAG_BCAST, data, size, &o);
   pthread_mutex_unlock(&bs->lock);
   return res;
 }
@@ -626,6 +691,7 @@ ncclResult_t bootstrap_init(const ncclUniqueId* ids, int nids, int rank, int nra
   bs->rank = rank;
   bs->nranks = nranks;
   bs->listen_fd = -1;
+  bs->wake_fd = -1;
   bs->abort_flag = abort_flag;
   memcpy(bs->secret, id0.secret, sizeof(bs->secret));
   bs->nonce = id0.nonce;

@@ -65,9 +65,25 @@ const char* bootstrap_peer_host(const struct bootstrap* bs, int peer);
  * them). Safe from any thread. */
 void bootstrap_peer_failed(struct bootstrap* bs, int peer);
 
+/* The owning communicator's data path must not outwait its abort, revoke
+ * or a recorded failure: once set, every wait of the calls below (not the
+ * _ctl ones) checks stop(arg) before it sleeps (a non-success result, with
+ * err_set done, ends the call) and sleeps in poll() on wake_fd as well, an
+ * fd that becomes readable for good once stop may fail. Set once, right
+ * after init, before other threads use bs. */
+void bootstrap_set_watch(struct bootstrap* bs, ncclResult_t (*stop)(void* arg), void* arg, int wake_fd);
+
 /* Tagged point-to-point; the sizes on both sides must agree. */
 ncclResult_t bootstrap_send(struct bootstrap* bs, int peer, uint32_t tag, const void* data, size_t size);
 ncclResult_t bootstrap_recv(struct bootstrap* bs, int peer, uint32_t tag, void* data, size_t size);
+/* The same for control messages of a communicator that may be revoked or in
+ * error (ncclCommShrink): not stopped by the watch (abort and a peer declared
+ * failed still end them); timeout_ms > 0 replaces COLLIE_BOOTSTRAP_TIMEOUT;
+ * *timed_out (may be NULL) says whether the call failed for lack of time. */
+ncclResult_t bootstrap_send_ctl(struct bootstrap* bs, int peer, uint32_t tag, const void* data, size_t size,
+                                int64_t timeout_ms, int* timed_out);
+ncclResult_t bootstrap_recv_ctl(struct bootstrap* bs, int peer, uint32_t tag, void* data, size_t size,
+                                int64_t timeout_ms, int* timed_out);
 /* Ring allgather: `all` holds nranks blocks of `size` bytes; block `rank` is ours. */
 ncclResult_t bootstrap_allgather(struct bootstrap* bs, void* all, size_t size);
 ncclResult_t bootstrap_barrier(struct bootstrap* bs);

@@ -554,6 +554,74 @@ static int rank_revoke(int rank, int nranks, const ncclUniqueId* ids, int nids, 
   return 0;
 }
 
+/* Revoke ends a call blocked in lazy connector setup: on a fresh
+ * communicator whose peers never join, rank 0's allreduce waits in the
+ * bootstrap for their connection info (not yet in the data path proper). */
+static int rank_revoke_setup(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  ncclComm_t a, b;
+  MP_NCCL(ncclCommInitRank(&a, nranks, ids[0], rank));
+  MP_NCCL(ncclCommInitRank(&b, nranks, ids[1], rank));
+  float x = 1, y = 0;
+  if (rank == 0) {
+    struct revoke_arg ra = {b, ncclInternalError};
+    pthread_t th;
+    pthread_create(&th, NULL, revoke_thread, &ra);
+    ncclResult_t r = ncclAllReduce(&x, &y, 1, ncclFloat, ncclSum, b, NULL);
+    pthread_join(th, NULL);
+    MP_CHECK(r == ncclInvalidUsage, "the allreduce blocked in connector setup ended with %s: %s",
+             ncclGetErrorString(r), ncclGetLastError(b));
+    MP_CHECK(strstr(ncclGetLastError(NULL), "revoked") != NULL, "message: %s", ncclGetLastError(NULL));
+    MP_CHECK(ra.res == ncclSuccess || ra.res == ncclInProgress, "revoke -> %d", (int)ra.res);
+    MP_CHECK(settle(b) == ncclSuccess, "revoked comm's state is an error");
+    for (int p = 1; p < nranks; p++) MP_NCCL(ncclSend(&x, 1, ncclFloat, p, a, NULL));
+  } else {
+    MP_NCCL(ncclRecv(&y, 1, ncclFloat, 0, a, NULL));
+  }
+  MP_NCCL(ncclCommDestroy(b));
+  float s[64], rv[64];
+  if (allreduce_check(a, s, rv, 64, "other comm after a revoke in setup")) return 1;
+  MP_NCCL(ncclCommDestroy(a));
+  return 0;
+}
+
+/* A rank that is alive but never calls ncclCommShrink: the others fail
+ * within COLLIE_SHRINK_TIMEOUT (2 x COLLIE_PEER_TIMEOUT here) with an error
+ * naming it, rather than after COLLIE_BOOTSTRAP_TIMEOUT. `absent` is the
+ * coordinator (rank 0) or another rank. */
+static int rank_shrink_absent(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  int absent = *(int*)arg;
+  ncclComm_t a, b;
+  MP_NCCL(ncclCommInitRank(&a, nranks, ids[0], rank));
+  MP_NCCL(ncclCommInitRank(&b, nranks, ids[1], rank));
+  float x = 1, y = 0;
+  if (rank == absent) {
+    /* Busy elsewhere until the others have given up on the shrink. */
+    for (int p = 0; p < nranks; p++)
+      if (p != rank) MP_NCCL(ncclRecv(&y, 1, ncclFloat, p, b, NULL));
+  } else {
+    ncclComm_t nc = NULL;
+    ncclResult_t r = ncclCommShrink(a, NULL, 0, &nc, NULL, NCCL_SHRINK_DEFAULT);
+    const char* msg = ncclGetLastError(NULL);
+    char want[32];
+    snprintf(want, sizeof(want), "%d (", absent);
+    fprintf(stderr, "rank %d: shrink without rank %d: %s: %s\n", rank, absent, ncclGetErrorString(r), msg);
+    MP_CHECK(r == ncclRemoteError, "shrink with rank %d absent -> %s", absent, ncclGetErrorString(r));
+    MP_CHECK(nc == NULL, "a communicator came out of a failed shrink");
+    MP_CHECK(strstr(msg, "did not call ncclCommShrink") && strstr(msg, want), "the error does not name rank %d: %s",
+             absent, msg);
+    MP_NCCL(ncclSend(&x, 1, ncclFloat, absent, b, NULL));
+  }
+  /* Both communicators still work (nobody was declared failed). */
+  float s[64], rv[64];
+  if (allreduce_check(a, s, rv, 64, "parent after a failed shrink")) return 1;
+  MP_NCCL(ncclCommDestroy(a));
+  MP_NCCL(ncclCommDestroy(b));
+  return 0;
+}
+
 /* A rank that exits normally (exit(), destructors run) without destroying its
  * communicator says goodbye: the peer waiting for it is told it left, not that
  * it failed. */
@@ -587,6 +655,11 @@ int main(int argc, char** argv) {
   if (!strcmp(c, "shrink")) return mp_run(5, rank_shrink, NULL, 120);
   if (!strcmp(c, "revoke")) return mp_run_ids(3, 2, rank_revoke, NULL, NULL, 0, 120);
   if (!strcmp(c, "exit")) return mp_run(2, rank_exit, NULL, 120);
-  fprintf(stderr, "usage: test_failures kill|stop [trials [bytes]] | abort [n] | nonblocking [n] | shrink | revoke | exit\n");
+  if (!strcmp(c, "revoke_setup")) return mp_run_ids(3, 2, rank_revoke_setup, NULL, NULL, 0, 120);
+  if (!strcmp(c, "shrink_absent")) {
+    int absent = argc > 2 ? atoi(argv[2]) : 2;
+    return mp_run_ids(3, 2, rank_shrink_absent, &absent, NULL, 0, 120);
+  }
+  fprintf(stderr, "usage: test_failures kill|stop [trials [bytes]] | abort [n] | nonblocking [n] | shrink | revoke | exit | revoke_setup | shrink_absent [rank]\n");
   return 2;
 }
