@@ -514,6 +514,18 @@ static int submit(struct req** reqs, int n, int set, const char* fn) {
         goto out;
       }
     }
+    /* The members of a grouped allreduce carry its key (the first member's
+     * name, unique while pending) and size: the coordinator and the cache
+     * release them together. */
+    if (n > 1 && i > 0) {
+      m->group = strdup(reqs[0]->m.name);
+      reqs[0]->m.group = reqs[0]->m.group ? reqs[0]->m.group : strdup(reqs[0]->m.name);
+      if (!m->group || !reqs[0]->m.group) {
+        rc = fail(COLLIE_ERR_INTERNAL, "%s: out of memory", fn);
+        goto out;
+      }
+      m->gsize = reqs[0]->m.gsize = n;
+    }
     if (m->kind == EK_ALLTOALL && m->nshape != s->size) {
       rc = fail(COLLIE_ERR_INVALID_ARGUMENT, "%s: sendcounts needs %d entries", fn, s->size);
       goto out;

@@ -260,6 +260,146 @@ static void ranks_list(char* out, size_t cap, struct pentry* p, int n, int want_
   }
 }
 
+static const char* pentry_name(const struct pentry* p, int n) {
+  for (int r = 0; r < n; r++)
+    if (p->per[r]) return p->per[r]->name;
+  return "";
+}
+
+/* Every member has submitted it, or has joined. */
+static int pentry_complete(const struct pset* s, const struct pentry* p) {
+  for (int r = 0; r < s->size; r++)
+    if (!p->per[r] && !(s->joined && s->joined[r])) return 0;
+  return 1;
+}
+
+/* What the coordinator answers this cycle, in order. Grouped allreduce: a
+ * tensor that any rank submitted as a member of group K belongs to K;
+ * groups sharing a tensor merge (union-find over the table). A group is
+ * answered when all its tensors are complete and there are at least as many
+ * as any rank's group size, its members consecutively, so every rank runs
+ * them in one batch; or, past the stall shutdown time of one member, failed
+ * as a whole. */
+struct plan {
+  struct pentry** order; /* entries to answer */
+  int* comp;             /* per order entry: its group (index into key), -1 none */
+  uint8_t* stalled;      /* per order entry: answer with COLLIE_ERR_STALLED */
+  int no;
+  const char** key; /* per table index: group key of the group rooted there */
+};
+
+static void plan_free(struct plan* pl) {
+  free(pl->order);
+  free(pl->comp);
+  free(pl->stalled);
+  free(pl->key);
+  memset(pl, 0, sizeof(*pl));
+}
+
+static int uf_find(int* parent, int i) {
+  while (parent[i] != i) {
+    parent[i] = parent[parent[i]];
+    i = parent[i];
+  }
+  return i;
+}
+
+static int plan_build(struct engine* e, struct pset* s, struct plan* pl, int64_t now) {
+  int n = s->size, np = 0, any_group = 0, rc = -1;
+  memset(pl, 0, sizeof(*pl));
+  for (struct pentry* p = s->fhead; p; p = p->next) {
+    p->idx = np++;
+    for (int r = 0; r < n && !any_group; r++)
+      if (p->per[r] && p->per[r]->group) any_group = 1;
+  }
+  if (np == 0) return 0;
+  int *parent = NULL, *need = NULL, *cnt = NULL, *state = NULL;
+  uint8_t* grouped = NULL;
+  struct pentry** byidx = NULL;
+  struct map keys = {0};
+  pl->order = malloc(sizeof(*pl->order) * (size_t)np);
+  pl->comp = malloc(sizeof(int) * (size_t)np);
+  pl->stalled = calloc((size_t)np, 1);
+  if (!pl->order || !pl->comp || !pl->stalled) goto out;
+  if (any_group) {
+    parent = malloc(sizeof(int) * (size_t)np);
+    need = calloc((size_t)np, sizeof(int));
+    cnt = calloc((size_t)np, sizeof(int));
+    state = calloc((size_t)np, sizeof(int)); /* per root: bit 1 incomplete, 2 stalled, 4 answered */
+    grouped = calloc((size_t)np, 1);
+    byidx = malloc(sizeof(*byidx) * (size_t)np);
+    pl->key = calloc((size_t)np, sizeof(*pl->key));
+    if (!parent || !need || !cnt || !state || !grouped || !byidx || !pl->key) goto out;
+    for (struct pentry* p = s->fhead; p; p = p->next) {
+      parent[p->idx] = p->idx;
+      byidx[p->idx] = p;
+    }
+    for (struct pentry* p = s->fhead; p; p = p->next) {
+      for (int r = 0; r < n; r++) {
+        const struct meta* m = p->per[r];
+        if (!m || !m->group) continue;
+        grouped[p->idx] = 1;
+        intptr_t j = (intptr_t)map_get(&keys, m->group);
+        if (!j) {
+          if (map_put(&keys, m->group, (void*)(intptr_t)(p->idx + 1)) != 0) goto out;
+          continue;
+        }
+        int a = uf_find(parent, p->idx), b = uf_find(parent, (int)j - 1);
+        if (a != b) parent[a < b ? b : a] = a < b ? a : b; /* the root is the earliest entry */
+      }
+    }
+    for (struct pentry* p = s->fhead; p; p = p->next) {
+      if (!grouped[p->idx]) continue;
+      int root = uf_find(parent, p->idx);
+      cnt[root]++;
+      for (int r = 0; r < n; r++) {
+        const struct meta* m = p->per[r];
+        if (!m || !m->group) continue;
+        if (m->gsize > need[root]) need[root] = m->gsize;
+        if (!pl->key[root]) pl->key[root] = m->group;
+      }
+      if (!pentry_complete(s, p)) state[root] |= 1;
+      if (e->stall_shutdown_ns > 0 && now - p->first_seen > e->stall_shutdown_ns) state[root] |= 2;
+    }
+  }
+  for (struct pentry* p = s->fhead; p; p = p->next) {
+    if (grouped && grouped[p->idx]) {
+      int root = uf_find(parent, p->idx);
+      if (state[root] & 4) continue;
+      int ready = !(state[root] & 1) && cnt[root] >= need[root];
+      if (!ready && !(state[root] & 2)) continue;
+      state[root] |= 4;
+      for (int i = p->idx; i < np; i++) {
+        if (!grouped[i] || uf_find(parent, i) != root) continue;
+        pl->order[pl->no] = byidx[i];
+        pl->comp[pl->no] = root;
+        pl->stalled[pl->no] = !ready;
+        pl->no++;
+      }
+      continue;
+    }
+    int complete = p->nrep > 0 && pentry_complete(s, p);
+    int stalled = !complete && e->stall_shutdown_ns > 0 && now - p->first_seen > e->stall_shutdown_ns;
+    if (!complete && !stalled) continue;
+    pl->order[pl->no] = p;
+    pl->comp[pl->no] = -1;
+    pl->stalled[pl->no] = (uint8_t)stalled;
+    pl->no++;
+  }
+  rc = 0;
+out:
+  /* Keys point into the table's requests, which live until answered. */
+  free(parent);
+  free(need);
+  free(cnt);
+  free(state);
+  free(grouped);
+  free(byidx);
+  map_free(&keys);
+  if (rc != 0) plan_free(pl);
+  return rc;
+}
+
 /* Coordinator: takes every rank's new requests, answers what is complete. */
 static ncclResult_t coordinate(struct engine* e, struct pset* s, uint8_t* const* bufs, const uint64_t* lens,
                                struct wbuf* out, int64_t announce_fusion, int64_t announce_cycle) {
@@ -304,46 +444,94 @@ static ncclResult_t coordinate(struct engine* e, struct pset* s, uint8_t* const*
   int64_t hdr[2] = {announce_fusion, announce_cycle};
   wbuf_put(out, &nresp, sizeof(nresp));
   wbuf_put(out, hdr, sizeof(hdr));
-  for (struct pentry* p = s->fhead; p;) {
-    struct pentry* next = p->next;
-    int complete = p->nrep > 0;
-    const char* name = NULL;
-    for (int r = 0; r < n; r++) {
-      if (p->per[r] && !name) name = p->per[r]->name;
-      if (!p->per[r] && !(s->joined && s->joined[r])) complete = 0;
+  struct plan pl;
+  if (plan_build(e, s, &pl, now) != 0) return err_set(ncclSystemError, "collie engine: out of memory");
+  ncclResult_t res = ncclSuccess;
+  for (int a = 0; a < pl.no && res == ncclSuccess;) {
+    /* One unit: a tensor, or every member of a group (consecutive in order). */
+    int b = a + 1;
+    while (b < pl.no && pl.comp[b] >= 0 && pl.comp[b] == pl.comp[a]) b++;
+    int unit = b - a, stalled = pl.stalled[a], fail_at = -1;
+    struct meta* resp = calloc((size_t)unit, sizeof(*resp));
+    if (!resp) {
+      res = err_set(ncclSystemError, "collie engine: out of memory");
+      break;
     }
-    struct meta resp;
-    memset(&resp, 0, sizeof(resp));
-    int emit = 0;
-    if (complete) {
-      if (build_response(s, name, p, &resp) != 0) return err_set(ncclSystemError, "collie engine: out of memory");
-      emit = 1;
-    } else if (e->stall_shutdown_ns > 0 && now - p->first_seen > e->stall_shutdown_ns) {
-      char have[512], missing[512], msg[1400];
-      ranks_list(have, sizeof(have), p, n, 1, s->joined);
-      ranks_list(missing, sizeof(missing), p, n, 0, s->joined);
-      snprintf(msg, sizeof(msg),
-               "collie: tensor '%s' stalled for %.1f s in process set %d: ranks [%s] did not submit it "
-               "(submitted by ranks [%s]); failed after COLLIE_STALL_SHUTDOWN_TIME_SECONDS",
-               name, (double)(now - p->first_seen) / 1e9, s->id, missing, have);
-      WARN("%s", msg);
+    char gmsg[1400] = "";
+    for (int k = 0; k < unit && res == ncclSuccess; k++) {
+      struct pentry* p = pl.order[a + k];
+      const char* name = pentry_name(p, n);
+      if (!stalled && p->nrep > 0 && pentry_complete(s, p)) {
+        if (build_response(s, name, p, &resp[k]) != 0) res = err_set(ncclSystemError, "collie engine: out of memory");
+        else if (resp[k].status != 0 && fail_at < 0) fail_at = k;
+        continue;
+      }
+      /* Stalled (the tensor itself, or a member of its group). */
+      char msg[1400];
+      if (!pentry_complete(s, p)) {
+        char have[512], missing[512];
+        ranks_list(have, sizeof(have), p, n, 1, s->joined);
+        ranks_list(missing, sizeof(missing), p, n, 0, s->joined);
+        snprintf(msg, sizeof(msg),
+                 "collie: tensor '%s' stalled for %.1f s in process set %d: ranks [%s] did not submit it "
+                 "(submitted by ranks [%s]); failed after COLLIE_STALL_SHUTDOWN_TIME_SECONDS",
+                 name, (double)(now - p->first_seen) / 1e9, s->id, missing, have);
+        WARN("%s", msg);
+      } else {
+        snprintf(msg, sizeof(msg), "collie: tensor '%s' fails with its group, in which a tensor stalled", name);
+      }
       const struct meta* f = NULL;
       for (int r = 0; r < n && !f; r++) f = p->per[r];
-      if (meta_copy(&resp, f) != 0) return err_set(ncclSystemError, "collie engine: out of memory");
-      free(resp.err);
-      resp.status = COLLIE_ERR_STALLED;
-      resp.err = strdup(msg);
-      emit = 1;
+      if (meta_copy(&resp[k], f) != 0) {
+        res = err_set(ncclSystemError, "collie engine: out of memory");
+        break;
+      }
+      free(resp[k].err);
+      resp[k].status = COLLIE_ERR_STALLED;
+      resp[k].err = strdup(msg);
+      if (!gmsg[0] && !pentry_complete(s, p)) snprintf(gmsg, sizeof(gmsg), "%s", msg);
     }
-    if (emit) {
-      meta_write(out, &resp);
-      meta_free(&resp);
-      nresp++;
+    if (res == ncclSuccess && pl.comp[a] >= 0) {
+      /* A group runs whole or not at all: one member's failure fails every member. */
+      int status = stalled ? COLLIE_ERR_STALLED : fail_at >= 0 ? resp[fail_at].status : 0;
+      if (!stalled && fail_at >= 0) snprintf(gmsg, sizeof(gmsg), "%s", resp[fail_at].err ? resp[fail_at].err : "");
+      for (int k = 0; k < unit; k++) {
+        free(resp[k].group);
+        resp[k].group = strdup(pl.key[pl.comp[a]]);
+        resp[k].gsize = unit;
+        if (status == 0) continue;
+        char msg[1800];
+        snprintf(msg, sizeof(msg), "collie: grouped allreduce of %d tensors (with '%s') failed as a whole: %s", unit,
+                 pentry_name(pl.order[a + k], n), gmsg);
+        free(resp[k].err);
+        resp[k].status = status;
+        resp[k].err = strdup(msg);
+      }
+    }
+    for (int k = 0; k < unit; k++) {
+      if (res == ncclSuccess) {
+        meta_write(out, &resp[k]);
+        nresp++;
+      }
+      meta_free(&resp[k]);
+    }
+    free(resp);
+    if (res != ncclSuccess) break;
+    for (int k = a; k < b; k++) {
+      struct pentry* p = pl.order[k];
+      char* name = strdup(pentry_name(p, n));
+      if (!name) {
+        res = err_set(ncclSystemError, "collie engine: out of memory");
+        break;
+      }
       table_unlink(s, p, name);
       pentry_free(p, n);
+      free(name);
     }
-    p = next;
+    a = b;
   }
+  plan_free(&pl);
+  if (res != ncclSuccess) return res;
   if (out->oom) return err_set(ncclSystemError, "collie engine: out of memory");
   memcpy(out->p, &nresp, sizeof(nresp));
   return ncclSuccess;
@@ -815,6 +1003,39 @@ static ncclResult_t execute(struct engine* e, struct pset* s, struct job* jobs, 
   return ncclSuccess;
 }
 
+/* A rank's grouped request uses the cache only when every member of its
+ * group does: otherwise all of them go to the coordinator, which then sees
+ * the whole group (no member runs from the cache while another is renegotiated). */
+static void group_uncache(struct pset* s) {
+  struct map open = {0};
+  int oom = 0;
+  for (struct req* r = s->head; r; r = r->next)
+    if (r->m.group && r->state != RQ_CACHED && map_put(&open, r->m.group, r) != 0) oom = 1;
+  for (struct req* r = s->head; r; r = r->next)
+    if (r->m.group && r->state == RQ_CACHED && (oom || map_get(&open, r->m.group))) r->state = RQ_NEW;
+  map_free(&open);
+}
+
+/* Clears rel[] for cached group members whose group is not entirely ready. */
+static int cache_hold_groups(struct cache* c, uint8_t* rel) {
+  struct map ready = {0};
+  for (int i = 0; i < c->nslots; i++) {
+    struct centry* ce = c->slots[i];
+    if (!rel[i] || !ce->m.group) continue;
+    intptr_t k = (intptr_t)map_get(&ready, ce->m.group);
+    if (map_put(&ready, ce->m.group, (void*)(k + 1)) != 0) {
+      map_free(&ready);
+      return -1;
+    }
+  }
+  for (int i = 0; i < c->nslots; i++) {
+    struct centry* ce = c->slots[i];
+    if (rel[i] && ce->m.group && (intptr_t)map_get(&ready, ce->m.group) < ce->m.gsize) rel[i] = 0;
+  }
+  map_free(&ready);
+  return 0;
+}
+
 /* ------------------------------------------------------------ one round of a set */
 
 static ncclResult_t set_round(struct engine* e, struct pset* s, int* shutdown) {
@@ -832,6 +1053,7 @@ static ncclResult_t set_round(struct engine* e, struct pset* s, int* shutdown) {
   uint64_t* lens = NULL;
   uint8_t** bufs = NULL;
   uint8_t* rbytes = NULL;
+  uint8_t* rel = NULL; /* per cache slot: released this cycle */
 
   if (vlen > e->vec_cap) {
     uint8_t* v = realloc(e->vec, vlen);
@@ -842,13 +1064,18 @@ static ncclResult_t set_round(struct engine* e, struct pset* s, int* shutdown) {
   uint8_t* v = e->vec;
   memset(v, 1, vlen);
   for (int i = 0; i < nsl; i++) v[V_SLOT(n, i)] = (uint8_t)joined_me;
-  int any_new = 0;
+  int any_new = 0, any_group = 0;
   for (struct req* r = s->head; r; r = r->next) {
     struct centry* ce = cache_find(c, r->m.name);
     if (r->state == RQ_NEW && ce) {
       if (cache_matches(&ce->m, &r->m)) r->state = RQ_CACHED;
       else v[V_SLOT(n, ce->slot) + 2] = 0; /* stale entry: everyone drops it, then it renegotiates */
     }
+    if (r->m.group) any_group = 1;
+  }
+  if (any_group) group_uncache(s);
+  for (struct req* r = s->head; r; r = r->next) {
+    struct centry* ce = r->state == RQ_CACHED ? cache_find(c, r->m.name) : NULL;
     if (r->state == RQ_NEW) any_new = 1;
     if (r->state == RQ_CACHED && ce) {
       v[V_SLOT(n, ce->slot)] = 1;
@@ -898,6 +1125,14 @@ static ncclResult_t set_round(struct engine* e, struct pset* s, int* shutdown) {
     res = err_set(ncclSystemError, "collie engine: out of memory");
     goto out;
   }
+  if (nsl > 0) {
+    rel = calloc((size_t)nsl, 1);
+    if (!rel) {
+      res = err_set(ncclSystemError, "collie engine: out of memory");
+      goto out;
+    }
+  }
+  int cached_groups = 0;
   for (int i = 0; i < nsl; i++) {
     struct centry* ce = c->slots[i];
     uint8_t* b = &v[V_SLOT(n, i)];
@@ -910,18 +1145,33 @@ static ncclResult_t set_round(struct engine* e, struct pset* s, int* shutdown) {
     }
     if (!ce) continue;
     int all = b[0] == 1, any = b[1] == 0;
-    if (all && any) {
-      if (meta_copy(&metas[nj], &ce->m) != 0) {
+    rel[i] = (uint8_t)(all && any);
+    if (rel[i] && ce->m.group) cached_groups = 1;
+    ce->partial_since = any && !all ? (ce->partial_since ? ce->partial_since : now) : 0;
+  }
+  /* A cached group runs only when every member is ready on every rank (the
+   * cache and the vector are the same everywhere, so all ranks decide alike). */
+  if (cached_groups && cache_hold_groups(c, rel) != 0) {
+    res = err_set(ncclSystemError, "collie engine: out of memory");
+    goto out;
+  }
+  for (int i = 0; i < nsl; i++) {
+    if (!rel[i]) continue;
+    struct centry* ce = c->slots[i];
+    /* The members of a group are queued together so one batch fuses them. */
+    for (int q = i; q < nsl; q++) {
+      struct centry* o = c->slots[q];
+      if (!rel[q] || (q != i && (!ce->m.group || !o->m.group || strcmp(o->m.group, ce->m.group) != 0))) continue;
+      rel[q] = 0;
+      if (meta_copy(&metas[nj], &o->m) != 0) {
         res = err_set(ncclSystemError, "collie engine: out of memory");
         goto out;
       }
       jobs[nj].m = &metas[nj];
       jobs[nj].from_cache = 1;
       nj++;
-      cache_touch(c, ce);
-      ce->partial_since = 0;
-    } else {
-      ce->partial_since = any ? (ce->partial_since ? ce->partial_since : now) : 0;
+      cache_touch(c, o);
+      if (!ce->m.group) break;
     }
   }
 
@@ -1038,6 +1288,7 @@ static ncclResult_t set_round(struct engine* e, struct pset* s, int* shutdown) {
     if (h >= 0) engine_complete(e, h, 0, NULL, NULL, 0, NULL, 0, last);
   }
 out:
+  free(rel);
   for (int i = 0; i < nj; i++) meta_free(&metas[i]);
   free(metas);
   free(jobs);

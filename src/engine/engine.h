@@ -39,6 +39,11 @@ struct meta {
   int32_t ncounts; /* response: allgather n per-rank counts, alltoall n*n (row = sender) */
   uint64_t* counts;
   char* err; /* response with status != 0 */
+  /* Grouped allreduce: the group's key (the first member's name; NULL when
+   * not grouped) and its number of members. A response carries the group
+   * as the coordinator agreed it. */
+  char* group;
+  int32_t gsize;
 };
 void meta_free(struct meta* m);
 int meta_copy(struct meta* dst, const struct meta* src); /* 0 or -1 (out of memory) */
@@ -172,6 +177,7 @@ struct pentry {
   struct meta** per; /* by set rank; NULL: not reported yet */
   int nrep;
   int64_t first_seen, last_warn;
+  int idx; /* position in the table while a cycle plans its responses */
   struct pentry *next, *prev;
 };
 

@@ -21,6 +21,7 @@ void meta_free(struct meta* m) {
   free(m->shape);
   free(m->counts);
   free(m->err);
+  free(m->group);
   memset(m, 0, sizeof(*m));
 }
 
@@ -36,6 +37,7 @@ int meta_copy(struct meta* dst, const struct meta* src) {
   *dst = *src;
   dst->name = dup_or_null(src->name, &oom);
   dst->err = dup_or_null(src->err, &oom);
+  dst->group = dup_or_null(src->group, &oom);
   dst->shape = NULL;
   dst->counts = NULL;
   if (src->nshape > 0) {
@@ -90,6 +92,8 @@ void meta_write(struct wbuf* b, const struct meta* m) {
   wbuf_put(b, &m->ncounts, sizeof(int32_t));
   if (m->ncounts > 0) wbuf_put(b, m->counts, sizeof(uint64_t) * (size_t)m->ncounts);
   put_str(b, m->err);
+  put_str(b, m->group);
+  wbuf_put(b, &m->gsize, sizeof(int32_t));
 }
 
 int rbuf_get(struct rbuf* b, void* out, size_t n) {
@@ -143,6 +147,8 @@ int meta_read(struct rbuf* b, struct meta* m) {
     if (!m->counts || rbuf_get(b, m->counts, sizeof(uint64_t) * (size_t)m->ncounts)) goto bad;
   }
   if (get_str(b, &m->err, 1) != 0) goto bad;
+  if (get_str(b, &m->group, 1) != 0) goto bad;
+  if (rbuf_get(b, &m->gsize, sizeof(int32_t)) || m->gsize < 0 || m->gsize > META_MAX_ARRAY) goto bad;
   return 0;
 bad:
   meta_free(m);
@@ -326,9 +332,13 @@ int cache_kind_cacheable(int kind) {
   return kind == EK_ALLREDUCE || kind == EK_BROADCAST || kind == EK_REDUCESCATTER;
 }
 
+/* A request grouped differently from the cached response renegotiates, so
+ * the coordinator decides the group again. */
 int cache_matches(const struct meta* a, const struct meta* b) {
+  int same_group = (!a->group && !b->group) || (a->group && b->group && strcmp(a->group, b->group) == 0);
   return a->kind == b->kind && a->dtype == b->dtype && a->op == b->op && a->root == b->root &&
-         a->count == b->count && a->prescale == b->prescale && a->postscale == b->postscale;
+         a->count == b->count && a->prescale == b->prescale && a->postscale == b->postscale && same_group &&
+         (!a->group || a->gsize == b->gsize);
 }
 
 /* ------------------------------------------------------------ scaling */

@@ -2,7 +2,7 @@
  * N ranks (tests/mp/harness.h), each starts the engine on a communicator and
  * runs one scenario. Usage: test_engine SCENARIO NRANKS [ARG]. Scenarios:
  * basic, orders, dtypes, colls, mismatch, join, sets, fusion, timeline,
- * stall, cycles, shutdown, autotune, errors, peerdeath, handles, join_a2a. */
+ * stall, cycles, shutdown, autotune, errors, peerdeath, handles, join_a2a, group. */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -518,6 +518,102 @@ static int t_join_a2a(int rank, int n, const ncclUniqueId* ids, int nids, void* 
   return stop(comm);
 }
 
+/* ------------------------------------------------------------ grouped allreduce */
+
+static int group2(const char* n0, const char* n1, const int32_t* s0, const int32_t* s1, int32_t* o0, int32_t* o1,
+                  size_t c0, size_t c1) {
+  const char* names[2] = {n0, n1};
+  const void* sb[2] = {s0, s1};
+  void* rb[2] = {o0, o1};
+  size_t counts[2] = {c0, c1};
+  return collie_grouped_allreduce_async(2, names, sb, rb, counts, ncclInt32, COLLIE_SUM, 1, 1, COLLIE_WORLD);
+}
+
+/* A group is negotiated and run as a whole: no member runs before every
+ * rank has submitted every member, members run in one batch, and one
+ * member's mismatch fails all of them, uncached and cached. */
+static int t_group(int rank, int n, const ncclUniqueId* ids, int nids, void* arg) {
+  ncclComm_t comm;
+  if (start(rank, n, ids, &comm)) return 1;
+  int last = n - 1;
+  for (int step = 0; step < 2; step++) {
+    /* The last rank submits the members separately, the second much later:
+     * the first must wait for it (the other ranks grouped them). */
+    int32_t a[4], b[6], oa[4], ob[6];
+    for (int k = 0; k < 4; k++) a[k] = rank + 1, oa[k] = -7;
+    for (int k = 0; k < 6; k++) b[k] = 10 * (rank + 1), ob[k] = -7;
+    collie_engine_stats_t st0 = stats();
+    if (rank != last) {
+      WAIT_OK(group2("mix.a", "mix.b", a, b, oa, ob, 4, 6));
+    } else {
+      int ha = collie_allreduce_async("mix.a", a, oa, 4, ncclInt32, COLLIE_SUM, 1, 1, COLLIE_WORLD);
+      MP_CHECK(ha >= 0, "submit: %s", collie_last_error());
+      usleep(30000);
+      MP_CHECK(collie_poll(ha) == 0 && oa[0] == -7, "step %d: mix.a ran before its group member mix.b was submitted",
+               step);
+      int hb = collie_allreduce_async("mix.b", b, ob, 6, ncclInt32, COLLIE_SUM, 1, 1, COLLIE_WORLD);
+      WAIT_OK(ha);
+      WAIT_OK(hb);
+      collie_release(ha);
+      collie_release(hb);
+    }
+    for (int k = 0; k < 4; k++) MP_CHECK(oa[k] == n * (n + 1) / 2, "mix.a[%d] = %d", k, oa[k]);
+    for (int k = 0; k < 6; k++) MP_CHECK(ob[k] == 10 * n * (n + 1) / 2, "mix.b[%d] = %d", k, ob[k]);
+    collie_engine_stats_t st1 = stats();
+    MP_CHECK(st1.fused_tensors - st0.fused_tensors == 2, "step %d: the members ran in %llu fused batches' tensors",
+             step, (unsigned long long)(st1.fused_tensors - st0.fused_tensors));
+  }
+  /* Agreed groups go through the cache after the first step, still fused. */
+  for (int step = 0; step < 3; step++) {
+    int32_t in[3][5], out[3][5];
+    for (int t = 0; t < 3; t++)
+      for (int k = 0; k < 5; k++) in[t][k] = rank + t, out[t][k] = -7;
+    const char* names[3] = {"c.0", "c.1", "c.2"};
+    const void* sb[3] = {in[0], in[1], in[2]};
+    void* rb[3] = {out[0], out[1], out[2]};
+    size_t counts[3] = {5, 5, 5};
+    if (rank == step % n) usleep(5000);
+    collie_engine_stats_t st0 = stats();
+    WAIT_OK(collie_grouped_allreduce_async(3, names, sb, rb, counts, ncclInt32, COLLIE_SUM, 1, 1, COLLIE_WORLD));
+    collie_engine_stats_t st1 = stats();
+    for (int t = 0; t < 3; t++)
+      for (int k = 0; k < 5; k++) MP_CHECK(out[t][k] == n * (n - 1) / 2 + n * t, "c.%d[%d] = %d", t, k, out[t][k]);
+    MP_CHECK(st1.fused_tensors - st0.fused_tensors == 3, "step %d: fused %llu", step,
+             (unsigned long long)(st1.fused_tensors - st0.fused_tensors));
+    if (step > 0)
+      MP_CHECK(st1.cache_hits - st0.cache_hits == 3, "step %d: cache hits %llu", step,
+               (unsigned long long)(st1.cache_hits - st0.cache_hits));
+  }
+  /* The last rank disagrees on one member's count: the whole group fails on
+   * every rank and the other member is not reduced; first uncached, then
+   * after both members are in the cache. */
+  for (int step = 0; step < 3; step++) {
+    const char* n0 = step == 0 ? "m.0" : "k.0";
+    const char* n1 = step == 0 ? "m.1" : "k.1";
+    int bad = step != 1;
+    int32_t x[8] = {1, 1, 1, 1, 1, 1, 1, 1}, y[8] = {2, 2, 2, 2, 2, 2, 2, 2}, ox[8], oy[8];
+    for (int k = 0; k < 8; k++) ox[k] = oy[k] = -7;
+    int h = group2(n0, n1, x, y, ox, oy, 4, bad && rank == last ? 5 : 4);
+    MP_CHECK(h >= 0, "submit: %s", collie_last_error());
+    int rc = collie_wait(h);
+    const char* msg = collie_handle_error(h);
+    if (!bad) {
+      MP_CHECK(rc == 0 && ox[0] == n && oy[3] == 2 * n, "step %d: %d (%s)", step, rc, msg);
+    } else {
+      MP_CHECK(rc == COLLIE_ERR_MISMATCH, "step %d: wait -> %d (%s)", step, rc, msg);
+      MP_CHECK(strstr(msg, n1) && strstr(msg, "element count") && strstr(msg, "grouped"), "message: %s", msg);
+      for (int k = 0; k < 8; k++)
+        MP_CHECK(ox[k] == -7 && oy[k] == -7, "step %d: member %s was reduced although its group failed", step, n0);
+    }
+    collie_release(h);
+  }
+  /* Still usable afterwards. */
+  int32_t x[2] = {1, 1}, y[2] = {3, 3}, ox[2], oy[2];
+  WAIT_OK(group2("after.0", "after.1", x, y, ox, oy, 2, 2));
+  MP_CHECK(ox[1] == n && oy[1] == 3 * n, "after: %d %d", ox[1], oy[1]);
+  return stop(comm);
+}
+
 /* ------------------------------------------------------------ process sets */
 
 struct set_ctx {
@@ -795,10 +891,12 @@ static int t_peerdeath(int rank, int n, const ncclUniqueId* ids, int nids, void*
   WAIT_OK(collie_allreduce_async("before", v, v, 8, ncclFloat32, COLLIE_SUM, 1, 1, COLLIE_WORLD));
   MP_CHECK(collie_barrier(COLLIE_WORLD) == 0, "barrier");
   if (rank == n - 1) _exit(0); /* gone without a word */
+  /* The engine may already have seen the death (keep-alive) and refuse the submission. */
   int h = collie_allreduce_async("after", v, v, 8, ncclFloat32, COLLIE_SUM, 1, 1, COLLIE_WORLD);
-  int rc = collie_wait(h);
-  MP_CHECK(rc == COLLIE_ERR_COMMUNICATION, "wait -> %d: %s", rc, collie_handle_error(h));
-  MP_CHECK(strstr(collie_handle_error(h), "communication failure"), "message: %s", collie_handle_error(h));
+  int rc = h >= 0 ? collie_wait(h) : h;
+  const char* msg = h >= 0 ? collie_handle_error(h) : collie_last_error();
+  MP_CHECK(rc == COLLIE_ERR_COMMUNICATION, "wait -> %d: %s", rc, msg);
+  MP_CHECK(strstr(msg, "communication failure"), "message: %s", msg);
   MP_CHECK(collie_allreduce_async("later", v, v, 8, ncclFloat32, COLLIE_SUM, 1, 1, COLLIE_WORLD) ==
                COLLIE_ERR_COMMUNICATION,
            "submission after the failure");
@@ -971,7 +1069,7 @@ int main(int argc, char** argv) {
                {"timeline", t_timeline}, {"stall", t_stall},     {"cycles", t_cycles}, {"shutdown", t_shutdown},
                {"autotune", t_autotune}, {"errors", t_errors},
                {"peerdeath", t_peerdeath}, {"handles", t_handles},
-               {"join_a2a", t_join_a2a}};
+               {"join_a2a", t_join_a2a}, {"group", t_group}};
   for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
     if (strcmp(argv[1], tests[i].name) != 0) continue;
     int rc = mp_run(n, tests[i].fn, NULL, 120);
