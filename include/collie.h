@@ -170,6 +170,15 @@ int collie_allreduce_async(const char* name, const void* sendbuf, void* recvbuf,
 /**
  * @brief Queues n allreduces that are negotiated and executed together
  * (names[i], sendbufs[i], recvbufs[i], counts[i]); one handle for the group.
+ * No member runs before every rank of the set has submitted every member;
+ * then all members run in the same cycle, fused into one batch as far as
+ * COLLIE_FUSION_THRESHOLD allows. A tensor that any rank submits as part of a
+ * group is held for the whole group on every rank, even where another rank
+ * submits it alone. If ranks disagree on any member (count, dtype, op, scale
+ * factors), or a member stalls past COLLIE_STALL_SHUTDOWN_TIME_SECONDS, the
+ * whole group fails on every rank (no member is reduced) and the handle's
+ * error names the offending member.
+ * @return a handle >= 0, or a negative collie_status_t.
  */
 int collie_grouped_allreduce_async(int n, const char* const* names, const void* const* sendbufs,
                                    void* const* recvbufs, const size_t* counts,
