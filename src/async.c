@@ -4,9 +4,13 @@
  * ncclCommGetAsyncError reads ncclInProgress while anything is queued or
  * running. Blocking communicators never come here (no thread hop on their
  * path). Talks to init.c (start, stop) and enqueue.c (task lists). */
+#include <errno.h>
+#include <linux/futex.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "failures.h"
 
@@ -162,12 +166,52 @@ ncclResult_t async_make_blocking(struct ncclComm* comm) {
   return ncclSuccess;
 }
 
+void comm_busy_exit(struct ncclComm* comm) {
+  int* word = &comm->busy;
+  /* After the decrement comm may be freed at once (abort waits for it): only
+   * the address is used, by a futex wake, which reads no memory. A wake
+   * that reaches some unrelated futex word is a spurious wake-up, which every
+   * futex waiter tolerates. */
+  if (__atomic_sub_fetch(word, 1, __ATOMIC_ACQ_REL) == 0)
+    syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+}
+
+static struct timespec ms_to_ts(int64_t ms) {
+  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+  return ts;
+}
+
 int comm_wait_idle(struct ncclComm* comm, int ms) {
   int64_t end = time_ms() + ms;
+  /* Running calls first: each ends at its next wait, woken by the stop fd
+   * or a futex wake, and the last one out wakes us (comm_busy_exit). */
   for (;;) {
-    if (__atomic_load_n(&comm->busy, __ATOMIC_ACQUIRE) == 0 && async_pending(comm) == 0) return 1;
-    if (time_ms() >= end) return 0;
-    struct timespec ts = {0, 1000 * 1000};
-    nanosleep(&ts, NULL);
+    int b = __atomic_load_n(&comm->busy, __ATOMIC_ACQUIRE);
+    if (b == 0) break;
+    int64_t left = end - time_ms();
+    if (left <= 0) return 0;
+    struct timespec ts = ms_to_ts(left);
+    syscall(SYS_futex, &comm->busy, FUTEX_WAIT_PRIVATE, b, &ts, NULL, 0);
   }
+  /* Then the nonblocking worker's queue (its cv is signalled per job). */
+  struct async_worker* w = comm->async;
+  if (!w) return 1;
+  pthread_mutex_lock(&w->mu);
+  while (w->pending > 0) {
+    int64_t left = end - time_ms();
+    if (left <= 0) break;
+    struct timespec now, abs;
+    clock_gettime(CLOCK_REALTIME, &now);
+    abs = ms_to_ts(left);
+    abs.tv_sec += now.tv_sec;
+    abs.tv_nsec += now.tv_nsec;
+    if (abs.tv_nsec >= 1000000000L) {
+      abs.tv_sec++;
+      abs.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&w->cv, &w->mu, &abs);
+  }
+  int idle = w->pending == 0;
+  pthread_mutex_unlock(&w->mu);
+  return idle && __atomic_load_n(&comm->busy, __ATOMIC_ACQUIRE) == 0;
 }

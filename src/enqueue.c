@@ -289,7 +289,7 @@ static ncclResult_t run_comm_tasks(struct task* t) {
       comm_set_error(comm, res, err_last_thread());
   }
   if (saved != myrank) log_set_rank(saved);
-  __atomic_sub_fetch(&comm->busy, 1, __ATOMIC_ACQ_REL);
+  comm_busy_exit(comm); /* wakes an abort or revoke waiting for it */
   return res;
 }
 

@@ -99,6 +99,7 @@ static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* wa
       continue;
     }
     if (yields++ < 16) {
+      NCCLCHECK(comm_stop_check(comm)); /* a yield may be long on a crowded CPU */
       sched_yield();
       continue;
     }

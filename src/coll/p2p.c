@@ -137,6 +137,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     }
     if (comm_keep_polling(comm, ++idle, &t0)) continue;
     if (yields++ < 16) {
+      if ((res = comm_stop_check(comm)) != ncclSuccess) break; /* a yield may be long on a crowded CPU */
       sched_yield();
       continue;
     }

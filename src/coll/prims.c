@@ -75,6 +75,9 @@ static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_
   /* Polling is over: a few yields (the peer may be runnable on this CPU),
    * then every round sleeps (the deadline is set on the first such round). */
   if (*deadline == 0 && it % 16 != 15) {
+    /* On a crowded CPU each yield may cost a whole round of the run queue:
+     * look at the stop flags (three loads) before every one. */
+    NCCLCHECK(comm_stop_check(comm));
     sched_yield();
     return ncclSuccess;
   }
