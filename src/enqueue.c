@@ -285,6 +285,13 @@ static ncclResult_t run_comm_tasks(struct task* t) {
     if (res == ncclSuccess) res = transport_flush(comm);
     /* Errors found before any data moved (e.g. an unmatched send to self)
      * leave the communicator usable; anything after that breaks it. */
+    /* A connection that broke may be a symptom: a survivor that aborted after
+     * another rank died closes its sockets too. Give the keep-alive ring a
+     * moment to name the rank that really failed, and report that. */
+    if (res == ncclRemoteError || res == ncclSystemError) {
+      ncclResult_t cause = comm_await_cause(comm, 250);
+      if (cause != ncclSuccess) res = cause;
+    }
     if (res != ncclSuccess && (res != ncclInvalidUsage || comm->broken) && res != ncclInvalidArgument)
       comm_set_error(comm, res, err_last_thread());
   }
@@ -391,26 +398,29 @@ out:
 }
 
 static ncclResult_t submit(const struct coll_args* a0) {
-  struct coll_args call = *a0;
-  const struct coll_args* a = &call;
-  call.mem = call_mem;
-  call.stream = call_stream;
-  if (dev_mem_mixed(call.mem))
+  if (dev_mem_mixed(call_mem))
     return arg_error(err_set(ncclInvalidArgument,
                              "%s: %s is device memory but %s is host memory; the buffers of one call must all be "
                              "device memory or all host memory",
-                             coll_name(a->kind), call_dev_buf, call_host_buf));
-  if (group_depth == 0 && !a->comm->nonblocking) {
-    /* The common case runs straight away, without allocating. */
-    struct task t = {NULL, *a};
+                             coll_name(a0->kind), call_dev_buf, call_host_buf));
+  if (group_depth == 0 && !a0->comm->nonblocking) {
+    /* The common case runs straight away, without allocating; the arguments
+     * are copied once, into the task. */
+    struct task t;
+    t.next = NULL;
+    t.a = *a0;
+    t.a.mem = call_mem;
+    t.a.stream = call_stream;
     return run_comm_tasks(&t);
   }
   struct task* t = malloc(sizeof(*t));
-  if (!t) return err_set(ncclSystemError, "%s: out of memory", coll_name(a->kind));
+  if (!t) return err_set(ncclSystemError, "%s: out of memory", coll_name(a0->kind));
   t->next = NULL;
-  t->a = *a;
+  t->a = *a0;
+  t->a.mem = call_mem;
+  t->a.stream = call_stream;
   if (group_depth == 0) {
-    async_push(a->comm, t);
+    async_push(t->a.comm, t);
     return ncclInProgress;
   }
   if (group_tail) group_tail->next = t;
