@@ -172,7 +172,7 @@ void comm_busy_exit(struct ncclComm* comm) {
    * the address is used, by a futex wake, which reads no memory. A wake
    * that reaches some unrelated futex word is a spurious wake-up, which every
    * futex waiter tolerates. */
-  if (__atomic_sub_fetch(word, 1, __ATOMIC_ACQ_REL) == 0)
+  if (__atomic_sub_fetch(word, 1, __ATOMIC_ACQ_REL) == COMM_BUSY_WAITER)
     syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
 }
 
@@ -185,9 +185,11 @@ int comm_wait_idle(struct ncclComm* comm, int ms) {
   int64_t end = time_ms() + ms;
   /* Running calls first: each ends at its next wait, woken by the stop fd
    * or a futex wake, and the last one out wakes us (comm_busy_exit). */
+  /* Announce a waiter first: from then on the last one out wakes us. */
+  __atomic_fetch_or(&comm->busy, COMM_BUSY_WAITER, __ATOMIC_ACQ_REL);
   for (;;) {
     int b = __atomic_load_n(&comm->busy, __ATOMIC_ACQUIRE);
-    if (b == 0) break;
+    if ((b & ~COMM_BUSY_WAITER) == 0) break;
     int64_t left = end - time_ms();
     if (left <= 0) return 0;
     struct timespec ts = ms_to_ts(left);
@@ -213,5 +215,5 @@ int comm_wait_idle(struct ncclComm* comm, int ms) {
   }
   int idle = w->pending == 0;
   pthread_mutex_unlock(&w->mu);
-  return idle && __atomic_load_n(&comm->busy, __ATOMIC_ACQUIRE) == 0;
+  return idle && comm_busy_count(comm) == 0;
 }

@@ -85,6 +85,13 @@ void enqueue_free_list(struct task* list);
 ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const ncclUniqueId* ids, int rank,
                        const ncclConfig_t* config, const char* fn);
 
+/* comm->busy counts running operations; this bit is set while comm_wait_idle
+ * sleeps on it, so only then does the last operation out pay for a wake. */
+#define COMM_BUSY_WAITER 0x40000000
+/* Operations running on comm now. */
+static inline int comm_busy_count(struct ncclComm* comm) {
+  return __atomic_load_n(&comm->busy, __ATOMIC_ACQUIRE) & ~COMM_BUSY_WAITER;
+}
 /* Waits (sleeping) until no operation runs on comm, at most `ms`; 1 if quiescent. */
 int comm_wait_idle(struct ncclComm* comm, int ms);
 /* Ends an operation counted in comm->busy and wakes comm_wait_idle: the

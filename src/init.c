@@ -413,7 +413,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   int64_t t0 = time_ns();
   /* Leaving with nothing running is a goodbye; cutting work short is a
    * failure the peers must hear about (they may be waiting on this rank). */
-  int interrupted = __atomic_load_n(&comm->busy, __ATOMIC_ACQUIRE) > 0 || async_pending(comm) > 0;
+  int interrupted = comm_busy_count(comm) > 0 || async_pending(comm) > 0;
   __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_RELEASE);
   comm_wake_waiters(comm);
   async_stop(comm, 1);
@@ -443,7 +443,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   ncclResult_t e = __atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE);
   /* Nonblocking work queued or running (or a revoke not yet quiescent). */
   if (e == ncclSuccess && (async_pending(comm) ||
-                           (__atomic_load_n(&comm->revoked, __ATOMIC_ACQUIRE) && __atomic_load_n(&comm->busy, __ATOMIC_ACQUIRE))))
+                           (__atomic_load_n(&comm->revoked, __ATOMIC_ACQUIRE) && comm_busy_count(comm))))
     e = ncclInProgress;
   *asyncError = e;
   return ncclSuccess;
