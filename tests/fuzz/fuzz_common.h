@@ -44,4 +44,11 @@ static inline void fuzz_quiet(void) { setenv("NCCL_DEBUG", "NONE", 0); }
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
+/* Inputs that got all the way through the accepting path (a frame header
+ * that decodes, a complete message, a root that finished its
+ * bootstrap). Each target defines it; the replay fails when the corpus
+ * reaches it no more (seeds gone stale after a wire or secret change would
+ * otherwise only exercise the reject paths and still pass). */
+extern int fuzz_reached;
+
 #endif

@@ -12,6 +12,8 @@
 #include "bootstrap/conn.h"
 #include "fuzz_common.h"
 
+int fuzz_reached;
+
 static int drain(struct conn_reader* c, const uint8_t* secret, uint32_t max_len, int32_t max_rank, int* msgs) {
   char why[256];
   for (;;) {
@@ -20,11 +22,13 @@ static int drain(struct conn_reader* c, const uint8_t* secret, uint32_t max_len,
     if (ev != CONN_MSG) return 1;
     FUZZ_ASSERT(c->have_hdr && c->hdr.len <= max_len && c->payload_got == c->hdr.len);
     FUZZ_ASSERT(c->hdr.rank >= -1 && c->hdr.rank < max_rank);
+    FUZZ_ASSERT(memcmp(c->hdr.secret, secret, FRAME_SECRET_BYTES) == 0);
     uint8_t* p = conn_take(c);
     FUZZ_ASSERT((p != NULL) == (c->hdr.len > 0));
     if (p && c->hdr.len) FUZZ_ASSERT(p[c->hdr.len - 1] == p[c->hdr.len - 1]); /* readable to the end (ASan) */
     free(p);
     (*msgs)++;
+    fuzz_reached++;
   }
 }
 

@@ -7,6 +7,8 @@
 
 #include "fuzz_common.h"
 
+int fuzz_reached;
+
 static void frame_case(const uint8_t* d, size_t n, uint32_t max_len, int32_t max_rank) {
   uint8_t secret[FRAME_SECRET_BYTES];
   fuzz_secret(secret);
@@ -18,9 +20,12 @@ static void frame_case(const uint8_t* d, size_t n, uint32_t max_len, int32_t max
   FUZZ_ASSERT(h.len <= max_len && h.len <= FRAME_MAX_PAYLOAD);
   FUZZ_ASSERT(h.rank >= -1 && h.rank < max_rank);
   FUZZ_ASSERT(h.type >= FRAME_CHECKIN && h.type <= FRAME_TYPE_MAX);
+  FUZZ_ASSERT(h.magic == FRAME_MAGIC && h.version == FRAME_VERSION);
+  FUZZ_ASSERT(memcmp(h.secret, secret, FRAME_SECRET_BYTES) == 0);
   uint8_t again[FRAME_HDR_BYTES];
   frame_encode(&h, again);
   FUZZ_ASSERT(memcmp(again, d, FRAME_HDR_BYTES) == 0);
+  fuzz_reached++;
 }
 
 static void checkin_case(const uint8_t* d, size_t n) {

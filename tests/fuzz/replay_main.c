@@ -1,7 +1,9 @@
 /* Replays a fuzz corpus without libFuzzer: runs LLVMFuzzerTestOneInput on
  * every file named on the command line or found in a directory named there
  * (one level). Linked with each fuzz target for the ctest fuzz.replay_*;
- * fails when nothing was replayed, so a missing corpus is noticed. */
+ * fails when nothing was replayed, so a missing corpus is noticed, and when
+ * no input of a replayed directory reached the target's accepting path
+ * (fuzz_reached; a single file, such as a crash input, need not). */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,7 +45,7 @@ static int run_file(const char* path) {
 static int cmp(const void* a, const void* b) { return strcmp(*(char* const*)a, *(char* const*)b); }
 
 int main(int argc, char** argv) {
-  int files = 0, errors = 0;
+  int files = 0, errors = 0, dirs = 0;
   for (int i = 1; i < argc; i++) {
     struct stat st;
     if (stat(argv[i], &st) != 0) {
@@ -61,6 +63,7 @@ int main(int argc, char** argv) {
       errors++;
       continue;
     }
+    dirs++;
     char** names = NULL;
     size_t nn = 0;
     struct dirent* e;
@@ -84,6 +87,6 @@ int main(int argc, char** argv) {
     }
     free(names);
   }
-  printf("replayed %d inputs, %d unreadable\n", files, errors);
-  return files > 0 && errors == 0 ? 0 : 1;
+  printf("replayed %d inputs, %d unreadable, %d reached the accepting path\n", files, errors, fuzz_reached);
+  return files > 0 && errors == 0 && (dirs == 0 || fuzz_reached > 0) ? 0 : 1;
 }
