@@ -293,12 +293,8 @@ static int engine_init(ncclComm_t comm, int owns) {
   int tl_marks = param_int(P_COLLIE_TIMELINE_MARK_CYCLES, 0, 1) == 1;
   e->peer_timeout_s = param_int(P_COLLIE_PEER_TIMEOUT, 0, 1 << 20);
   /* Also the first collective of the engine: every rank has arrived. */
-  ncclResult_t r = ncclBroadcast(&cfg, &cfg, sizeof(cfg) / sizeof(int64_t), ncclInt64, 0, comm, NULL);
-  while (r == ncclInProgress) {
-    struct timespec ts = {0, 100000};
-    nanosleep(&ts, NULL);
-    ncclCommGetAsyncError(comm, &r);
-  }
+  ncclResult_t r =
+      engine_settle(comm, ncclBroadcast(&cfg, &cfg, sizeof(cfg) / sizeof(int64_t), ncclInt64, 0, comm, NULL));
   if (r != ncclSuccess) {
     rc = fail(COLLIE_ERR_COMMUNICATION, "collie_init: agreeing on the engine settings failed: %s",
               ncclGetLastError(NULL));

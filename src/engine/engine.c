@@ -40,8 +40,9 @@ static const char* op_name(int op) {
   }
 }
 
-/* Nonblocking communicators may answer ncclInProgress: wait for the outcome. */
-static ncclResult_t settle(ncclComm_t comm, ncclResult_t r) {
+/* Nonblocking communicators may answer ncclInProgress: wait for the outcome
+ * (sleeping between polls). */
+ncclResult_t engine_settle(ncclComm_t comm, ncclResult_t r) {
   while (r == ncclInProgress) {
     ncclResult_t a;
     if (ncclCommGetAsyncError(comm, &a) != ncclSuccess) return ncclInternalError;
@@ -51,7 +52,7 @@ static ncclResult_t settle(ncclComm_t comm, ncclResult_t r) {
   }
   return r;
 }
-#define NCCLRUN(comm, call) NCCLCHECK(settle((comm), (call)))
+#define NCCLRUN(comm, call) NCCLCHECK(engine_settle((comm), (call)))
 
 /* ------------------------------------------------------------ request lists */
 
@@ -518,15 +519,10 @@ static ncclResult_t coordinate(struct engine* e, struct pset* s, uint8_t* const*
     free(resp);
     if (res != ncclSuccess) break;
     for (int k = a; k < b; k++) {
+      /* The name lives in p until pentry_free, after the unlink has used it. */
       struct pentry* p = pl.order[k];
-      char* name = strdup(pentry_name(p, n));
-      if (!name) {
-        res = err_set(ncclSystemError, "collie engine: out of memory");
-        break;
-      }
-      table_unlink(s, p, name);
+      table_unlink(s, p, pentry_name(p, n));
       pentry_free(p, n);
-      free(name);
     }
     a = b;
   }
@@ -547,9 +543,7 @@ static int stall_scan(struct engine* e, struct pset* s, int64_t now) {
     if (e->stall_check_ns > 0 && age > e->stall_check_ns && now - p->last_warn > e->stall_check_ns) {
       p->last_warn = now;
       char have[512], missing[512];
-      const char* name = NULL;
-      for (int r = 0; r < s->size && !name; r++)
-        if (p->per[r]) name = p->per[r]->name;
+      const char* name = pentry_name(p, s->size);
       ranks_list(have, sizeof(have), p, s->size, 1, s->joined);
       ranks_list(missing, sizeof(missing), p, s->size, 0, s->joined);
       WARN("collie: stall: tensor '%s' (process set %d) has waited %.1f s: submitted by ranks [%s], "
@@ -625,6 +619,24 @@ static void tl_negotiated(struct engine* e, struct job* j, int64_t agreed, int64
   timeline_span(&e->tl, j->m->name, "QUEUE", agreed, start);
 }
 
+/* Allreduces one tensor where it is: in the request's buffers, or (joined
+ * rank, r NULL) as identity values in scratch, which holds m->count elements. */
+static ncclResult_t reduce_own(struct engine* e, struct pset* s, const struct meta* m, struct req* r, void* scratch) {
+  ncclDataType_t dt = (ncclDataType_t)m->dtype;
+  int64_t t0 = time_ns();
+  void* dst = r ? r->recvbuf : scratch;
+  const void* src = r ? r->sendbuf : dst;
+  if (!r) fill_identity(dt, m->op, dst, m->count);
+  else if (m->prescale != 1.0) {
+    engine_scale(dt, dst, src, m->count, m->prescale);
+    src = dst;
+  }
+  if (m->count) NCCLRUN(s->comm, ncclAllReduce(src, dst, m->count, dt, nccl_op(m->op), s->comm, NULL));
+  if (r && m->postscale != 1.0) engine_scale(dt, dst, dst, m->count, m->postscale);
+  if (r) timeline_span(&e->tl, m->name, "ALLREDUCE", t0, time_ns());
+  return ncclSuccess;
+}
+
 static ncclResult_t run_allreduce(struct engine* e, struct pset* s, struct job** g, int k, int64_t agreed) {
   struct meta* m = g[0]->m;
   ncclDataType_t dt = (ncclDataType_t)m->dtype;
@@ -637,26 +649,9 @@ static ncclResult_t run_allreduce(struct engine* e, struct pset* s, struct job**
   e->stats.bytes_reduced += total * esz;
   e->cycle_bytes += (int64_t)(total * esz);
   if (k == 1) {
-    struct req* r = g[0]->r;
-    void* dst;
-    const void* src;
-    if (r) {
-      dst = r->recvbuf;
-      src = r->sendbuf;
-      if (m->prescale != 1.0) {
-        engine_scale(dt, dst, src, m->count, m->prescale);
-        src = dst;
-      }
-    } else {
-      if (ensure_fusion(e, total * esz) != 0) return err_set(ncclSystemError, "collie engine: out of memory");
-      fill_identity(dt, m->op, e->fusion_buf, total);
-      dst = e->fusion_buf;
-      src = dst;
-    }
-    if (m->count) NCCLRUN(s->comm, ncclAllReduce(src, dst, m->count, dt, nccl_op(m->op), s->comm, NULL));
-    if (r && m->postscale != 1.0) engine_scale(dt, dst, dst, m->count, m->postscale);
-    if (r) timeline_span(&e->tl, m->name, "ALLREDUCE", t0, time_ns());
-    return ncclSuccess;
+    if (!g[0]->r && ensure_fusion(e, total * esz) != 0)
+      return err_set(ncclSystemError, "collie engine: out of memory");
+    return reduce_own(e, s, m, g[0]->r, e->fusion_buf);
   }
   /* Small tensors are packed into the fusion buffer and reduced with one
    * call; tensors of at least fusion_inplace bytes are reduced in their own
@@ -678,20 +673,11 @@ static ncclResult_t run_allreduce(struct engine* e, struct pset* s, struct job**
     struct meta* mi = g[i]->m;
     struct req* ri = g[i]->r;
     size_t bytes = mi->count * esz;
-    int64_t a = time_ns();
     if (bytes >= inplace_min) {
-      void* dst = ri ? ri->recvbuf : fb + packed_bytes;
-      const void* src = ri ? ri->sendbuf : dst;
-      if (!ri) fill_identity(dt, mi->op, dst, mi->count);
-      else if (mi->prescale != 1.0) {
-        engine_scale(dt, dst, src, mi->count, mi->prescale);
-        src = dst;
-      }
-      NCCLRUN(s->comm, ncclAllReduce(src, dst, mi->count, dt, nccl_op(m->op), s->comm, NULL));
-      if (ri && mi->postscale != 1.0) engine_scale(dt, dst, dst, mi->count, mi->postscale);
-      if (ri) timeline_span(&e->tl, mi->name, "ALLREDUCE", a, time_ns());
+      NCCLCHECK(reduce_own(e, s, mi, ri, fb + packed_bytes));
       continue;
     }
+    int64_t a = time_ns();
     if (ri) engine_scale(dt, fb + off, ri->sendbuf, mi->count, mi->prescale);
     else fill_identity(dt, mi->op, fb + off, mi->count);
     if (ri) timeline_span(&e->tl, mi->name, "MEMCPY_IN_FUSION_BUFFER", a, time_ns());
@@ -757,7 +743,7 @@ static ncclResult_t run_other(struct engine* e, struct pset* s, struct job* j, v
       *rcount = total;
       if (maxc == 0) break;
       if (equal) {
-        NCCLCHECKGOTO(settle(s->comm, ncclAllGather(r->sendbuf, *result, maxc, dt, s->comm, NULL)), res, fail);
+        NCCLCHECKGOTO(engine_settle(s->comm, ncclAllGather(r->sendbuf, *result, maxc, dt, s->comm, NULL)), res, fail);
         break;
       }
       /* Unequal counts: pad every rank to the largest, gather, then close the gaps. */
@@ -765,7 +751,7 @@ static ncclResult_t run_other(struct engine* e, struct pset* s, struct job* j, v
       tmp2 = calloc(maxc, esz);
       if (!tmp || !tmp2) goto oom;
       if (mine) memcpy(tmp2, r->sendbuf, mine * esz);
-      NCCLCHECKGOTO(settle(s->comm, ncclAllGather(tmp2, tmp, maxc, dt, s->comm, NULL)), res, fail);
+      NCCLCHECKGOTO(engine_settle(s->comm, ncclAllGather(tmp2, tmp, maxc, dt, s->comm, NULL)), res, fail);
       size_t off = 0;
       for (int q = 0; q < n; q++) {
         memcpy((char*)*result + off * esz, (char*)tmp + (size_t)q * maxc * esz, m->counts[q] * esz);
@@ -789,7 +775,7 @@ static ncclResult_t run_other(struct engine* e, struct pset* s, struct job* j, v
       *ncounts = n;
       *rcount = total;
       size_t soff = 0, roff = 0;
-      NCCLCHECKGOTO(settle(s->comm, ncclGroupStart()), res, fail);
+      NCCLCHECKGOTO(engine_settle(s->comm, ncclGroupStart()), res, fail);
       for (int q = 0; q < n; q++) {
         size_t in = m->counts[(size_t)q * n + me];
         (*counts)[q] = in;
@@ -802,7 +788,7 @@ static ncclResult_t run_other(struct engine* e, struct pset* s, struct job* j, v
         soff += row[q];
         roff += in;
       }
-      NCCLCHECKGOTO(settle(s->comm, ncclGroupEnd()), res, fail);
+      NCCLCHECKGOTO(engine_settle(s->comm, ncclGroupEnd()), res, fail);
       break;
     }
     case EK_REDUCESCATTER: {
@@ -825,7 +811,7 @@ static ncclResult_t run_other(struct engine* e, struct pset* s, struct job* j, v
       e->stats.bytes_reduced += m->count * esz;
       if (maxc == 0) break;
       if (rem == 0) {
-        NCCLCHECKGOTO(settle(s->comm, ncclReduceScatter(send, *result, base, dt, nccl_op(m->op), s->comm, NULL)), res,
+        NCCLCHECKGOTO(engine_settle(s->comm, ncclReduceScatter(send, *result, base, dt, nccl_op(m->op), s->comm, NULL)), res,
                       fail);
         break;
       }
@@ -839,7 +825,7 @@ static ncclResult_t run_other(struct engine* e, struct pset* s, struct job* j, v
         if (c < maxc) fill_identity(dt, m->op, (char*)tmp + ((size_t)q * maxc + c) * esz, maxc - c);
         off += c;
       }
-      NCCLCHECKGOTO(settle(s->comm, ncclReduceScatter(tmp, *result, maxc, dt, nccl_op(m->op), s->comm, NULL)), res,
+      NCCLCHECKGOTO(engine_settle(s->comm, ncclReduceScatter(tmp, *result, maxc, dt, nccl_op(m->op), s->comm, NULL)), res,
                     fail);
       break;
     }
@@ -859,13 +845,12 @@ static ncclResult_t run_other(struct engine* e, struct pset* s, struct job* j, v
       ns->size = m->nshape;
       ns->rank = member;
       ncclComm_t c = NULL;
-      res = settle(e->world, ncclCommSplit(e->world, member >= 0 ? 0 : NCCL_SPLIT_NOCOLOR, e->rank, &c, NULL));
+      res = engine_settle(e->world, ncclCommSplit(e->world, member >= 0 ? 0 : NCCL_SPLIT_NOCOLOR, e->rank, &c, NULL));
       if (res != ncclSuccess) {
         engine_pset_free(ns);
         goto fail;
       }
       ns->comm = c;
-      ns->owns_comm = 1;
       pthread_mutex_lock(&e->lock);
       ns->id = e->next_set_id++;
       struct pset** pp = &e->sets;
@@ -1099,7 +1084,7 @@ static ncclResult_t set_round(struct engine* e, struct pset* s, int* shutdown) {
   if (world && e->stop_requested) v[V_SHUTDOWN] = 0;
   if (joined_me) v[V_JOINED + me] = 0;
 
-  NCCLCHECK(settle(s->comm, ncclAllReduce(v, v, vlen, ncclUint8, ncclMin, s->comm, NULL)));
+  NCCLCHECK(engine_settle(s->comm, ncclAllReduce(v, v, vlen, ncclUint8, ncclMin, s->comm, NULL)));
   s->round++;
 
   int exchange = v[V_EXCHANGE] == 0;
@@ -1193,11 +1178,11 @@ static ncclResult_t set_round(struct engine* e, struct pset* s, int* shutdown) {
       goto out;
     }
     uint64_t mylen = mine.len;
-    NCCLCHECKGOTO(settle(s->comm, ncclAllGather(&mylen, lens, 1, ncclUint64, s->comm, NULL)), res, out);
+    NCCLCHECKGOTO(engine_settle(s->comm, ncclAllGather(&mylen, lens, 1, ncclUint64, s->comm, NULL)), res, out);
     uint64_t rlen = 0;
     if (coord) {
       bufs[0] = mine.p;
-      NCCLCHECKGOTO(settle(s->comm, ncclGroupStart()), res, out);
+      NCCLCHECKGOTO(engine_settle(s->comm, ncclGroupStart()), res, out);
       for (int r = 1; r < n; r++) {
         if (!lens[r]) continue;
         bufs[r] = malloc(lens[r]);
@@ -1208,7 +1193,7 @@ static ncclResult_t set_round(struct engine* e, struct pset* s, int* shutdown) {
         }
         ncclRecv(bufs[r], lens[r], ncclUint8, r, s->comm, NULL);
       }
-      NCCLCHECKGOTO(settle(s->comm, ncclGroupEnd()), res, out);
+      NCCLCHECKGOTO(engine_settle(s->comm, ncclGroupEnd()), res, out);
       int64_t af = -1, ac = -1;
       if (world && e->at.on) {
         af = e->at.fusion;
@@ -1217,9 +1202,9 @@ static ncclResult_t set_round(struct engine* e, struct pset* s, int* shutdown) {
       NCCLCHECKGOTO(coordinate(e, s, bufs, lens, &out, af, ac), res, out);
       rlen = out.len;
     } else if (mylen) {
-      NCCLCHECKGOTO(settle(s->comm, ncclSend(mine.p, mylen, ncclUint8, 0, s->comm, NULL)), res, out);
+      NCCLCHECKGOTO(engine_settle(s->comm, ncclSend(mine.p, mylen, ncclUint8, 0, s->comm, NULL)), res, out);
     }
-    NCCLCHECKGOTO(settle(s->comm, ncclBroadcast(&rlen, &rlen, 1, ncclUint64, 0, s->comm, NULL)), res, out);
+    NCCLCHECKGOTO(engine_settle(s->comm, ncclBroadcast(&rlen, &rlen, 1, ncclUint64, 0, s->comm, NULL)), res, out);
     if (rlen < sizeof(uint32_t) + 2 * sizeof(int64_t) || rlen > ((uint64_t)1 << 34)) {
       res = err_set(ncclInternalError, "collie engine: bad response length %llu", (unsigned long long)rlen);
       goto out;
@@ -1234,7 +1219,7 @@ static ncclResult_t set_round(struct engine* e, struct pset* s, int* shutdown) {
         goto out;
       }
     }
-    NCCLCHECKGOTO(settle(s->comm, ncclBroadcast(rbytes, rbytes, rlen, ncclUint8, 0, s->comm, NULL)), res, out);
+    NCCLCHECKGOTO(engine_settle(s->comm, ncclBroadcast(rbytes, rbytes, rlen, ncclUint8, 0, s->comm, NULL)), res, out);
     struct rbuf rb = {rbytes, rlen, 0};
     uint32_t nresp;
     int64_t hdr[2];

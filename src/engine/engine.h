@@ -184,8 +184,7 @@ struct pentry {
 struct pset {
   int id, size, rank; /* rank -1: this process is not a member */
   int* ranks;         /* world ranks, sorted */
-  ncclComm_t comm;
-  int owns_comm;
+  ncclComm_t comm; /* the world set's is engine.world; the others' are the engine's own */
   /* Background thread only: */
   struct req *head, *tail; /* taken, not yet executed, in take order */
   struct map pend;         /* name -> req */
@@ -244,6 +243,8 @@ extern struct engine engine_g;
 
 /* engine.c */
 int engine_start_thread(struct engine* e);
+/* Waits out ncclInProgress from a call on a nonblocking communicator; returns its outcome. */
+ncclResult_t engine_settle(ncclComm_t comm, ncclResult_t r);
 void engine_pset_free(struct pset* s);
 /* api.c: completes one part of a handle (takes the lock). result/counts are
  * handed over (freed with the handle). */
