@@ -73,6 +73,7 @@ replace)
   ;;
 join)
   base=$(ELASTIC_STEP_MS=0 timeout 200 "$run" --elastic --min 1 --max 1 -n 1 "${worker[@]}" 2>/dev/null | grep -o "hash=[0-9a-f]*" | sed 's/hash=//')
+  [ -n "$base" ] || fail "the one-worker baseline run failed"
   export BASELINE_HASH=$base
   "$rdzv" --min 2 --max 3 --expect 3 --settle-ms 300 >"$tmp/env" 2>"$tmp/out.store" &
   store_pid=$!
