@@ -475,13 +475,12 @@ static int conn_read(struct store* s, int ci, int64_t now, char* why, size_t why
     }
     c->have_hdr = 0;
     c->hdr_got = 0;
-    c->deadline_ms = c->worker >= 0 ? -1 : c->deadline_ms;
+    /* A registered worker's message is complete; REGISTER clears it itself. */
+    if (c->worker >= 0) c->deadline_ms = -1;
     if (handle(s, ci, now) != 0) {
       snprintf(why, why_len, "request refused or reply failed");
       return -1;
     }
-    c = &s->conns[ci];
-    if (c->worker >= 0) c->deadline_ms = -1;
   }
 }
 
