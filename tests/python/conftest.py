@@ -29,6 +29,36 @@ def world_rank_size():
     return 0, 1
 
 
+def contrib(rank, nranks, count, dtype, op):
+    """Rank `rank`'s input for op ("sum", "prod", "max", "min" or "avg"):
+    small values so that every dtype is exact (the product of 8 ranks stays in
+    float16's exact integers, avg divides evenly)."""
+    import numpy as np
+    i = np.arange(count)
+    if op == "prod":
+        v = 1 + (i + rank) % 2
+    elif op == "avg":
+        v = nranks * ((i + 3 * rank) % 2)
+    else:
+        v = (i * 7 + rank * 3) % 11 + 1
+    return v.astype(dtype)
+
+
+def reference(nranks, count, dtype, op):
+    """The reduction of every rank's contrib."""
+    import numpy as np
+    xs = [contrib(r, nranks, count, dtype, op) for r in range(nranks)]
+    if op == "sum":
+        return np.sum(xs, axis=0, dtype=dtype)
+    if op == "prod":
+        return np.prod(xs, axis=0, dtype=dtype)
+    if op == "max":
+        return np.max(xs, axis=0)
+    if op == "min":
+        return np.min(xs, axis=0)
+    return (np.sum(xs, axis=0, dtype=np.int64) // nranks).astype(dtype)
+
+
 def mpi_world():
     from mpi4py import MPI
     return MPI.COMM_WORLD

@@ -9,38 +9,12 @@ import numpy as np
 import pytest
 
 import collie.nccl as nccl
-from conftest import launcher, world_rank_size
+from conftest import contrib, launcher, reference, world_rank_size
 
 DTYPES = [np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64, np.float16, np.float32,
           np.float64]
 OPS = ["sum", "prod", "max", "min", "avg"]
 COUNTS = [0, 1, 1001, 70000]
-
-
-def contrib(rank, nranks, count, dtype, op):
-    """Rank `rank`'s input: small values so that every dtype is exact (the
-    product of 8 ranks stays in float16's exact integers, avg divides evenly)."""
-    i = np.arange(count)
-    if op == "prod":
-        v = 1 + (i + rank) % 2
-    elif op == "avg":
-        v = nranks * ((i + 3 * rank) % 2)
-    else:
-        v = (i * 7 + rank * 3) % 11 + 1
-    return v.astype(dtype)
-
-
-def reference(nranks, count, dtype, op):
-    xs = [contrib(r, nranks, count, dtype, op) for r in range(nranks)]
-    if op == "sum":
-        return np.sum(xs, axis=0, dtype=dtype)
-    if op == "prod":
-        return np.prod(xs, axis=0, dtype=dtype)
-    if op == "max":
-        return np.max(xs, axis=0)
-    if op == "min":
-        return np.min(xs, axis=0)
-    return (np.sum(xs, axis=0, dtype=np.int64) // nranks).astype(dtype)
 
 
 def test_launcher_rank_and_size(comm):
