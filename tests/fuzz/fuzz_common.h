@@ -29,6 +29,18 @@ static inline union sock_addr fuzz_addr(uint16_t port) {
   return a;
 }
 
+/* The unique ID of the job the root target serves (and make_corpus writes). */
+static inline struct bootstrap_id fuzz_id(void) {
+  struct bootstrap_id id;
+  memset(&id, 0, sizeof(id));
+  id.magic = BOOTSTRAP_ID_MAGIC;
+  id.version = BOOTSTRAP_ID_VERSION;
+  fuzz_secret(id.secret);
+  id.nonce = FUZZ_NONCE;
+  id.root = fuzz_addr(29500);
+  return id;
+}
+
 /* Logging would dominate the run time and the output; the library reads
  * NCCL_DEBUG when it first logs. */
 static inline void fuzz_quiet(void) { setenv("NCCL_DEBUG", "NONE", 0); }

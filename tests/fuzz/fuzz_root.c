@@ -17,13 +17,7 @@ int fuzz_reached;
 
 int LLVMFuzzerTestOneInput(const uint8_t* d, size_t n) {
   fuzz_quiet();
-  struct bootstrap_id id;
-  memset(&id, 0, sizeof(id));
-  id.magic = BOOTSTRAP_ID_MAGIC;
-  id.version = BOOTSTRAP_ID_VERSION;
-  fuzz_secret(id.secret);
-  id.nonce = FUZZ_NONCE;
-  id.root = fuzz_addr(29500);
+  struct bootstrap_id id = fuzz_id();
   struct root* r = root_test_new(&id);
   if (!r) return 0;
   size_t off = 0;

@@ -129,13 +129,7 @@ static void frames(void) {
   memcpy(c.addr, &a6, sizeof(c.addr));
   o.n = 0; checkin_frame(&o, &c); save("frame", "checkin_ipv6", &o);
   /* A unique ID's bytes (also read as a frame: bad magic). */
-  struct bootstrap_id id;
-  memset(&id, 0, sizeof(id));
-  id.magic = BOOTSTRAP_ID_MAGIC;
-  id.version = BOOTSTRAP_ID_VERSION;
-  fuzz_secret(id.secret);
-  id.nonce = FUZZ_NONCE;
-  id.root = fuzz_addr(29500);
+  struct bootstrap_id id = fuzz_id();
   o.n = 0; put(&o, &id, sizeof(id)); save("frame", "unique_id", &o);
   o.b[4] = 9; save("frame", "unique_id_bad_version", &o);
   o.n = 0; save("frame", "empty", &o);
