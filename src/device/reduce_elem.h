@@ -62,7 +62,9 @@ RE_HD uint32_t re_sel(int c, uint32_t a, uint32_t b) {
   return (a & m) | (b & ~m);
 }
 
-/* IEEE 754-2019 maximum / minimum: NaN wins, -0 < +0. */
+/* IEEE 754-2019 maximum / minimum. NaN wins (x's if x is NaN, else y's).
+ * Equal inputs are identical bit patterns except +0 / -0, where the AND
+ * (max) or OR (min) of the bits picks +0 / -0 respectively. */
 RE_HD float re_maxf(float x, float y) {
   float r = x > y ? x : y;
   r = x == y ? re_u2f(re_f2u(x) & re_f2u(y)) : r;
@@ -84,63 +86,89 @@ RE_HD double re_mind(double x, double y) {
   return x != x ? x : r;
 }
 
-/* ---- narrow float conversions (round to nearest even; fp8 saturates) ---- */
+/* ---- conversions ------------------------------------------------------------------
+ * Codes travel in the low bits of a uint32_t, so the host kernels
+ * (reduce_host.c) stay in 32-bit lanes. All branch-free so the loops vectorise. Narrowing uses two
+ * tricks:
+ *  - normal results: add (half an ulp - 1 + the lowest kept bit) to the float's
+ *    bits after rebiasing the exponent, then shift; carries into the exponent
+ *    are the correct round-up.
+ *  - subnormal results: add a power of two whose float ulp equals the target's
+ *    subnormal spacing; the FPU's round-to-nearest-even does the rounding and
+ *    the low mantissa bits are the result.
+ * Widening subnormals subtracts two normal floats, so no step ever takes a
+ * denormal operand (slow on x86). Signed 32-bit compares on magnitudes
+ * (< 2^31) keep SSE2 code simple. Selects are masks, not ?: -- GCC would
+ * otherwise sink the (possibly trapping, under the default -ftrapping-math)
+ * float add into a branch and give up vectorising. */
+
+/* binary16 -> float. A signalling NaN stays signalling here (every kernel
+ * narrows its result again, which quiets it); red_half_to_float quiets. */
 RE_HD float re_h2f(uint32_t h) {
-  uint32_t e13 = (h & 0x7fffu) << 13;
+  uint32_t e13 = (h & 0x7fffu) << 13; /* exponent and mantissa, float-aligned */
   uint32_t sign = (h & 0x8000u) << 16;
-  uint32_t u = e13 + (112u << 23);
-  u += re_mask((int32_t)e13 >= (0x7c00 << 13)) & (112u << 23);
-  uint32_t sub = re_f2u(re_u2f(e13 + (113u << 23)) - 0x1p-14f);
+  uint32_t u = e13 + (112u << 23);                                /* rebias 15 -> 127 */
+  u += re_mask((int32_t)e13 >= (0x7c00 << 13)) & (112u << 23);   /* inf / NaN: exponent 255 */
+  uint32_t sub = re_f2u(re_u2f(e13 + (113u << 23)) - 0x1p-14f); /* 2^-14 (1 + m/1024) - 2^-14 */
   u = re_sel((int32_t)e13 < (0x400 << 13), sub, u);
   return re_u2f(u | sign);
 }
+
 RE_HD uint32_t re_f2h(float f) {
   uint32_t x = re_f2u(f);
   uint32_t sign = (x >> 16) & 0x8000u;
   int32_t ax = (int32_t)(x & 0x7fffffffu);
   uint32_t r = ((uint32_t)ax - (112u << 23) + 0xfffu + (((uint32_t)ax >> 13) & 1u)) >> 13;
-  uint32_t sub = re_f2u(re_u2f((uint32_t)ax) + 0.5f) - 0x3f000000u;
-  r = re_sel(ax < 0x38800000, sub, r);
+  uint32_t sub = re_f2u(re_u2f((uint32_t)ax) + 0.5f) - 0x3f000000u; /* 0.5 has ulp 2^-24 */
+  r = re_sel(ax < 0x38800000, sub, r);                               /* below 2^-14: subnormal */
+  /* >= 65520 rounds to inf; NaN keeps its top payload bits, made quiet. */
   uint32_t nan = re_mask(ax > 0x7f800000) & (0x200u | (((uint32_t)ax >> 13) & 0x3ffu));
   r = re_sel(ax >= 0x477ff000, 0x7c00u | nan, r);
   return r | sign;
 }
+
 RE_HD float re_b2f(uint32_t h) { return re_u2f(h << 16); }
+
 RE_HD uint32_t re_f2b(float f) {
   uint32_t x = re_f2u(f);
-  uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16; /* overflow carries into inf */
   int32_t ax = (int32_t)(x & 0x7fffffffu);
   return re_sel(ax > 0x7f800000, (x >> 16) | 0x40u, r);
 }
+
 RE_HD float re_e4m3_2f(uint32_t v) {
   uint32_t e20 = (v & 0x7fu) << 20;
   uint32_t sign = (v & 0x80u) << 24;
-  uint32_t u = e20 + (120u << 23);
+  uint32_t u = e20 + (120u << 23); /* rebias 7 -> 127 */
   uint32_t sub = re_f2u(re_u2f(e20 + (121u << 23)) - 0x1p-6f);
   u = re_sel((int32_t)e20 < (8 << 20), sub, u);
-  u = re_sel((int32_t)e20 == (0x7f << 20), 0x7fc00000u, u);
+  u = re_sel((int32_t)e20 == (0x7f << 20), 0x7fc00000u, u); /* S.1111.111 */
   return re_u2f(u | sign);
 }
+
 RE_HD uint32_t re_f2e4m3(float f) {
   uint32_t x = re_f2u(f);
   uint32_t sign = (x >> 24) & 0x80u;
   int32_t ax = (int32_t)(x & 0x7fffffffu);
   uint32_t r = ((uint32_t)ax - (120u << 23) + 0x7ffffu + (((uint32_t)ax >> 20) & 1u)) >> 20;
-  uint32_t sub = re_f2u(re_u2f((uint32_t)ax) + 0x1p14f) - 0x46800000u;
-  r = re_sel(ax < 0x3c800000, sub, r);
-  r = re_sel(ax > 0x43e00000, 0x7eu, r);
+  uint32_t sub = re_f2u(re_u2f((uint32_t)ax) + 0x1p14f) - 0x46800000u; /* 2^14 has ulp 2^-9 */
+  r = re_sel(ax < 0x3c800000, sub, r);                                  /* below 2^-6: subnormal */
+  r = re_sel(ax > 0x43e00000, 0x7eu, r);                                /* beyond 448 (and inf): saturate */
   r = re_sel(ax > 0x7f800000, 0x7fu, r);
   return r | sign;
 }
+
+/* E5M2 is the top byte of binary16, so widening is the half path. */
 RE_HD float re_e5m2_2f(uint32_t v) { return re_h2f(v << 8); }
+
 RE_HD uint32_t re_f2e5m2(float f) {
   uint32_t x = re_f2u(f);
   uint32_t sign = (x >> 24) & 0x80u;
   int32_t ax = (int32_t)(x & 0x7fffffffu);
   uint32_t r = ((uint32_t)ax - (112u << 23) + 0xfffffu + (((uint32_t)ax >> 21) & 1u)) >> 21;
-  uint32_t sub = re_f2u(re_u2f((uint32_t)ax) + 128.0f) - 0x43000000u;
-  r = re_sel(ax < 0x38800000, sub, r);
-  r = re_sel(ax > 0x47600000, 0x7bu, r);
+  uint32_t sub = re_f2u(re_u2f((uint32_t)ax) + 128.0f) - 0x43000000u; /* 128 has ulp 2^-16 */
+  r = re_sel(ax < 0x38800000, sub, r);                                 /* below 2^-14: subnormal */
+  r = re_sel(ax > 0x47600000, 0x7bu, r);                               /* beyond 57344 (and inf): saturate */
   r = re_sel(ax > 0x7f800000, 0x7eu, r);
   return r | sign;
 }

@@ -4,10 +4,14 @@
  * distinct, and an ivdep loop when it is exactly one of the sources (same
  * index read before it is written, so there is no loop-carried dependence).
  * Built with -O3 -ffp-contract=off (CMakeLists.txt): no fused multiply-add, so
- * premulsum rounds the product exactly as red_pre does. */
+ * premulsum rounds the product exactly as red_pre does. The conversions and
+ * max / min are reduce_elem.h's, shared with the CUDA kernels; their
+ * branch-free forms are what lets these loops vectorise. */
 #include "device/reduce.h"
 
 #include <string.h>
+
+#include "device/reduce_elem.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
 
@@ -21,154 +25,16 @@
 #define RED_IVDEP
 #endif
 
-static inline uint32_t red_f2u(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-static inline float red_u2f(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-static inline uint64_t red_d2u(double f) {
-  uint64_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-static inline double red_u2d(uint64_t u) {
-  double f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
+static float red_quiet(float f) { return f != f ? re_u2f(re_f2u(f) | 0x00400000u) : f; }
 
-/* IEEE 754-2019 maximum / minimum. NaN wins (x's if x is NaN, else y's).
- * Equal inputs are identical bit patterns except +0 / -0, where the AND
- * (max) or OR (min) of the bits picks +0 / -0 respectively. */
-static inline float red_maxf(float x, float y) {
-  float r = x > y ? x : y;
-  r = x == y ? red_u2f(red_f2u(x) & red_f2u(y)) : r;
-  return x != x ? x : r;
-}
-static inline float red_minf(float x, float y) {
-  float r = x < y ? x : y;
-  r = x == y ? red_u2f(red_f2u(x) | red_f2u(y)) : r;
-  return x != x ? x : r;
-}
-static inline double red_maxd(double x, double y) {
-  double r = x > y ? x : y;
-  r = x == y ? red_u2d(red_d2u(x) & red_d2u(y)) : r;
-  return x != x ? x : r;
-}
-static inline double red_mind(double x, double y) {
-  double r = x < y ? x : y;
-  r = x == y ? red_u2d(red_d2u(x) | red_d2u(y)) : r;
-  return x != x ? x : r;
-}
-
-/* ---- conversions ------------------------------------------------------------------
- * Codes travel in the low bits of a uint32_t, so the kernels below stay in
- * 32-bit lanes. All branch-free so the loops vectorise. Narrowing uses two
- * tricks:
- *  - normal results: add (half an ulp - 1 + the lowest kept bit) to the float's
- *    bits after rebiasing the exponent, then shift; carries into the exponent
- *    are the correct round-up.
- *  - subnormal results: add a power of two whose float ulp equals the target's
- *    subnormal spacing; the FPU's round-to-nearest-even does the rounding and
- *    the low mantissa bits are the result.
- * Widening subnormals subtracts two normal floats, so no step ever takes a
- * denormal operand (slow on x86). Signed 32-bit compares on magnitudes
- * (< 2^31) keep SSE2 code simple. Selects are masks, not ?: -- GCC would
- * otherwise sink the (possibly trapping, under the default -ftrapping-math)
- * float add into a branch and give up vectorising. */
-
-static inline uint32_t red_mask(int c) { return 0u - (uint32_t)c; }
-static inline uint32_t red_sel(int c, uint32_t a, uint32_t b) {
-  uint32_t m = red_mask(c);
-  return (a & m) | (b & ~m);
-}
-
-/* binary16 -> float. A signalling NaN stays signalling here (every kernel
- * narrows its result again, which quiets it); red_half_to_float quiets. */
-static inline float red_h2f(uint32_t h) {
-  uint32_t e13 = (h & 0x7fffu) << 13; /* exponent and mantissa, float-aligned */
-  uint32_t sign = (h & 0x8000u) << 16;
-  uint32_t u = e13 + (112u << 23);                                /* rebias 15 -> 127 */
-  u += red_mask((int32_t)e13 >= (0x7c00 << 13)) & (112u << 23);   /* inf / NaN: exponent 255 */
-  uint32_t sub = red_f2u(red_u2f(e13 + (113u << 23)) - 0x1p-14f); /* 2^-14 (1 + m/1024) - 2^-14 */
-  u = red_sel((int32_t)e13 < (0x400 << 13), sub, u);
-  return red_u2f(u | sign);
-}
-
-static inline uint32_t red_f2h(float f) {
-  uint32_t x = red_f2u(f);
-  uint32_t sign = (x >> 16) & 0x8000u;
-  int32_t ax = (int32_t)(x & 0x7fffffffu);
-  uint32_t r = ((uint32_t)ax - (112u << 23) + 0xfffu + (((uint32_t)ax >> 13) & 1u)) >> 13;
-  uint32_t sub = red_f2u(red_u2f((uint32_t)ax) + 0.5f) - 0x3f000000u; /* 0.5 has ulp 2^-24 */
-  r = red_sel(ax < 0x38800000, sub, r);                               /* below 2^-14: subnormal */
-  /* >= 65520 rounds to inf; NaN keeps its top payload bits, made quiet. */
-  uint32_t nan = red_mask(ax > 0x7f800000) & (0x200u | (((uint32_t)ax >> 13) & 0x3ffu));
-  r = red_sel(ax >= 0x477ff000, 0x7c00u | nan, r);
-  return r | sign;
-}
-
-static inline float red_b2f(uint32_t h) { return red_u2f(h << 16); }
-
-static inline uint32_t red_f2b(float f) {
-  uint32_t x = red_f2u(f);
-  uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16; /* overflow carries into inf */
-  int32_t ax = (int32_t)(x & 0x7fffffffu);
-  return red_sel(ax > 0x7f800000, (x >> 16) | 0x40u, r);
-}
-
-static inline float red_e4m3_2f(uint32_t v) {
-  uint32_t e20 = (v & 0x7fu) << 20;
-  uint32_t sign = (v & 0x80u) << 24;
-  uint32_t u = e20 + (120u << 23); /* rebias 7 -> 127 */
-  uint32_t sub = red_f2u(red_u2f(e20 + (121u << 23)) - 0x1p-6f);
-  u = red_sel((int32_t)e20 < (8 << 20), sub, u);
-  u = red_sel((int32_t)e20 == (0x7f << 20), 0x7fc00000u, u); /* S.1111.111 */
-  return red_u2f(u | sign);
-}
-
-static inline uint32_t red_f2e4m3(float f) {
-  uint32_t x = red_f2u(f);
-  uint32_t sign = (x >> 24) & 0x80u;
-  int32_t ax = (int32_t)(x & 0x7fffffffu);
-  uint32_t r = ((uint32_t)ax - (120u << 23) + 0x7ffffu + (((uint32_t)ax >> 20) & 1u)) >> 20;
-  uint32_t sub = red_f2u(red_u2f((uint32_t)ax) + 0x1p14f) - 0x46800000u; /* 2^14 has ulp 2^-9 */
-  r = red_sel(ax < 0x3c800000, sub, r);                                  /* below 2^-6: subnormal */
-  r = red_sel(ax > 0x43e00000, 0x7eu, r);                                /* beyond 448 (and inf): saturate */
-  r = red_sel(ax > 0x7f800000, 0x7fu, r);
-  return r | sign;
-}
-
-/* E5M2 is the top byte of binary16, so widening is the half path. */
-static inline float red_e5m2_2f(uint32_t v) { return red_h2f(v << 8); }
-
-static inline uint32_t red_f2e5m2(float f) {
-  uint32_t x = red_f2u(f);
-  uint32_t sign = (x >> 24) & 0x80u;
-  int32_t ax = (int32_t)(x & 0x7fffffffu);
-  uint32_t r = ((uint32_t)ax - (112u << 23) + 0xfffffu + (((uint32_t)ax >> 21) & 1u)) >> 21;
-  uint32_t sub = red_f2u(red_u2f((uint32_t)ax) + 128.0f) - 0x43000000u; /* 128 has ulp 2^-16 */
-  r = red_sel(ax < 0x38800000, sub, r);                                 /* below 2^-14: subnormal */
-  r = red_sel(ax > 0x47600000, 0x7bu, r);                               /* beyond 57344 (and inf): saturate */
-  r = red_sel(ax > 0x7f800000, 0x7eu, r);
-  return r | sign;
-}
-
-static float red_quiet(float f) { return f != f ? red_u2f(red_f2u(f) | 0x00400000u) : f; }
-
-float red_half_to_float(uint16_t h) { return red_quiet(red_h2f(h)); }
-uint16_t red_float_to_half(float f) { return (uint16_t)red_f2h(f); }
-float red_bf16_to_float(uint16_t h) { return red_b2f(h); }
-uint16_t red_float_to_bf16(float f) { return (uint16_t)red_f2b(f); }
-float red_e4m3_to_float(uint8_t v) { return red_e4m3_2f(v); }
-uint8_t red_float_to_e4m3(float f) { return (uint8_t)red_f2e4m3(f); }
-float red_e5m2_to_float(uint8_t v) { return red_quiet(red_e5m2_2f(v)); }
-uint8_t red_float_to_e5m2(float f) { return (uint8_t)red_f2e5m2(f); }
+float red_half_to_float(uint16_t h) { return red_quiet(re_h2f(h)); }
+uint16_t red_float_to_half(float f) { return (uint16_t)re_f2h(f); }
+float red_bf16_to_float(uint16_t h) { return re_b2f(h); }
+uint16_t red_float_to_bf16(float f) { return (uint16_t)re_f2b(f); }
+float red_e4m3_to_float(uint8_t v) { return re_e4m3_2f(v); }
+uint8_t red_float_to_e4m3(float f) { return (uint8_t)re_f2e4m3(f); }
+float red_e5m2_to_float(uint8_t v) { return red_quiet(re_e5m2_2f(v)); }
+uint8_t red_float_to_e5m2(float f) { return (uint8_t)re_f2e5m2(f); }
 
 /* ---- datatypes ------------------------------------------------------------------ */
 
@@ -279,8 +145,8 @@ RED_UN(red_div_u64, uint64_t, uint64_t, 0, x / (uint64_t)k)
   RED_UN(red_scale_##SUF, T, T, r->scalar.f, x* s)          \
   RED_UN(red_div_##SUF, T, T, 0, x / (T)k)
 
-RED_FLOAT(f32, float, red_maxf, red_minf)
-RED_FLOAT(f64, double, red_maxd, red_mind)
+RED_FLOAT(f32, float, re_maxf, re_minf)
+RED_FLOAT(f64, double, re_maxd, re_mind)
 
 /* ---- narrow float kernels -------------------------------------------------------------
  * Widen to float, operate, narrow with round-to-nearest-even. The loops run
@@ -380,16 +246,16 @@ static inline void red_stn(unsigned char* p, size_t es, uint32_t c) {
 #define RED_NARROW(SUF, ES, TOF, FROMF)                               \
   RED_NBIN(red_sum_##SUF, ES, FROMF(TOF(x) + TOF(y)))                 \
   RED_NBIN(red_prod_##SUF, ES, FROMF(TOF(x) * TOF(y)))                \
-  RED_NBIN(red_max_##SUF, ES, FROMF(red_maxf(TOF(x), TOF(y))))        \
-  RED_NBIN(red_min_##SUF, ES, FROMF(red_minf(TOF(x), TOF(y))))        \
+  RED_NBIN(red_max_##SUF, ES, FROMF(re_maxf(TOF(x), TOF(y))))        \
+  RED_NBIN(red_min_##SUF, ES, FROMF(re_minf(TOF(x), TOF(y))))        \
   RED_NBIN(red_pms_##SUF, ES, FROMF(TOF(x) + TOF(FROMF(TOF(y) * s)))) \
   RED_NUN(red_scale_##SUF, ES, r->scalar.f, FROMF(TOF(x) * s))        \
   RED_NUN(red_div_##SUF, ES, 0, FROMF(TOF(x) / (float)k))
 
-RED_NARROW(f16, 2, red_h2f, red_f2h)
-RED_NARROW(bf16, 2, red_b2f, red_f2b)
-RED_NARROW(e4m3, 1, red_e4m3_2f, red_f2e4m3)
-RED_NARROW(e5m2, 1, red_e5m2_2f, red_f2e5m2)
+RED_NARROW(f16, 2, re_h2f, re_f2h)
+RED_NARROW(bf16, 2, re_b2f, re_f2b)
+RED_NARROW(e4m3, 1, re_e4m3_2f, re_f2e4m3)
+RED_NARROW(e5m2, 1, re_e5m2_2f, re_f2e5m2)
 
 /* ---- dispatch --------------------------------------------------------------------------- */
 
@@ -480,11 +346,11 @@ int red_op_init_premulsum(struct red_op* r, const void* scalar, ncclDataType_t d
     case ncclBfloat16: {
       uint16_t v;
       memcpy(&v, scalar, sizeof v);
-      r->scalar.f = dt == ncclFloat16 ? red_h2f(v) : red_b2f(v);
+      r->scalar.f = dt == ncclFloat16 ? re_h2f(v) : re_b2f(v);
       break;
     }
-    case ncclFloat8e4m3: r->scalar.f = red_e4m3_2f(*(const uint8_t*)scalar); break;
-    case ncclFloat8e5m2: r->scalar.f = red_e5m2_2f(*(const uint8_t*)scalar); break;
+    case ncclFloat8e4m3: r->scalar.f = re_e4m3_2f(*(const uint8_t*)scalar); break;
+    case ncclFloat8e5m2: r->scalar.f = re_e5m2_2f(*(const uint8_t*)scalar); break;
     default: return -1;
   }
   return 0;
