@@ -20,8 +20,8 @@ struct dev_roles {
 };
 void dev_roles(int kind, int rank, int nranks, int root, size_t count, size_t esz, struct dev_roles* r);
 
-/* A buffer's class from device_ptr_kind's answer; mixing check over the
- * classes of the buffers a call uses: 1 if host and device are mixed. */
+/* Mixing check over the classes (device_mem_class) of the buffers a call
+ * uses: 1 if host and device are mixed. */
 static inline int dev_mem_mixed(int mem) { return mem == (MEM_HOST | MEM_DEVICE); }
 
 /* Staging layout of one call: sendbuff and recvbuff map into one staging

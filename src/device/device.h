@@ -17,8 +17,6 @@ int device_current(void);
 int device_set(int dev);
 /* PCI bus id of `dev` into buf ("" on failure). */
 void device_pci_bus_id(int dev, char* buf, size_t len);
-/* 1 if p is device memory (never when there is no device). */
-int device_is_device_ptr(const void* p);
 /* "CUDA runtime 13.0" or "none" (for logs). */
 const char* device_runtime(void);
 /* dev_plan.h's MEM_DEVICE for device or managed memory (stream-ordered, as

@@ -52,16 +52,6 @@ const char* device_runtime(void) {
   return s;
 }
 
-int device_is_device_ptr(const void* p) {
-  if (device_count() == 0) return 0;
-  struct cudaPointerAttributes attr;
-  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return attr.type == cudaMemoryTypeDevice;
-}
-
 int device_mem_class(const void* p) {
   if (p == NULL || device_count() == 0) return MEM_HOST;
   struct cudaPointerAttributes attr;

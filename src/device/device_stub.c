@@ -18,10 +18,6 @@ void device_pci_bus_id(int dev, char* buf, size_t len) {
   if (len) buf[0] = '\0';
 }
 const char* device_runtime(void) { return "none"; }
-int device_is_device_ptr(const void* p) {
-  (void)p;
-  return 0;
-}
 int device_mem_class(const void* p) {
   (void)p;
   return MEM_HOST;
