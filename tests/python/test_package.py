@@ -96,8 +96,7 @@ def test_from_env_without_launcher_says_what_is_missing():
     assert r.stdout.startswith("5 ") and "no launcher environment" in r.stdout
 
 
-def test_engine_missing_is_reported_not_crashed():
-    if collie.engine_available():
-        pytest.skip("this libcollie has the engine")
-    with pytest.raises(collie.CollieError, match="built without the engine"):
-        collie.rank()
+def test_engine_is_in_the_library():
+    # src/engine is always built into libcollie: a library without it is a
+    # build error, not a reason to skip the engine tests.
+    assert collie.engine_available()
