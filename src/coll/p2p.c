@@ -144,8 +144,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     if ((res = prim_sleep_checks(comm, -1, &deadline, !p2p_only)) != ncclSuccess) break;
     /* Several connectors may be pending: sleep briefly on one of them. */
     if (blocked && health_peer_left(comm, blocked->peer)) {
-      struct slot_hdr h;
-      if (!(blocked->is_send ? blocked->ops->send_slot(blocked) != NULL : blocked->ops->recv_slot(blocked, &h) != NULL)) {
+      if (!prim_conn_ready(blocked)) {
         res = comm_left_error(comm, blocked->peer);
         break;
       }

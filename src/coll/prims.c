@@ -37,6 +37,11 @@ ncclResult_t prim_sleep_checks(struct ncclComm* comm, int peer, int64_t* deadlin
   return ncclSuccess;
 }
 
+int prim_conn_ready(struct conn* c) {
+  struct slot_hdr h;
+  return c->is_send ? c->ops->send_slot(c) != NULL : c->ops->recv_slot(c, &h) != NULL;
+}
+
 /* How long a socket waiter keeps polling before it sleeps in poll(). */
 #define SOCKET_POLL_NS 40000
 
@@ -52,8 +57,7 @@ static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_
     NCCLCHECK(transport_progress(comm, c->channel));
     /* What progress just read (or sent) may be exactly what we wait for:
      * let the caller look again before anything sleeps. */
-    struct slot_hdr h;
-    if (c->is_send ? c->ops->send_slot(c) != NULL : c->ops->recv_slot(c, &h) != NULL) return ncclSuccess;
+    if (prim_conn_ready(c)) return ncclSuccess;
   }
   /* Sockets: nothing to gain by polling in user space (the kernel must run
    * to move bytes, and polling with system calls takes its CPU): sleep in
@@ -84,8 +88,7 @@ static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_
   NCCLCHECK(prim_sleep_checks(comm, c->peer, deadline, 1));
   if (health_peer_left(comm, c->peer)) {
     /* Look once more: what it wrote before leaving is visible by now. */
-    struct slot_hdr h;
-    if (c->is_send ? c->ops->send_slot(c) != NULL : c->ops->recv_slot(c, &h) != NULL) return ncclSuccess;
+    if (prim_conn_ready(c)) return ncclSuccess;
     return comm_left_error(comm, c->peer);
   }
   c->ops->wait(c, 100);

@@ -42,6 +42,9 @@ ncclResult_t prim_recv_reduce_copy(struct prim_link* r, struct prim_link* s, con
  * so neighbours stop waiting (transport_poison); returns `res`. */
 ncclResult_t prim_fail(struct ncclComm* comm, ncclResult_t res);
 
+/* Does connector c have a slot now (a free one to send into, a filled one to
+ * receive)? Polls once; for a last look before a waiter sleeps or fails. */
+int prim_conn_ready(struct conn* c);
 /* How long a waiter may wait for a peer (COLLIE_TIMEOUT); -1: forever. */
 int64_t prim_deadline(struct ncclComm* comm);
 /* What every waiter checks before it sleeps: the abort flag, the call board
