@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "elastic/store.h"
+#include "param.h"
 
 #ifndef COLLIE_VERSION
 #define COLLIE_VERSION "0.1.0"
@@ -96,8 +97,8 @@ int main(int argc, char** argv) {
   so.log_prefix = "collie-rendezvous";
   long port = 0;
   const char* bind_addr = NULL;
-  const char* secret = getenv("COLLIE_RENDEZVOUS_SECRET");
-  const char* rl = getenv("COLLIE_ELASTIC_RESET_LIMIT");
+  const char* secret = param_str(P_COLLIE_RENDEZVOUS_SECRET);
+  const char* rl = param_str(P_COLLIE_ELASTIC_RESET_LIMIT);
   if (rl && *rl) so.reset_limit = (int)num(rl, "COLLIE_ELASTIC_RESET_LIMIT", 0, 1000000);
   opterr = 0;
   for (;;) {
