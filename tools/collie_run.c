@@ -1011,49 +1011,47 @@ static int make_pipe(int *rd, int *wr)
 static int launch_one(struct job *job, const struct options *o, const struct saved_state *saved,
                       int rank)
 {
-    {
-        int out_w = -1, err_w = -1;
-        if (job->streams != NULL) {
-            struct stream *so = &job->streams[2 * rank], *se = &job->streams[2 * rank + 1];
-            /* A restarted slot: whatever its predecessor left unread goes first. */
-            stream_finish(job, so);
-            stream_finish(job, se);
-            so->line_start = se->line_start = true;
-            if (make_pipe(&so->fd, &out_w) != 0) {
-                fprintf(stderr, "collie-run: cannot create a pipe for rank %d: %s\n", rank,
-                        strerror(errno));
-                stop_job(job, SIGTERM, EXIT_FAILED);
-                return -1;
-            }
-            if (make_pipe(&se->fd, &err_w) != 0) {
-                fprintf(stderr, "collie-run: cannot create a pipe for rank %d: %s\n", rank,
-                        strerror(errno));
-                close(out_w);
-                stop_job(job, SIGTERM, EXIT_FAILED);
-                return -1;
-            }
-        }
-
-        pid_t pid = fork();
-        if (pid == 0)
-            run_child(o, saved, rank, job->restarts ? job->restarts[rank] : 0, out_w, err_w);
-        int fork_errno = errno;
-        if (out_w >= 0) {
-            close(out_w);
-            close(err_w);
-        }
-        if (pid < 0) {
-            fprintf(stderr, "collie-run: cannot start rank %d: %s\n", rank, strerror(fork_errno));
+    int out_w = -1, err_w = -1;
+    if (job->streams != NULL) {
+        struct stream *so = &job->streams[2 * rank], *se = &job->streams[2 * rank + 1];
+        /* A restarted slot: whatever its predecessor left unread goes first. */
+        stream_finish(job, so);
+        stream_finish(job, se);
+        so->line_start = se->line_start = true;
+        if (make_pipe(&so->fd, &out_w) != 0) {
+            fprintf(stderr, "collie-run: cannot create a pipe for rank %d: %s\n", rank,
+                    strerror(errno));
             stop_job(job, SIGTERM, EXIT_FAILED);
             return -1;
         }
-        setpgid(pid, pid); /* EACCES once the child has exec'd: it did it itself */
-        job->pgid[rank] = pid;
-        job->running[rank] = true;
-        job->running_count++;
-        if (job->launched < rank + 1)
-            job->launched = rank + 1;
+        if (make_pipe(&se->fd, &err_w) != 0) {
+            fprintf(stderr, "collie-run: cannot create a pipe for rank %d: %s\n", rank,
+                    strerror(errno));
+            close(out_w);
+            stop_job(job, SIGTERM, EXIT_FAILED);
+            return -1;
+        }
     }
+
+    pid_t pid = fork();
+    if (pid == 0)
+        run_child(o, saved, rank, job->restarts ? job->restarts[rank] : 0, out_w, err_w);
+    int fork_errno = errno;
+    if (out_w >= 0) {
+        close(out_w);
+        close(err_w);
+    }
+    if (pid < 0) {
+        fprintf(stderr, "collie-run: cannot start rank %d: %s\n", rank, strerror(fork_errno));
+        stop_job(job, SIGTERM, EXIT_FAILED);
+        return -1;
+    }
+    setpgid(pid, pid); /* EACCES once the child has exec'd: it did it itself */
+    job->pgid[rank] = pid;
+    job->running[rank] = true;
+    job->running_count++;
+    if (job->launched < rank + 1)
+        job->launched = rank + 1;
     return 0;
 }
 
