@@ -372,6 +372,19 @@ done:
   return res;
 }
 
+/* A premulsum scalar the call reads at run time (ncclScalarDevice): returns
+ * the pointer for the kernel to read when it is device memory; otherwise reads
+ * the host value now into *f / *u and returns NULL. */
+static const void* scalar_resolve(const struct coll_args* a, double* f, uint64_t* u) {
+  if (!a->scalar_ptr) return NULL;
+  if (device_mem_class(a->scalar_ptr) == MEM_DEVICE) return a->scalar_ptr;
+  struct red_op op;
+  red_op_init_premulsum(&op, a->scalar_ptr, a->dt);
+  *f = op.scalar.f;
+  *u = op.scalar.u;
+  return NULL;
+}
+
 /* ---- one rank: kernels straight on the stream (also inside graph capture) ---- */
 
 static ncclResult_t local_run(const struct coll_args* a) {
@@ -383,16 +396,7 @@ static ncclResult_t local_run(const struct coll_args* a) {
   int reduces = a->kind == COLL_ALLREDUCE || a->kind == COLL_REDUCE || a->kind == COLL_REDUCESCATTER;
   if (reduces && a->op.kind == RED_PREMULSUM) {
     struct kern_scalar ks = {a->op.scalar.f, a->op.scalar.u, NULL};
-    if (a->scalar_ptr) {
-      if (device_mem_class(a->scalar_ptr) == MEM_DEVICE) {
-        ks.dev_ptr = a->scalar_ptr;
-      } else {
-        struct red_op op;
-        red_op_init_premulsum(&op, a->scalar_ptr, a->dt);
-        ks.f = op.scalar.f;
-        ks.u = op.scalar.u;
-      }
-    }
+    ks.dev_ptr = scalar_resolve(a, &ks.f, &ks.u);
     rc = kern_pre((int)a->dt, ks, a->recvbuff, a->sendbuff, a->count, a->stream, &err);
   } else {
     rc = kern_copy(a->recvbuff, a->sendbuff, bytes, a->stream, &err);
@@ -444,16 +448,7 @@ static ncclResult_t kernel_run(struct dev_state* d, const struct coll_args* a) {
   w.count = a->count;
   w.scalar.f = a->op.scalar.f;
   w.scalar.u = a->op.scalar.u;
-  if (a->scalar_ptr) {
-    if (device_mem_class(a->scalar_ptr) == MEM_DEVICE) {
-      w.scalar_dev = a->scalar_ptr;
-    } else {
-      struct red_op op;
-      red_op_init_premulsum(&op, a->scalar_ptr, a->dt);
-      w.scalar.f = op.scalar.f;
-      w.scalar.u = op.scalar.u;
-    }
-  }
+  w.scalar_dev = scalar_resolve(a, &w.scalar.f, &w.scalar.u);
   w.sendbuff = a->sendbuff;
   w.recvbuff = a->recvbuff;
   w.abort = d->kwords_dev;
