@@ -111,6 +111,15 @@ out:
   return res;
 }
 
+/* Running work ends at its next wait (every wait checks the flag before it
+ * sleeps); queued nonblocking work is dropped; new calls are refused.
+ * 1 once nothing runs on comm, within `ms`. */
+static int revoke_wait(struct ncclComm* comm, int ms) {
+  __atomic_store_n(&comm->revoked, 1, __ATOMIC_RELEASE);
+  comm_wake_waiters(comm);
+  return comm_wait_idle(comm, ms);
+}
+
 NCCL_API(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags);
 ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   NCCLCHECK(comm_check(comm, "ncclCommRevoke"));
@@ -120,12 +129,8 @@ ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   if (__atomic_load_n(&comm->revoked, __ATOMIC_ACQUIRE))
     return err_set(ncclInvalidUsage, "ncclCommRevoke: comm %p is already revoked", (void*)comm);
   if (comm->finalized) return err_set(ncclInvalidUsage, "ncclCommRevoke: comm %p was finalized", (void*)comm);
-  /* Running work ends at its next wait (every wait checks the flag before it
-   * sleeps); queued nonblocking work is dropped; new calls are refused. */
-  __atomic_store_n(&comm->revoked, 1, __ATOMIC_RELEASE);
-  comm_wake_waiters(comm);
   INFO(LOG_INIT, "comm %p rank %d: revoked", (void*)comm, comm->rank);
-  return comm_wait_idle(comm, 1000) ? ncclSuccess : ncclInProgress;
+  return revoke_wait(comm, 1000) ? ncclSuccess : ncclInProgress;
 }
 
 NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
@@ -175,9 +180,7 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeR
   if (shrinkFlags == NCCL_SHRINK_ABORT) {
     /* Whatever still runs on the parent (blocked on a dead rank, perhaps)
      * stops first; the bootstrap between survivors keeps working. */
-    __atomic_store_n(&comm->revoked, 1, __ATOMIC_RELEASE);
-    comm_wake_waiters(comm);
-    comm_wait_idle(comm, 60000);
+    revoke_wait(comm, 60000);
     for (int r = 0; r < n; r++)
       if (out[r]) bootstrap_peer_failed(comm->bs, r);
   } else {
