@@ -16,6 +16,13 @@
 int comm_set_error(struct ncclComm* comm, ncclResult_t code, const char* msg); /* 1: recorded */
 /* The recorded message ("" if none). */
 const char* comm_error_msg(struct ncclComm* comm);
+/* Abort, revoke or a recorded error: operations must stop (three loads, no
+ * message; comm_stop_check says why). */
+static inline int comm_stopping(struct ncclComm* comm) {
+  ncclResult_t e = __atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE);
+  return __atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE) || __atomic_load_n(&comm->revoked, __ATOMIC_ACQUIRE) ||
+         (e != ncclSuccess && e != ncclInProgress);
+}
 /* ncclSuccess while operations may continue; else the reason they must stop
  * (abort, revoke, a recorded error), with err_set called for this thread. */
 ncclResult_t comm_stop_check(struct ncclComm* comm);

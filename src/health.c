@@ -123,6 +123,7 @@ int comm_set_error(struct ncclComm* comm, ncclResult_t code, const char* msg) {
 const char* comm_error_msg(struct ncclComm* comm) { return comm->err_msg; }
 
 ncclResult_t comm_stop_check(struct ncclComm* comm) {
+  if (!comm_stopping(comm)) return ncclSuccess;
   if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED))
     return err_set(ncclSystemError, "rank %d: operation aborted (ncclCommAbort)", comm->rank);
   if (__atomic_load_n(&comm->revoked, __ATOMIC_RELAXED))
@@ -142,10 +143,7 @@ ncclResult_t comm_await_cause(struct ncclComm* comm, int ms) {
   if (!comm->health) return ncclSuccess;
   int64_t end = time_ms() + ms;
   for (;;) {
-    ncclResult_t e = __atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE);
-    if ((e != ncclSuccess && e != ncclInProgress) || __atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED) ||
-        __atomic_load_n(&comm->revoked, __ATOMIC_RELAXED))
-      return comm_stop_check(comm);
+    if (comm_stopping(comm)) return comm_stop_check(comm);
     int64_t left = end - time_ms();
     if (left <= 0) return ncclSuccess;
     /* Readable once anything is recorded (or on abort, revoke): no polling period. */

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "../comm.h"
+#include "../failures.h"
 #include "transport.h"
 
 #define SHM_MAX_SLOTS 16
@@ -115,11 +116,7 @@ static void shm_wait(struct conn* c, int timeout_ms) {
   /* A stop (abort, revoke, failure) set since the caller's check would be
    * woken only by transport_wake, which may have run already: look again,
    * so only a few instructions are left for a wake to be missed in. */
-  struct ncclComm* comm = c->comm;
-  int stop = __atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE) || __atomic_load_n(&comm->revoked, __ATOMIC_ACQUIRE);
-  ncclResult_t e = __atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE);
-  stop |= e != ncclSuccess && e != ncclInProgress;
-  if (!stop && __atomic_load_n(word, __ATOMIC_ACQUIRE) == seen) {
+  if (!comm_stopping(c->comm) && __atomic_load_n(word, __ATOMIC_ACQUIRE) == seen) {
     struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
     futex(word, FUTEX_WAIT, seen, &ts);
   }
