@@ -51,9 +51,6 @@ ncclResult_t comm_left_error(struct ncclComm* comm, int peer);
 /* Wakes every sleeping waiter of the communicator (after abort, revoke or a
  * recorded failure: each then ends with the reason). Any thread. */
 void comm_wake_waiters(struct ncclComm* comm);
-/* comm->stop_fd: becomes readable (for good) on abort, revoke or a recorded
- * failure; waits that sleep in poll() include it so they end at once. */
-int health_fail_fd(struct ncclComm* comm);
 /* Stops the thread and closes the connections. `goodbye`: tell the
  * neighbours this rank leaves on purpose (else they report it failed).
  * Idempotent. */

@@ -65,7 +65,6 @@ struct health {
   uint8_t* dead; /* by rank: known failed (written by the thread only) */
   uint8_t* left; /* by rank: said goodbye (atomic bytes: waiters read them) */
   int stop, goodbye; /* set before waking the thread to leave */
-  int started;
   pid_t pid;             /* the process that owns the links (not a forked child) */
   struct health* next_live; /* live_list: rings of this process, for the exit goodbye */
 };
@@ -94,13 +93,13 @@ static void live_remove(struct health* h) {
   pthread_mutex_unlock(&live_mu);
 }
 
-static void send_msg(struct health* h, struct hlink* l, int type, int why, int rank, int detector);
+static void send_msg(struct hlink* l, int type, int why, int rank, int detector);
 
 __attribute__((destructor)) static void health_exit_goodbye(void) {
   if (pthread_mutex_trylock(&live_mu) != 0) return; /* never block an exiting process */
   for (struct health* h = live_list; h; h = h->next_live)
     if (h->pid == getpid())
-      for (int i = 0; i < h->nlinks; i++) send_msg(h, &h->link[i], HMSG_BYE, 0, 0, 0);
+      for (int i = 0; i < h->nlinks; i++) send_msg(&h->link[i], HMSG_BYE, 0, 0, 0);
   pthread_mutex_unlock(&live_mu);
 }
 
@@ -157,13 +156,12 @@ ncclResult_t comm_await_cause(struct ncclComm* comm, int ms) {
 
 /* ------------------------------------------------------------ the thread */
 
-static void send_msg(struct health* h, struct hlink* l, int type, int why, int rank, int detector) {
+static void send_msg(struct hlink* l, int type, int why, int rank, int detector) {
   if (l->gone || l->fd < 0) return;
   struct hmsg m = {HMSG_MAGIC, (uint16_t)type, (uint16_t)why, rank, detector};
   /* 16 bytes into a socket buffer of megabytes: only a peer that has not
    * read for a very long time fills it, and silence detection covers that. */
   (void)send(l->fd, &m, sizeof(m), MSG_NOSIGNAL | MSG_DONTWAIT);
-  (void)h;
 }
 
 static const char* why_str(int why, int64_t timeout_ms, char* buf, size_t n) {
@@ -203,7 +201,7 @@ static void declare_dead(struct health* h, int rank, int why, int detector, int 
   for (int i = 0; i < h->nlinks; i++) {
     struct hlink* l = &h->link[i];
     if (l->peer == rank) l->gone = 1;
-    else if (l->peer != via) send_msg(h, l, HMSG_DEAD, why, rank, detector);
+    else if (l->peer != via) send_msg(l, HMSG_DEAD, why, rank, detector);
   }
 }
 
@@ -221,7 +219,7 @@ static void note_left(struct health* h, int rank, int via) {
   for (int i = 0; i < h->nlinks; i++) {
     struct hlink* l = &h->link[i];
     if (l->peer == rank) l->gone = 1;
-    else if (l->peer != via) send_msg(h, l, HMSG_LEFT, 0, rank, rank);
+    else if (l->peer != via) send_msg(l, HMSG_LEFT, 0, rank, rank);
   }
 }
 
@@ -285,7 +283,7 @@ static void* health_main(void* p) {
     if (__atomic_load_n(&h->stop, __ATOMIC_ACQUIRE)) break;
     /* Pings go out even with our own silence check off: a peer may have it on. */
     if (now >= next_ping) {
-      for (int i = 0; i < h->nlinks; i++) send_msg(h, &h->link[i], HMSG_PING, 0, 0, 0);
+      for (int i = 0; i < h->nlinks; i++) send_msg(&h->link[i], HMSG_PING, 0, 0, 0);
       next_ping = now + h->period_ms;
     }
     int64_t wait = next_ping - now;
@@ -324,7 +322,7 @@ static void* health_main(void* p) {
     }
   }
   if (h->goodbye)
-    for (int i = 0; i < h->nlinks; i++) send_msg(h, &h->link[i], HMSG_BYE, 0, 0, 0);
+    for (int i = 0; i < h->nlinks; i++) send_msg(&h->link[i], HMSG_BYE, 0, 0, 0);
   return NULL;
 }
 
@@ -430,7 +428,6 @@ ncclResult_t health_init(struct ncclComm* comm) {
     res = err_set(ncclSystemError, "cannot start the keep-alive thread: %s", strerror(rc));
     goto fail;
   }
-  h->started = 1;
   h->pid = getpid();
   comm->health = h;
   live_add(h);
@@ -450,8 +447,6 @@ void comm_wake_waiters(struct ncclComm* comm) {
   if (comm->stop_fd >= 0) (void)!write(comm->stop_fd, &one, sizeof(one));
   transport_wake(comm);
 }
-
-int health_fail_fd(struct ncclComm* comm) { return comm->stop_fd; }
 
 void health_stop(struct ncclComm* comm, int goodbye) {
   struct health* h = comm->health;

@@ -213,8 +213,8 @@ void transport_poison(struct ncclComm* comm) {
 void transport_wait_sockets(struct ncclComm* comm, int ch, int timeout_ms) {
   struct pollfd pfds[257];
   int n = 0;
-  int ffd = health_fail_fd(comm); /* a failure found elsewhere ends the sleep */
-  if (ffd >= 0) pfds[n++] = (struct pollfd){.fd = ffd, .events = POLLIN};
+  /* Readable for good after abort, revoke or a failure found elsewhere: ends the sleep. */
+  if (comm->stop_fd >= 0) pfds[n++] = (struct pollfd){.fd = comm->stop_fd, .events = POLLIN};
   struct conn** st = comm->send_conns + (size_t)ch * comm->nranks;
   struct conn** rt = comm->recv_conns + (size_t)ch * comm->nranks;
   for (int i = 0; i < comm->nranks && n <= 257 - 16; i++) {
