@@ -27,11 +27,6 @@ struct kern_scalar {
 int kern_copy(void* dst, const void* src, size_t bytes, void* stream, const char** err);
 /* dst[i] = pre(src[i]) (red_pre). */
 int kern_pre(int dt, struct kern_scalar s, void* dst, const void* src, size_t count, void* stream, const char** err);
-/* dst[i] = a[i] OP pre(b[i]) (red_reduce). */
-int kern_reduce(int dt, int kind, struct kern_scalar s, void* dst, const void* a, const void* b, size_t count,
-                void* stream, const char** err);
-/* dst[i] = src[i] / n (red_div). */
-int kern_div(int dt, void* dst, const void* src, size_t count, int n, void* stream, const char** err);
 /* The stream waits until (int32_t)(*flag - seq) >= 0; `flag` is a device
  * pointer to host-mapped memory that a host thread advances. */
 int kern_wait_flag(const volatile uint32_t* flag, uint32_t seq, void* stream, const char** err);
