@@ -30,9 +30,9 @@ static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 void dev_stage_plan(struct dev_stage* s, const void* send, size_t send_bytes, const void* recv, size_t recv_bytes,
                     size_t* off) {
   s->send_lo = (uintptr_t)send;
-  s->send_hi = send_bytes ? s->send_lo + send_bytes : s->send_lo;
+  s->send_hi = s->send_lo + send_bytes;
   s->recv_lo = (uintptr_t)recv;
-  s->recv_hi = recv_bytes ? s->recv_lo + recv_bytes : s->recv_lo;
+  s->recv_hi = s->recv_lo + recv_bytes;
   s->shared = 0;
   size_t o = align64(*off);
   int has_s = send_bytes > 0, has_r = recv_bytes > 0;
@@ -45,10 +45,7 @@ void dev_stage_plan(struct dev_stage* s, const void* send, size_t send_bytes, co
     return;
   }
   s->send_off = s->recv_off = o;
-  if (has_s) {
-    s->send_off = o;
-    o = align64(o + send_bytes);
-  }
+  if (has_s) o = align64(o + send_bytes);
   if (has_r) {
     s->recv_off = o;
     o += recv_bytes;
