@@ -14,10 +14,13 @@
 
 #define GPU_SKIP 77
 
-/* Number of CUDA devices (0 if none), or exits 77 with a message. */
+/* Number of CUDA devices (at least 1), or exits 77 with a message. */
 static int gpu_require(const char* test) {
   int pfd[2];
-  if (pipe(pfd) != 0) return 0;
+  if (pipe(pfd) != 0) {
+    perror("FAIL gpu_require: pipe");
+    exit(1);
+  }
   pid_t pid = fork();
   if (pid == 0) {
     int n = 0;
