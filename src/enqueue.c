@@ -285,13 +285,6 @@ static ncclResult_t run_comm_tasks(struct task* t) {
     if (res == ncclSuccess) res = transport_flush(comm);
     /* Errors found before any data moved (e.g. an unmatched send to self)
      * leave the communicator usable; anything after that breaks it. */
-    /* A connection that broke may be a symptom: a survivor that aborted after
-     * another rank died closes its sockets too. Give the keep-alive ring a
-     * moment to name the rank that really failed, and report that. */
-    if (res == ncclRemoteError || res == ncclSystemError) {
-      ncclResult_t cause = comm_await_cause(comm, 250);
-      if (cause != ncclSuccess) res = cause;
-    }
     if (res != ncclSuccess && (res != ncclInvalidUsage || comm->broken) && res != ncclInvalidArgument)
       comm_set_error(comm, res, err_last_thread());
   }

@@ -35,6 +35,9 @@ ncclResult_t comm_stop_check_cb(void* comm);
  * names the rank that failed rather than the neighbour that passed the error
  * on; ncclSuccess if nothing came. */
 ncclResult_t comm_await_cause(struct ncclComm* comm, int ms);
+/* How long a broken connection or a poisoned connector waits for that cause:
+ * once, where the breakage is seen (wait loops, socket transport). */
+#define CAUSE_WAIT_MS 250
 
 /* ---- keep-alive ring (health.c) */
 

@@ -113,7 +113,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
       res = step(op, comm->slot_bytes, &moved);
       if (op->slots_done < op->nslots) {
         blocked = op->link.c;
-        if (blocked->ops->peer_failed(blocked) && (res = comm_await_cause(comm, 250)) == ncclSuccess)
+        if (blocked->ops->peer_failed(blocked) && (res = comm_await_cause(comm, CAUSE_WAIT_MS)) == ncclSuccess)
           res = err_set(ncclRemoteError, "rank %d: rank %d (%s) failed or left during a point-to-point group",
                         comm->rank, op->peer, bootstrap_peer_host(comm->bs, op->peer));
       } else {

@@ -49,7 +49,7 @@ int prim_conn_ready(struct conn* c) {
 static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_t* t0) {
   struct ncclComm* comm = c->comm;
   if (c->ops->peer_failed(c)) {
-    NCCLCHECK(comm_await_cause(comm, 250));
+    NCCLCHECK(comm_await_cause(comm, CAUSE_WAIT_MS));
     return err_set(ncclRemoteError, "rank %d: rank %d (%s) failed or left during the operation", comm->rank, c->peer,
                    bootstrap_peer_host(comm->bs, c->peer));
   }
@@ -120,7 +120,7 @@ ncclResult_t prim_recv_slot(struct prim_link* l, size_t bytes, const void** slot
     const void* p = c->ops->recv_slot(c, &h);
     if (p) {
       if (h.flags & SLOT_ERROR) {
-        NCCLCHECK(comm_await_cause(c->comm, 250));
+        NCCLCHECK(comm_await_cause(c->comm, CAUSE_WAIT_MS));
         return err_set(ncclRemoteError, "rank %d: rank %d reported an error in this operation (see its log)",
                        c->comm->rank, c->peer);
       }

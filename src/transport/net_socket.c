@@ -18,6 +18,7 @@
 
 #include "../bootstrap/socket.h"
 #include "../comm.h"
+#include "../failures.h"
 #include "transport.h"
 
 #define SOCK_MAX_CONNS 16
@@ -97,8 +98,10 @@ static ncclResult_t sock_progress_send(struct conn* c) {
           break;
         }
         s->failed = 1;
+        int err = errno;
+        NCCLCHECK(comm_await_cause(c->comm, CAUSE_WAIT_MS));
         return err_set(ncclRemoteError, "socket: rank %d lost its connection to rank %d (%s): %s", c->comm->rank,
-                       c->peer, bootstrap_peer_host(c->comm->bs, c->peer), rc == 0 ? "closed" : strerror(errno));
+                       c->peer, bootstrap_peer_host(c->comm->bs, c->peer), rc == 0 ? "closed" : strerror(err));
       }
       if (blocked) break;
       l->off = 0;
@@ -152,9 +155,11 @@ static ncclResult_t sock_progress_recv(struct conn* c) {
           update_done(s);
           return ncclSuccess;
         }
+        int err = errno;
+        NCCLCHECK(comm_await_cause(c->comm, CAUSE_WAIT_MS));
         return err_set(ncclRemoteError, "socket: rank %d (%s) closed its connection to rank %d%s%s", c->peer,
                        bootstrap_peer_host(c->comm->bs, c->peer), c->comm->rank, rc == 0 ? "" : ": ",
-                       rc == 0 ? "" : strerror(errno));
+                       rc == 0 ? "" : strerror(err));
       }
       if (blocked) break;
       l->off = 0;
