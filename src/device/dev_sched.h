@@ -390,10 +390,8 @@ DS_HD void ds_st16(unsigned char* p, const unsigned char* in) {
 }
 DS_HD int ds_al16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
 
-/* One element of a piece: combine the sources, write every output. */
-DS_HD uint64_t ds_combine(const struct ds_work* w, const struct ds_step* st, struct re_scalar sc, int red2,
-                          int have, uint64_t v, uint64_t x) {
-  (void)st;
+/* Folds incoming element x into the accumulator v (x itself when there is none yet). */
+DS_HD uint64_t ds_combine(const struct ds_work* w, struct re_scalar sc, int red2, int have, uint64_t v, uint64_t x) {
   return have ? re_reduce(w->dt, red2, x, v, sc) : x;
 }
 
@@ -426,7 +424,7 @@ DS_HD void ds_piece_elems(const struct ds_work* w, const struct ds_step* st, str
     for (int j = 0; j < st->nrecv; j++) {
       ds_ld16(sh->in[j] + off, x);
       for (size_t k = 0; k < per; k++)
-        ds_st(acc + k * es, es, ds_combine(w, st, sc, red2, have, ds_ld(acc + k * es, es), ds_ld(x + k * es, es)));
+        ds_st(acc + k * es, es, ds_combine(w, sc, red2, have, ds_ld(acc + k * es, es), ds_ld(x + k * es, es)));
       have = 1;
     }
     if (divide)
@@ -443,7 +441,7 @@ DS_HD void ds_piece_elems(const struct ds_work* w, const struct ds_step* st, str
       have = 1;
     }
     for (int j = 0; j < st->nrecv; j++) {
-      v = ds_combine(w, st, sc, red2, have, v, ds_ld(sh->in[j] + i * es, es));
+      v = ds_combine(w, sc, red2, have, v, ds_ld(sh->in[j] + i * es, es));
       have = 1;
     }
     if (divide) v = re_div(dt, v, w->avg_n);
