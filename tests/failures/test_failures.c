@@ -341,6 +341,7 @@ static int rank_abort(int rank, int nranks, const ncclUniqueId* ids, int nids, v
     snprintf(want, sizeof(want), "rank %d", aborter);
     const char* msg = ncclGetLastError(comm);
     fprintf(stderr, "rank %d: %s: %s\n", rank, ncclGetErrorString(r), msg);
+    MP_CHECK(strstr(msg, want) != NULL, "the error does not name the aborting rank %d: %s", aborter, msg);
     double t0 = mp_now();
     MP_NCCL(ncclCommDestroy(comm));
     printf("rank %d: ncclCommDestroy after the error: %.1f ms\n", rank, 1e3 * (mp_now() - t0));
