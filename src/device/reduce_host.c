@@ -290,69 +290,15 @@ int red_op_init(struct red_op* r, ncclRedOp_t op, ncclDataType_t dt) {
 
 int red_op_init_premulsum(struct red_op* r, const void* scalar, ncclDataType_t dt) {
   if (r == NULL || scalar == NULL || !dtype_valid(dt)) return -1;
+  struct re_scalar s = re_scalar_load((int)dt, scalar);
   memset(r, 0, sizeof *r);
   r->dt = dt;
   r->kind = RED_PREMULSUM;
-  switch (dt) {
-    case ncclInt8: {
-      int8_t v;
-      memcpy(&v, scalar, sizeof v);
-      r->scalar.i = v;
-      break;
-    }
-    case ncclUint8: {
-      uint8_t v;
-      memcpy(&v, scalar, sizeof v);
-      r->scalar.u = v;
-      break;
-    }
-    case ncclInt32: {
-      int32_t v;
-      memcpy(&v, scalar, sizeof v);
-      r->scalar.i = v;
-      break;
-    }
-    case ncclUint32: {
-      uint32_t v;
-      memcpy(&v, scalar, sizeof v);
-      r->scalar.u = v;
-      break;
-    }
-    case ncclInt64: {
-      int64_t v;
-      memcpy(&v, scalar, sizeof v);
-      r->scalar.i = v;
-      break;
-    }
-    case ncclUint64: {
-      uint64_t v;
-      memcpy(&v, scalar, sizeof v);
-      r->scalar.u = v;
-      break;
-    }
-    case ncclFloat32: {
-      float v;
-      memcpy(&v, scalar, sizeof v);
-      r->scalar.f = v;
-      break;
-    }
-    case ncclFloat64: {
-      double v;
-      memcpy(&v, scalar, sizeof v);
-      r->scalar.f = v;
-      break;
-    }
-    case ncclFloat16:
-    case ncclBfloat16: {
-      uint16_t v;
-      memcpy(&v, scalar, sizeof v);
-      r->scalar.f = dt == ncclFloat16 ? re_h2f(v) : re_b2f(v);
-      break;
-    }
-    case ncclFloat8e4m3: r->scalar.f = re_e4m3_2f(*(const uint8_t*)scalar); break;
-    case ncclFloat8e5m2: r->scalar.f = re_e5m2_2f(*(const uint8_t*)scalar); break;
-    default: return -1;
-  }
+  /* Floats keep the scalar in f; integers in u (sign-extended: the bits of scalar.i). */
+  if (dt >= ncclFloat16)
+    r->scalar.f = s.f;
+  else
+    r->scalar.u = s.u;
   return 0;
 }
 
