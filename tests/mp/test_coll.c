@@ -11,6 +11,7 @@
 #include "comm.h"
 #include "device/reduce.h"
 #include "harness.h"
+#include "typed.h"
 
 static int quick;
 static int per_rank_hostid;
@@ -22,41 +23,6 @@ static int in_val(ncclDataType_t dt, int op, int r, size_t i) {
   return (int)((size_t)(r * 7) + i * 3) % span - span / 2;
 }
 
-static void store(ncclDataType_t dt, void* buf, size_t i, double v) {
-  switch (dt) {
-    case ncclInt8: ((int8_t*)buf)[i] = (int8_t)(int64_t)v; break;
-    case ncclUint8: ((uint8_t*)buf)[i] = (uint8_t)(int64_t)v; break;
-    case ncclInt32: ((int32_t*)buf)[i] = (int32_t)(int64_t)v; break;
-    case ncclUint32: ((uint32_t*)buf)[i] = (uint32_t)(int64_t)v; break;
-    case ncclInt64: ((int64_t*)buf)[i] = (int64_t)v; break;
-    case ncclUint64: ((uint64_t*)buf)[i] = (uint64_t)(int64_t)v; break;
-    case ncclFloat16: ((uint16_t*)buf)[i] = red_float_to_half((float)v); break;
-    case ncclFloat32: ((float*)buf)[i] = (float)v; break;
-    case ncclFloat64: ((double*)buf)[i] = v; break;
-    case ncclBfloat16: ((uint16_t*)buf)[i] = red_float_to_bf16((float)v); break;
-    case ncclFloat8e4m3: ((uint8_t*)buf)[i] = red_float_to_e4m3((float)v); break;
-    case ncclFloat8e5m2: ((uint8_t*)buf)[i] = red_float_to_e5m2((float)v); break;
-    default: break;
-  }
-}
-
-static double load(ncclDataType_t dt, const void* buf, size_t i) {
-  switch (dt) {
-    case ncclInt8: return ((const int8_t*)buf)[i];
-    case ncclUint8: return ((const uint8_t*)buf)[i];
-    case ncclInt32: return ((const int32_t*)buf)[i];
-    case ncclUint32: return ((const uint32_t*)buf)[i];
-    case ncclInt64: return (double)((const int64_t*)buf)[i];
-    case ncclUint64: return (double)((const uint64_t*)buf)[i];
-    case ncclFloat16: return red_half_to_float(((const uint16_t*)buf)[i]);
-    case ncclFloat32: return ((const float*)buf)[i];
-    case ncclFloat64: return ((const double*)buf)[i];
-    case ncclBfloat16: return red_bf16_to_float(((const uint16_t*)buf)[i]);
-    case ncclFloat8e4m3: return red_e4m3_to_float(((const uint8_t*)buf)[i]);
-    case ncclFloat8e5m2: return red_e5m2_to_float(((const uint8_t*)buf)[i]);
-    default: return 0;
-  }
-}
 
 static int is_float(ncclDataType_t dt) { return dt >= ncclFloat16; }
 static int is_unsigned(ncclDataType_t dt) { return dt == ncclUint8 || dt == ncclUint32 || dt == ncclUint64; }
