@@ -1,34 +1,47 @@
 #!/usr/bin/env bash
 # collie against Open MPI, side by side, in one run: collie-perf (under
 # collie-run) and mpi-perf (under mpirun) time the same operations at the same
-# sizes with the same method (tools/perf_common.c), over shared memory and
-# over TCP loopback, at 2 and 4 ranks. Writes a markdown table per
-# (transport, ranks, operation) and a busbw-vs-size plot per (transport,
-# ranks) into docs/, between the compare_mpi markers of docs/BENCHMARKS.md.
+# sizes with the same method (tools/perf_common.c). Every collective both have,
+# 8 B .. 256 MiB in steps of 4, over shared memory at 2/4/8 ranks and over TCP
+# at 2 ranks; collie both unbound (as a plain fork or torchrun starts it) and
+# bound (one disjoint core share per rank), Open MPI with its default binding.
+# Rounds are interleaved (round 1 of every series, then round 2 ...) and each
+# cell is the median over rounds. Writes the table of ratios (Open MPI time /
+# collie time: above 1 when collie is faster), a ratio-vs-size plot per
+# configuration, and the list of cells below 1.0 into docs/BENCHMARKS.md
+# between the markers <!-- SECTION:begin --> / <!-- SECTION:end -->.
 #
 # Usage: bench/compare_mpi.sh [BUILD_DIR]      (default: build)
-# Environment: RANKS="2 4"  OPS="all_reduce all_gather broadcast"
-#   TRANSPORTS="shm tcp"  CHECK=0 (collie-perf/mpi-perf -c; the test suite
-#   checks results, so timing runs skip it by default)
+# Environment:
+#   CONFIGS="shm:2 shm:4 shm:8 tcp:2"   transport:ranks pairs
+#   OPS="all_reduce all_gather broadcast reduce reduce_scatter alltoall"
+#   ROUNDS=3     interleaved rounds per series (medians over them)
+#   MODES="unbound bound"   collie's placements
+#   HOG=0        1: one busy process (a shell loop) runs beside every series
+#   SECTION      marker name in docs/BENCHMARKS.md (default compare_mpi, or
+#                compare_mpi_hog with HOG=1); DOC=0 writes nothing to docs/
+#   CHECK=0      collie-perf/mpi-perf -c (the test suite checks results)
+#   QUICK=1      only 8 B .. 2 KiB, to try the script
 #
-# Transports: "shm" is collie's shared memory vs Open MPI's vader BTL; "tcp"
-# is collie's socket transport (NCCL_HOSTID set per rank, so every rank looks
-# like a host of its own) vs Open MPI's tcp BTL, both on loopback. Open MPI is
-# pinned to the ob1 PML, or it could pick UCX and ignore the BTL list.
-#
-# Sizes 8 B .. 256 MiB, factor 2, in three bands so the whole script stays
-# within a few minutes on 2 cores: up to 64 KiB 50 timed calls after 5
-# warm-up calls, 128 KiB .. 4 MiB 10 after 2, 8 MiB .. 256 MiB 3 after 1.
+# "shm" is collie's shared memory vs Open MPI's vader BTL; "tcp" is collie's
+# socket transport (NCCL_HOSTID per rank: every rank a host of its own) vs Open
+# MPI's tcp BTL, both on loopback; Open MPI is pinned to the ob1 PML.
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-build}" 2>/dev/null && pwd) || { echo "compare_mpi: no build folder '${1:-build}'" >&2; exit 2; }
-read -r -a ranks <<<"${RANKS:-2 4}"
-read -r -a ops <<<"${OPS:-all_reduce all_gather broadcast}"
-read -r -a transports <<<"${TRANSPORTS:-shm tcp}"
+read -r -a configs <<<"${CONFIGS:-shm:2 shm:4 shm:8 tcp:2}"
+read -r -a ops <<<"${OPS:-all_reduce all_gather broadcast reduce reduce_scatter alltoall}"
+read -r -a modes <<<"${MODES:-unbound bound}"
+rounds=${ROUNDS:-3}
+hog=${HOG:-0}
+section_name=${SECTION:-compare_mpi$([ "$hog" = 1 ] && echo _hog)}
 check=${CHECK:-0}
-bands=("8 64K 50 5" "128K 4M 10 2" "8M 256M 3 1") # -b -e -n -w
-per_run_timeout=600
+# -b -e -f -n -w per band: few iterations where one call takes long.
+bands=("8 32K 4 40 5" "128K 2M 4 10 2" "8M 32M 4 4 1" "128M 256M 2 2 1")
+# QUICK=1: a smoke run of the script itself (8 B .. 2 KiB, few iterations).
+[ "${QUICK:-0}" = 1 ] && bands=("8 2K 4 10 2")
+per_run_timeout=900
 
 for t in collie-run collie-perf mpi-perf; do
   [ -x "$build/$t" ] || { echo "compare_mpi: $build/$t is missing (mpi-perf needs MPI at configure time)" >&2; exit 2; }
@@ -47,177 +60,236 @@ if ! command -v gnuplot >/dev/null; then
 fi
 
 export NCCL_SOCKET_IFNAME=lo
-out=$build/compare_mpi
+out=$build/$section_name
 rm -rf "$out"
 mkdir -p "$out" "$here/docs/plots"
 started=$(date -u '+%Y-%m-%d %H:%M UTC')
 t_start=$(date +%s)
 
+hog_pid=""
+stop_hog() { [ -n "$hog_pid" ] && kill "$hog_pid" 2>/dev/null; wait "$hog_pid" 2>/dev/null; hog_pid=""; }
+trap stop_hog EXIT INT TERM
+if [ "$hog" = 1 ]; then
+  sh -c 'while :; do :; done' &
+  hog_pid=$!
+fi
+
+# collie-run binds ranks itself when it knows --bind-to; an older one gets a
+# taskset wrapper that gives each local rank one core.
+if "$build/collie-run" --help 2>&1 | grep -q -- '--bind-to'; then
+  bind_native=1
+else
+  bind_native=0
+fi
+
 perf_args() { # OP BAND -> the common benchmark arguments
-  local b e n w
-  read -r b e n w <<<"$2"
-  echo "$1 -b $b -e $e -f 2 -n $n -w $w -c $check -d float -o sum"
+  local b e f n w
+  read -r b e f n w <<<"$2"
+  echo "$1 -b $b -e $e -f $f -n $n -w $w -c $check -d float -o sum"
 }
 
-# Prints the command line for LIB TRANSPORT N, the benchmark arguments to follow.
+# Prints the command line for LIB(collie-MODE|mpi) TRANSPORT N; the benchmark
+# arguments follow it.
 launcher() {
-  local lib=$1 tr=$2 n=$3
-  if [ "$lib" = collie ]; then
-    if [ "$tr" = shm ]; then
-      echo "$build/collie-run -n $n $build/collie-perf"
-    else
-      echo "$build/collie-run -n $n sh -c 'NCCL_HOSTID=h\$COLLIE_RANK exec \"\$0\" \"\$@\"' $build/collie-perf"
-    fi
-  else
+  local lib=$1 tr=$2 n=$3 run wrap=""
+  if [ "$lib" = mpi ]; then
     local btl="self,vader"
     [ "$tr" = tcp ] && btl="self,tcp --mca btl_tcp_if_include lo"
-    echo "mpirun --allow-run-as-root --oversubscribe -np $n --bind-to none --mca pml ob1 --mca btl $btl $build/mpi-perf"
+    echo "mpirun --allow-run-as-root --oversubscribe -np $n --mca pml ob1 --mca btl $btl $build/mpi-perf"
+    return
+  fi
+  run="$build/collie-run -n $n"
+  case "$lib" in
+    collie-bound)
+      if [ $bind_native = 1 ]; then run+=" --bind-to core"; else wrap="taskset -c \$((COLLIE_LOCAL_RANK % $(nproc))) "; fi ;;
+    collie-unbound)
+      [ $bind_native = 1 ] && run+=" --bind-to none" ;;
+  esac
+  local hostid=""
+  [ "$tr" = tcp ] && hostid="NCCL_HOSTID=h\$COLLIE_RANK "
+  if [ -n "$wrap$hostid" ]; then
+    echo "$run sh -c '${hostid}exec ${wrap}\"\$0\" \"\$@\"' $build/collie-perf"
+  else
+    echo "$run $build/collie-perf"
   fi
 }
 
-# Runs one series (LIB TRANSPORT N OP) over all bands; leaves "size time busbw"
-# rows (out-of-place columns) in $out/LIB_TR_N_OP.dat and the status in .rc.
+libs=()
+for m in "${modes[@]}"; do libs+=("collie-$m"); done
+libs+=(mpi)
+
+# One series: LIB TRANSPORT N OP ROUND -> "size time" rows (out-of-place) in
+# $out/LIB_TR_N_OP.rROUND.
 run_series() {
-  local lib=$1 tr=$2 n=$3 op=$4 key="$1_$2_$3_$4" rc=0 band
-  : >"$out/$key.dat"
-  : >"$out/$key.log"
+  local lib=$1 tr=$2 n=$3 op=$4 r=$5 key="$1_$2_$3_$4" band rc=0
+  : >"$out/$key.r$r"
   for band in "${bands[@]}"; do
     local cmd
     cmd="$(launcher "$lib" "$tr" "$n") $(perf_args "$op" "$band")"
     echo "\$ $cmd" >>"$out/$key.log"
     timeout -k 10 "$per_run_timeout" bash -c "$cmd" >"$out/$key.band" 2>&1
-    local r=$?
+    local s=$?
     cat "$out/$key.band" >>"$out/$key.log"
-    [ $r -ne 0 ] && [ $rc -eq 0 ] && rc=$r
-    # Rows whose out-of-place columns are complete (a failing run may cut the
-    # last row short).
-    awk '$1 ~ /^[0-9]+$/ && NF >= 9 { print $1, $6, $8 }' "$out/$key.band" >>"$out/$key.dat"
+    [ $s -ne 0 ] && rc=$s
+    awk '$1 ~ /^[0-9]+$/ && NF >= 9 { print $1, $6 }' "$out/$key.band" >>"$out/$key.r$r"
   done
   rm -f "$out/$key.band"
-  echo "$rc" >"$out/$key.rc"
-  printf 'compare_mpi: %-6s %-3s n=%d %-10s exit %d, %d sizes\n' "$lib" "$tr" "$n" "$op" "$rc" \
-    "$(wc -l <"$out/$key.dat")"
+  [ $rc -ne 0 ] && echo "$rc" >"$out/$key.failed"
+  printf 'compare_mpi: round %d %-15s %s n=%d %-14s exit %d\n' "$r" "$lib" "$tr" "$n" "$op" "$rc"
 }
 
-for tr in "${transports[@]}"; do
-  for n in "${ranks[@]}"; do
+for r in $(seq 1 "$rounds"); do
+  for cfg in "${configs[@]}"; do
+    tr=${cfg%%:*}; n=${cfg##*:}
     for op in "${ops[@]}"; do
-      run_series collie "$tr" "$n" "$op"
-      run_series mpi "$tr" "$n" "$op"
+      for lib in "${libs[@]}"; do run_series "$lib" "$tr" "$n" "$op" "$r"; done
     done
   done
 done
+stop_hog
 elapsed=$(($(date +%s) - t_start))
 
-# ---- plots ----------------------------------------------------------------
-if [ $plot = 1 ]; then
-  for tr in "${transports[@]}"; do
-    for n in "${ranks[@]}"; do
-      png="$here/docs/plots/compare_mpi_${tr}_n${n}.png"
-      {
-        echo "set terminal pngcairo size 960,600 font ',10' noenhanced"
-        echo "set output '$png'"
-        echo "set title 'busbw vs size, $n ranks, ${tr} (collie: solid, Open MPI: dashed) - $started'"
-        echo "set logscale x 2; set format x '%.0b%B'; set xlabel 'size (bytes)'"
-        echo "set ylabel 'busbw (GB/s, out-of-place)'; set grid; set key top left"
-        printf 'plot '
-        local_sep=""
-        color=1
-        for op in "${ops[@]}"; do
-          for lib in collie mpi; do
-            f="$out/${lib}_${tr}_${n}_${op}.dat"
-            [ -s "$f" ] || continue
-            dt=1; [ $lib = mpi ] && dt=2
-            name="$op collie"; [ $lib = mpi ] && name="$op Open MPI"
-            printf "%s'%s' using 1:3 with linespoints lw 2 dt %d lc %d pt 7 ps 0.6 title '%s'" \
-              "$local_sep" "$f" $dt $color "$name"
-            local_sep=", "
-          done
-          color=$((color + 1))
-        done
-        echo
-      } >"$out/plot_${tr}_${n}.gp"
-      gnuplot "$out/plot_${tr}_${n}.gp" 2>>"$out/gnuplot.log" || echo "compare_mpi: gnuplot failed ($out/gnuplot.log)" >&2
-    done
-  done
-fi
+# Medians over rounds: $out/LIB_TR_N_OP.med holds "size median_us".
+for f in "$out"/*.r1; do
+  key=${f%.r1}
+  cat "$key".r* | awk '{ v[$1] = v[$1] " " $2 }
+    END { for (s in v) { n = split(v[s], a, " "); for (i = 2; i <= n; i++) { x = a[i]; j = i - 1
+            while (j > 0 && a[j] + 0 > x + 0) { a[j + 1] = a[j]; j-- } a[j + 1] = x }
+          m = (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2; print s, m } }' |
+    sort -n >"$key.med"
+done
 
-# ---- markdown ---------------------------------------------------------------
-section=$out/section.md
-{
-  echo "<!-- compare_mpi:begin -->"
-  echo "## collie vs Open MPI (bench/compare_mpi.sh)"
-  echo
-  echo "Run of $started on $(nproc) cores ($(uname -sr)), $(mpirun --version 2>/dev/null | head -1),"
-  echo "collie-perf and mpi-perf from \`$(basename "$build")\`; the whole script took ${elapsed} s."
-  echo "Command: \`bench/compare_mpi.sh $(basename "$build")\`"
-  echo "(RANKS=\"${ranks[*]}\" OPS=\"${ops[*]}\" TRANSPORTS=\"${transports[*]}\" CHECK=$check)."
-  echo
-  echo "Both programs share tools/perf_common.c: same sizes, same warm-up, a barrier, then"
-  echo "back-to-back calls timed with CLOCK_MONOTONIC; the time is the mean over ranks (-a 1)."
-  echo "float, sum, out-of-place columns. Iterations per size: 8 B-64 KiB: 50 (5 warm-up),"
-  echo "128 KiB-4 MiB: 10 (2), 8-256 MiB: 3 (1). busbw follows nccl-tests (allreduce"
-  echo "2(n-1)/n, allgather (n-1)/n, broadcast 1); \"collie/MPI\" is the busbw ratio, computed"
-  echo "from the times (MPI time / collie time), above 1 when collie is faster."
-  echo "Single runs on a shared 2-core machine: read the trends, not the last digit."
-  echo
-  echo "Commands, shown for the 8-256 MiB band (the other bands differ in -b, -e, -n, -w):"
-  echo
-  for tr in "${transports[@]}"; do
-    for lib in collie mpi; do
-      echo "    $(launcher $lib "$tr" N | sed "s|$build/||g; s|-np N|-np N|") $(perf_args OP "${bands[2]}")"
-    done
+# The ratio table for one configuration: rows are sizes, a column per op, each
+# cell "unbound / bound" (MPI median time / collie median time).
+ratio_table() {
+  local tr=$1 n=$2 op lib
+  printf '| size (B) |'; for op in "${ops[@]}"; do printf ' %s |' "$op"; done; echo
+  printf '|---:|'; for op in "${ops[@]}"; do printf '%s' '---:|'; done; echo
+  local files=()
+  for op in "${ops[@]}"; do
+    files+=("$out/mpi_${tr}_${n}_${op}.med")
+    for lib in "${libs[@]}"; do [ "$lib" = mpi ] || files+=("$out/${lib}_${tr}_${n}_${op}.med"); done
   done
-  echo
-  for tr in "${transports[@]}"; do
-    for n in "${ranks[@]}"; do
-      echo "### ${tr}, $n ranks"
-      echo
-      [ $plot = 1 ] && echo "![busbw vs size, ${tr}, $n ranks](plots/compare_mpi_${tr}_n${n}.png)" && echo
-      for op in "${ops[@]}"; do
-        c="$out/collie_${tr}_${n}_${op}"
-        m="$out/mpi_${tr}_${n}_${op}"
-        echo "#### $op, ${tr}, $n ranks"
-        echo
-        note=""
-        [ "$(cat "$c.rc")" != 0 ] && note+="collie-perf exited with status $(cat "$c.rc") (log: $(basename "$build")/compare_mpi/$(basename "$c").log). "
-        [ "$(cat "$m.rc")" != 0 ] && note+="mpi-perf exited with status $(cat "$m.rc") (log: $(basename "$build")/compare_mpi/$(basename "$m").log). "
-        [ -n "$note" ] && echo "$note" && echo
-        echo "| size (B) | collie time (us) | collie busbw (GB/s) | MPI time (us) | MPI busbw (GB/s) | collie/MPI |"
-        echo "|---:|---:|---:|---:|---:|---:|"
-        awk 'FNR == 1 { f++ }
-             f == 1 { ct[$1] = $2; cb[$1] = $3; s[$1] = 1 }
-             f == 2 { mt[$1] = $2; mb[$1] = $3; s[$1] = 1 }
-             END {
-               n = 0; for (k in s) keys[++n] = k + 0
-               for (i = 2; i <= n; i++) { v = keys[i]; j = i - 1; while (j > 0 && keys[j] > v) { keys[j + 1] = keys[j]; j-- } keys[j + 1] = v }
-               for (i = 1; i <= n; i++) {
-                 k = keys[i] ""
-                 r = (k in ct && k in mt && ct[k] > 0) ? sprintf("%.2f", mt[k] / ct[k]) : "-"
-                 printf "| %s | %s | %s | %s | %s | %s |\n", k, (k in ct ? ct[k] : "-"), (k in cb ? cb[k] : "-"),
-                        (k in mt ? mt[k] : "-"), (k in mb ? mb[k] : "-"), r
-               }
-             }' "$c.dat" "$m.dat"
-        echo
+  local per=$(( ${#libs[@]} ))
+  awk -v per="$per" -v nops="${#ops[@]}" '
+    FNR == 1 { f++ }
+    { t[f, $1] = $2; sizes[$1] = 1 }
+    END {
+      ns = 0; for (s in sizes) keys[++ns] = s + 0
+      for (i = 2; i <= ns; i++) { v = keys[i]; j = i - 1; while (j > 0 && keys[j] > v) { keys[j + 1] = keys[j]; j-- } keys[j + 1] = v }
+      for (i = 1; i <= ns; i++) {
+        s = keys[i] ""; line = "| " s " |"
+        for (o = 0; o < nops; o++) {
+          m = o * per + 1; cell = ""
+          for (k = 1; k < per; k++) {
+            c = m + k
+            r = ((m, s) in t && (c, s) in t && t[c, s] > 0) ? sprintf("%.2f", t[m, s] / t[c, s]) : "-"
+            if (r != "-" && r + 0 < 1.0) r = "**" r "**"
+            cell = cell (k > 1 ? " / " : "") r
+          }
+          line = line " " cell " |"
+        }
+        print line
+      }
+    }' "${files[@]}"
+}
+
+# Every cell below 1.0: "config op size mode ratio collie_us mpi_us".
+misses() {
+  local cfg tr n op lib
+  for cfg in "${configs[@]}"; do
+    tr=${cfg%%:*}; n=${cfg##*:}
+    for op in "${ops[@]}"; do
+      for lib in "${libs[@]}"; do
+        [ "$lib" = mpi ] && continue
+        awk -v cfg="$tr $n" -v op="$op" -v mode="${lib#collie-}" 'FNR == 1 { f++ }
+          f == 1 { m[$1] = $2 } f == 2 && ($1 in m) && $2 > 0 && m[$1] / $2 < 1.0 {
+            printf "%s ranks, %s %s B, %s: %.2f (collie %s us, MPI %s us)\n", cfg, op, $1, mode, m[$1] / $2, $2, m[$1] }' \
+          "$out/mpi_${tr}_${n}_${op}.med" "$out/${lib}_${tr}_${n}_${op}.med"
       done
     done
   done
-  echo "<!-- compare_mpi:end -->"
+}
+
+if [ $plot = 1 ]; then
+  for cfg in "${configs[@]}"; do
+    tr=${cfg%%:*}; n=${cfg##*:}
+    png="$here/docs/plots/${section_name}_${tr}_n${n}.png"
+    {
+      echo "set terminal pngcairo size 960,600 font ',10' noenhanced"
+      echo "set output '$png'"
+      echo "set title 'Open MPI time / collie time, $n ranks, $tr$([ "$hog" = 1 ] && echo ', CPU hog') (solid: unbound, dashed: bound) - $started'"
+      echo "set logscale x 2; set format x '%.0b%B'; set xlabel 'size (bytes)'; set logscale y 2"
+      echo "set ylabel 'ratio (above 1: collie faster)'; set grid; set key outside right"
+      printf 'plot 1 with lines lc rgb "black" lw 2 title "even"'
+      color=1
+      for op in "${ops[@]}"; do
+        dt=1
+        for lib in "${libs[@]}"; do
+          [ "$lib" = mpi ] && continue
+          printf ", '< join %s %s' using 1:(\$2/\$3) with linespoints lw 2 dt %d lc %d pt 7 ps 0.5 title '%s %s'" \
+            "$out/mpi_${tr}_${n}_${op}.med" "$out/${lib}_${tr}_${n}_${op}.med" $dt $color "$op" "${lib#collie-}"
+          dt=2
+        done
+        color=$((color + 1))
+      done
+      echo
+    } >"$out/plot_${tr}_${n}.gp"
+    gnuplot "$out/plot_${tr}_${n}.gp" 2>>"$out/gnuplot.log" || echo "compare_mpi: gnuplot failed ($out/gnuplot.log)" >&2
+  done
+fi
+
+section=$out/section.md
+{
+  echo "<!-- $section_name:begin -->"
+  echo "## collie vs Open MPI$([ "$hog" = 1 ] && echo ', one CPU hog beside the ranks') (bench/compare_mpi.sh)"
+  echo
+  echo "Run of $started on $(nproc) cores ($(uname -sr)), $(mpirun --version 2>/dev/null | head -1);"
+  echo "the whole script took ${elapsed} s. Command: \`$([ "$hog" = 1 ] && echo 'HOG=1 ')bench/compare_mpi.sh $(basename "$build")\`"
+  echo "(CONFIGS=\"${configs[*]}\" OPS=\"${ops[*]}\" ROUNDS=$rounds MODES=\"${modes[*]}\")."
+  echo
+  echo "Each cell: Open MPI time / collie time, medians of $rounds interleaved rounds, float sum,"
+  echo "out-of-place; above 1 when collie is faster, below 1 in bold. Two figures per cell:"
+  echo "collie ${modes[*]} (\"unbound\": \`collie-run --bind-to none\`, the library's own default"
+  echo "placement; \"bound\": \`collie-run --bind-to core\`$([ $bind_native = 0 ] && echo ' (taskset wrapper: this collie-run has no --bind-to)')); Open MPI with its default binding"
+  echo "(\`mpirun --oversubscribe\`, ob1, vader or tcp BTL). Timing: tools/perf_common.c for both"
+  echo "(barrier, then back-to-back calls, mean over ranks). Iterations per size: 8 B-32 KiB 40,"
+  echo "128 KiB-2 MiB 10, 8-32 MiB 4, 128-256 MiB 2. Medians and raw logs: \`$(basename "$build")/$section_name/\`."
+  echo
+  for cfg in "${configs[@]}"; do
+    tr=${cfg%%:*}; n=${cfg##*:}
+    echo "### $tr, $n ranks"
+    echo
+    [ $plot = 1 ] && echo "![ratio vs size, $tr, $n ranks](plots/${section_name}_${tr}_n${n}.png)" && echo
+    ratio_table "$tr" "$n"
+    echo
+  done
+  failed=$(ls "$out"/*.failed 2>/dev/null | xargs -r -n1 basename | sed 's/\.failed$//' | tr '\n' ' ')
+  [ -n "$failed" ] && echo "Series with a failed run (see their .log): $failed" && echo
+  nmiss=$(misses | wc -l)
+  ncells=$(( ${#configs[@]} * ${#ops[@]} * ${#modes[@]} * $(wc -l <"$(ls "$out"/mpi_*.med | head -1)") ))
+  echo "Cells below 1.0: $nmiss of $ncells."
+  echo
+  misses | sed 's/^/- /'
+  echo
+  echo "<!-- $section_name:end -->"
 } >"$section"
 
-doc=$here/docs/BENCHMARKS.md
-[ -f "$doc" ] || printf '# Benchmarks\n' >"$doc"
-if grep -q '<!-- compare_mpi:begin -->' "$doc" && grep -q '<!-- compare_mpi:end -->' "$doc"; then
-  awk -v sec="$section" '
-    /<!-- compare_mpi:begin -->/ { while ((getline line < sec) > 0) print line; skip = 1; next }
-    /<!-- compare_mpi:end -->/ { skip = 0; next }
-    !skip { print }' "$doc" >"$doc.tmp" && mv "$doc.tmp" "$doc"
+if [ "${DOC:-1}" = 1 ]; then
+  doc=$here/docs/BENCHMARKS.md
+  [ -f "$doc" ] || printf '# Benchmarks\n' >"$doc"
+  if grep -q "<!-- $section_name:begin -->" "$doc" && grep -q "<!-- $section_name:end -->" "$doc"; then
+    awk -v sec="$section" -v b="<!-- $section_name:begin -->" -v e="<!-- $section_name:end -->" '
+      $0 == b { while ((getline line < sec) > 0) print line; skip = 1; next }
+      $0 == e { skip = 0; next }
+      !skip { print }' "$doc" >"$doc.tmp" && mv "$doc.tmp" "$doc"
+  else
+    { echo; cat "$section"; } >>"$doc"
+  fi
+  echo "compare_mpi: ${elapsed} s; wrote $doc (section $section_name); logs in $out"
 else
-  { echo; cat "$section"; } >>"$doc"
+  cat "$section"
 fi
-echo "compare_mpi: ${elapsed} s; wrote $doc (section compare_mpi) and docs/plots/compare_mpi_*.png; logs in $out"
-
-# Non-zero when any run failed, after writing what was measured.
 status=0
-for f in "$out"/*.rc; do [ "$(cat "$f")" = 0 ] || status=1; done
+ls "$out"/*.failed >/dev/null 2>&1 && status=1
 exit $status
