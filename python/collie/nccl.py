@@ -7,6 +7,7 @@ can carry it from the rank that made it to the others.
 
 import contextlib
 import ctypes as _c
+import os
 import threading
 
 import numpy as np
@@ -54,6 +55,9 @@ _L.ncclAllGather.argtypes = [_ptr, _ptr, _c.c_size_t, _c.c_int, _comm_t, _stream
 _L.ncclReduceScatter.argtypes = [_ptr, _ptr, _c.c_size_t, _c.c_int, _c.c_int, _comm_t, _stream]
 _L.ncclSend.argtypes = [_ptr, _c.c_size_t, _c.c_int, _c.c_int, _comm_t, _stream]
 _L.ncclRecv.argtypes = [_ptr, _c.c_size_t, _c.c_int, _c.c_int, _comm_t, _stream]
+_L.ncclAlltoAll.argtypes = [_ptr, _ptr, _c.c_size_t, _c.c_int, _comm_t, _stream]
+_L.ncclGather.argtypes = [_ptr, _ptr, _c.c_size_t, _c.c_int, _c.c_int, _comm_t, _stream]
+_L.ncclScatter.argtypes = [_ptr, _ptr, _c.c_size_t, _c.c_int, _c.c_int, _comm_t, _stream]
 _L.ncclGroupStart.argtypes = []
 _L.ncclGroupEnd.argtypes = []
 
@@ -77,13 +81,30 @@ def _check(res, what, comm=None):
         raise NcclError(res, "%s: %s%s" % (what, text, ": " + detail if detail else ""))
 
 
-def get_unique_id():
+_env_lock = threading.Lock()
+
+
+def get_unique_id(own_root=False):
     """A new unique ID (128 bytes) for Communicator(nranks, id, rank).
 
     Made by one rank and handed to all. When NCCL_COMM_ID is set (collie-run
-    sets it) every rank gets the same ID from its own call."""
+    sets it) every rank gets the same ID from its own call, naming the job's
+    one root address. own_root=True always makes a fresh ID whose root runs in
+    this process, as when NCCL_COMM_ID is unset: for a second communicator in
+    such a job (two inits on NCCL_COMM_ID's address at once would collide)."""
     uid = _UniqueId()
-    _check(_L.ncclGetUniqueId(_c.byref(uid)), "ncclGetUniqueId")
+    if own_root and "NCCL_COMM_ID" in os.environ:
+        # The library reads NCCL_COMM_ID at call time (src/param.c), so hide
+        # it for this one call; the lock keeps our own threads from racing.
+        with _env_lock:
+            saved = os.environ.pop("NCCL_COMM_ID")
+            try:
+                res = _L.ncclGetUniqueId(_c.byref(uid))
+            finally:
+                os.environ["NCCL_COMM_ID"] = saved
+    else:
+        res = _L.ncclGetUniqueId(_c.byref(uid))
+    _check(res, "ncclGetUniqueId")
     return _c.string_at(_c.addressof(uid), UNIQUE_ID_BYTES)
 
 
@@ -314,6 +335,46 @@ class Communicator:
         _group_keep(buf)
         _check(_L.ncclRecv(p, n, dt, int(peer), self._h(), None), "ncclRecv", self._comm)
         return buf
+
+    # Raw-pointer forms, for buffers that are not numpy arrays (torch tensors:
+    # tensor.data_ptr()). `dtype` is an ncclDataType_t value, counts are in
+    # elements as in include/nccl.h, and nothing is checked but what the
+    # library checks: the caller keeps the memory alive and large enough,
+    # until the outermost group_end when called inside a group.
+
+    def allreduce_ptr(self, send, recv, count, dtype, op):
+        _check(_L.ncclAllReduce(send, recv, count, dtype, _op(op), self._h(), None), "ncclAllReduce", self._comm)
+
+    def broadcast_ptr(self, send, recv, count, dtype, root):
+        _check(_L.ncclBroadcast(send, recv, count, dtype, int(root), self._h(), None), "ncclBroadcast",
+               self._comm)
+
+    def reduce_ptr(self, send, recv, count, dtype, op, root):
+        _check(_L.ncclReduce(send, recv, count, dtype, _op(op), int(root), self._h(), None), "ncclReduce",
+               self._comm)
+
+    def allgather_ptr(self, send, recv, sendcount, dtype):
+        _check(_L.ncclAllGather(send, recv, sendcount, dtype, self._h(), None), "ncclAllGather", self._comm)
+
+    def reduce_scatter_ptr(self, send, recv, recvcount, dtype, op):
+        _check(_L.ncclReduceScatter(send, recv, recvcount, dtype, _op(op), self._h(), None),
+               "ncclReduceScatter", self._comm)
+
+    def alltoall_ptr(self, send, recv, count, dtype):
+        """count elements to and from each rank (send and recv: size * count)."""
+        _check(_L.ncclAlltoAll(send, recv, count, dtype, self._h(), None), "ncclAlltoAll", self._comm)
+
+    def gather_ptr(self, send, recv, count, dtype, root):
+        _check(_L.ncclGather(send, recv, count, dtype, int(root), self._h(), None), "ncclGather", self._comm)
+
+    def scatter_ptr(self, send, recv, count, dtype, root):
+        _check(_L.ncclScatter(send, recv, count, dtype, int(root), self._h(), None), "ncclScatter", self._comm)
+
+    def send_ptr(self, buf, count, dtype, peer):
+        _check(_L.ncclSend(buf, count, dtype, int(peer), self._h(), None), "ncclSend", self._comm)
+
+    def recv_ptr(self, buf, count, dtype, peer):
+        _check(_L.ncclRecv(buf, count, dtype, int(peer), self._h(), None), "ncclRecv", self._comm)
 
 
 def init_from_env():
