@@ -237,6 +237,17 @@ def _shutdown_at_exit():
 atexit.register(_shutdown_at_exit)
 
 
+def _engine_restarted():
+    """The engine was stopped and started again underneath this module (collie.elastic's reset
+    rebuilds the world in C): handles of the old engine can never finish, and unnamed operations
+    count from 0 again on every rank, new workers included."""
+    with _state_lock:
+        for h in list(_pending.values()):
+            h._drop()
+        _pending.clear()
+        _name_counters.clear()
+
+
 def is_initialized():
     return _lib.has_symbol("collie_is_initialized") and _fn("collie_is_initialized")() == 1
 

@@ -253,6 +253,7 @@ def run(func):
                 state.last_reset_reason = ("membership changed" if e.code == _ERR_MEMBERSHIP
                                            else "lost a peer")
             _call("collie_elastic_reset")
+            collie._engine_restarted()
             state.on_reset()
 
     return wrapper

@@ -16,7 +16,7 @@ from collie import CollieError
 from collie import (cross_rank, cross_size, is_initialized, local_rank, local_size, rank, size,
                     start_timeline, stop_timeline)
 
-from . import mpi_ops
+from . import elastic, mpi_ops
 from .compression import Compression
 from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async,
                       allgather_object, allreduce, allreduce_, allreduce_async, allreduce_async_,
