@@ -1,7 +1,8 @@
 /* Engine internals shared by the src/engine sources: named requests, the wire format
  * of requests and responses, string maps, the response cache, the timeline
  * and autotune. api.c is the public face (handles, submission); engine.c runs
- * the background thread (negotiation and execution). */
+ * the background thread, whose rounds negotiate.c (with coordinator.c) agrees
+ * on and execute.c runs. */
 #ifndef COLLIE_ENGINE_H
 #define COLLIE_ENGINE_H
 
@@ -241,11 +242,59 @@ struct engine {
 
 extern struct engine engine_g;
 
-/* engine.c */
+/* engine.c: the thread loop and the request lists of the sets. */
 int engine_start_thread(struct engine* e);
 /* Waits out ncclInProgress from a call on a nonblocking communicator; returns its outcome. */
 ncclResult_t engine_settle(ncclComm_t comm, ncclResult_t r);
 void engine_pset_free(struct pset* s);
+/* Unlinks a taken request from its set, completes its handle and frees it. */
+void engine_finish(struct engine* e, struct pset* s, struct req* r, int status, const char* err, void* result,
+                   size_t result_count, size_t* counts, int ncounts, int64_t value);
+
+/* One response to run in a round, with the local request (NULL on a joined rank). */
+struct job {
+  struct meta* m;
+  struct req* r;
+  int from_cache;
+  int done;
+};
+/* A round's responses in the agreed order: cached ones in slot order, then
+ * the coordinator's. jobs[i].m points at metas[i]. */
+struct joblist {
+  struct job* jobs;
+  struct meta* metas;
+  int n, cap;
+};
+void engine_joblist_free(struct joblist* jl);
+
+/* What one round's vector allreduce decided besides the responses. */
+struct agreement {
+  int exchange;   /* the requests went to the coordinator this round */
+  int shutdown;   /* world set: some rank asked to shut down; every rank stops */
+  int all_joined; /* world set: every rank has joined */
+};
+
+/* negotiate.c: one round's agreement for a set (vector allreduce, released
+ * cache entries, the exchange when needed); fills jl, binding each response
+ * to this rank's pending request of that name. */
+ncclResult_t engine_negotiate(struct engine* e, struct pset* s, int64_t now, struct joblist* jl,
+                              struct agreement* ag);
+/* Sends a request that waited on an evicted cache entry back to the coordinator path. */
+void engine_uncache_name(struct pset* s, const char* name);
+
+/* coordinator.c (rank 0 of the set): reads every rank's request list
+ * (bufs[r], lens[r] bytes), answers what is complete or stalled into out. */
+ncclResult_t engine_coordinate(struct engine* e, struct pset* s, uint8_t* const* bufs, const uint64_t* lens,
+                               struct wbuf* out, int64_t announce_fusion, int64_t announce_cycle);
+/* Every round: warns about entries that wait too long; returns 1 when some
+ * must be failed (which needs an exchange). */
+int engine_stall_scan(struct engine* e, struct pset* s, int64_t now);
+void engine_pentry_free(struct pentry* p, int n);
+
+/* execute.c: runs the agreed jobs in order (fusing allreduces), completes
+ * the local handles and teaches the cache the new responses. */
+ncclResult_t engine_execute(struct engine* e, struct pset* s, struct job* jobs, int nj, int64_t agreed);
+
 /* api.c: completes one part of a handle (takes the lock). result/counts are
  * handed over (freed with the handle). */
 void engine_complete(struct engine* e, int handle, int status, const char* err, void* result, size_t result_count,
