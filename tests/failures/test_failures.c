@@ -166,13 +166,19 @@ static int victim_trial(int trial, double* lat, double* shrink, double* resume, 
   sh->victim = rand() % NR;
   int fds[NR][2];
   pid_t pids[NR];
+  char logdir[256];
+  mp_log_open(logdir, sizeof(logdir));
   root_reap();
   fflush(NULL);
   for (int r = 0; r < NR; r++) {
-    if (pipe(fds[r]) != 0) return 1;
+    if (pipe(fds[r]) != 0) {
+      mp_log_close(logdir, NR, 1);
+      return 1;
+    }
     pids[r] = fork();
     if (pids[r] == 0) {
       ncclUniqueId id;
+      mp_log_child(logdir, r);
       close(fds[r][1]);
       if (read(fds[r][0], &id, sizeof(id)) != (ssize_t)sizeof(id)) _exit(3);
       int rc = victim_rank(r, NR, &id);
@@ -231,6 +237,7 @@ static int victim_trial(int trial, double* lat, double* shrink, double* resume, 
   for (int r = 0; r < NR; r++)
     if (pids[r] > 0) kill(pids[r], SIGKILL);
   while (waitpid(-1, NULL, 0) > 0) {}
+  mp_log_close(logdir, NR, failed);
   if (failed) return 1;
   double worst = 0;
   for (int r = 0; r < NR; r++) {

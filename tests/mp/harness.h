@@ -1,13 +1,18 @@
 /* Multi-process test harness: forks N ranks on this machine, hands each the
  * same unique ID (created by the parent, whose process then hosts the root),
- * 
  * and waits with a hard limit so a hang fails the test instead of blocking CI.
  * Each rank reports failures with MP_CHECK; the test passes only if every
- * rank exits 0. */
+ * rank exits 0. Each rank's stderr (MP_CHECK messages, library warnings) goes
+ * to its own file in a private temporary folder: on failure the harness
+ * prints the last lines of every rank, prefixed with the rank; on success the
+ * files are removed and nothing extra is printed. Used by tests/mp, engine,
+ * failures, security and gpu. */
 #ifndef COLLIE_MP_HARNESS_H
 #define COLLIE_MP_HARNESS_H
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -47,6 +52,86 @@ static double mp_now(void) {
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* ------------------------------------------------------------ per-rank logs */
+
+#define MP_LOG_TAIL 30
+
+/* Creates the private folder for the ranks' stderr (dir gets "" when it
+ * cannot: the ranks then keep the inherited stderr). */
+static void mp_log_open(char* dir, size_t cap) {
+  const char* tmp = getenv("TMPDIR");
+  snprintf(dir, cap, "%s/collie-mp.XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+  if (!mkdtemp(dir)) dir[0] = '\0';
+}
+
+/* In a freshly forked rank: sends its stderr to dir/rank.N. */
+static void mp_log_child(const char* dir, int rank) {
+  if (!dir[0]) return;
+  char path[512];
+  snprintf(path, sizeof(path), "%s/rank.%d", dir, rank);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  dup2(fd, 2); /* dup2 clears O_CLOEXEC on the copy */
+  close(fd);
+}
+
+/* Prints the last MP_LOG_TAIL lines of one rank's file, each prefixed with the rank. */
+static void mp_log_tail(const char* path, int rank) {
+  FILE* f = fopen(path, "r");
+  if (!f) return;
+  static char buf[64 * 1024];
+  long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+  long from = size > (long)sizeof(buf) - 1 ? size - (long)sizeof(buf) + 1 : 0;
+  size_t len = 0;
+  if (size > 0 && fseek(f, from, SEEK_SET) == 0) len = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[len] = '\0';
+  if (len == 0) {
+    fprintf(stderr, "[rank %d] (no output)\n", rank);
+    return;
+  }
+  size_t start = len;
+  int lines = 0;
+  if (buf[len - 1] == '\n') start--; /* the final newline ends the last line */
+  while (start > 0 && lines < MP_LOG_TAIL) {
+    if (buf[start - 1] == '\n' && ++lines == MP_LOG_TAIL) break;
+    start--;
+  }
+  if (start > 0 || from > 0) fprintf(stderr, "[rank %d] ... (last %d lines)\n", rank, MP_LOG_TAIL);
+  for (char* line = buf + start; *line;) {
+    char* nl = strchr(line, '\n');
+    if (nl) *nl = '\0';
+    fprintf(stderr, "[rank %d] %s\n", rank, line);
+    if (!nl) break;
+    line = nl + 1;
+  }
+}
+
+/* After the ranks have exited: on failure prints each rank's last lines;
+ * always removes the folder. */
+static void mp_log_close(char* dir, int nranks, int failed) {
+  if (!dir[0]) return;
+  char path[512];
+  if (failed) {
+    fflush(stdout);
+    for (int r = 0; r < nranks; r++) {
+      snprintf(path, sizeof(path), "%s/rank.%d", dir, r);
+      if (access(path, F_OK) == 0) mp_log_tail(path, r);
+    }
+  }
+  DIR* d = opendir(dir);
+  if (d) {
+    for (struct dirent* de; (de = readdir(d));) {
+      if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+      snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+      unlink(path);
+    }
+    closedir(d);
+  }
+  rmdir(dir);
+  dir[0] = '\0';
+}
+
 /* Parent-side hooks: after the IDs exist (before ranks get them), and after
  * every rank has exited. */
 struct mp_hooks {
@@ -68,6 +153,8 @@ static int mp_run_hooks(int nranks, int nids, mp_rank_fn fn, void* arg, const in
   if (nids > 16) return 1;
   int fds[2];
   if (pipe(fds) != 0) return 1;
+  char logdir[256];
+  mp_log_open(logdir, sizeof(logdir));
   root_reap();
   fflush(NULL);
   pid_t* pids = calloc((size_t)nranks, sizeof(pid_t));
@@ -79,6 +166,7 @@ static int mp_run_hooks(int nranks, int nids, mp_rank_fn fn, void* arg, const in
     if (p == 0) {
       close(fds[1]);
       free(pids); /* the parent's: a child that ends with _exit must not leak it under valgrind */
+      mp_log_child(logdir, r);
       /* Each write below is one atomic chunk (<= PIPE_BUF): one read each. */
       size_t want = sizeof(ncclUniqueId) * (size_t)nids;
       ssize_t got = read(fds[0], ids, want);
@@ -138,6 +226,7 @@ static int mp_run_hooks(int nranks, int nids, mp_rank_fn fn, void* arg, const in
   }
   free(pids);
   if (hooks && hooks->after_run && hooks->after_run()) failed = 1;
+  mp_log_close(logdir, nranks, failed);
   return failed;
 }
 
