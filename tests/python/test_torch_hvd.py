@@ -2,7 +2,7 @@
 the in-place and async forms, zero copy, non-contiguous tensors, autograd, process sets, objects,
 join, barrier and the error paths. Run by N ranks at once (see conftest.py): under collie-run,
 or, with `python3 test_torch_hvd.py --torchrun-env N`, under torchrun's variables (RANK,
-WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) set by the small launcher at the bottom."""
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) set by the small launcher below."""
 
 import gc
 import os
@@ -10,6 +10,55 @@ import sys
 
 import numpy as np
 import pytest
+
+
+# ---------------------------------------------------------------- torchrun-style launcher
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch_torchrun_env(n, args):
+    """Runs pytest on this file as n processes with the variables torchrun sets; the first failure
+    stops the others. Exit status: the first non-zero one, else 0."""
+    import subprocess
+    import time
+    port = _free_port()
+    procs = []
+    for rank in range(n):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(n), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
+        for v in ("COLLIE_RANK", "COLLIE_SIZE", "NCCL_COMM_ID", "OMPI_COMM_WORLD_RANK"):
+            env.pop(v, None)
+        procs.append(subprocess.Popen([sys.executable, "-m", "pytest"] + args + [os.path.abspath(__file__)],
+                                      env=env))
+    deadline = time.monotonic() + 500
+    rc = 0
+    while any(p.poll() is None for p in procs):
+        failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
+        if (failed or time.monotonic() > deadline) and not rc:
+            rc = failed[0] if failed else 124
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        time.sleep(0.1)
+    return rc or next((p.returncode for p in procs if p.returncode), 0)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3 or sys.argv[1] != "--torchrun-env":
+        sys.exit("usage: %s --torchrun-env N [pytest args]" % sys.argv[0])
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("SKIPPED: %s lacks torch (apt-get install python3-torch)" % sys.executable)
+        sys.exit(77)
+    sys.exit(_launch_torchrun_env(int(sys.argv[2]), sys.argv[3:]))
+
 
 torch = pytest.importorskip("torch")
 
@@ -354,46 +403,3 @@ def test_errors():
             hvd.allreduce(torch.ones(4, dtype=torch.float32 if r else torch.float64), name="mismatch.dtype")
     # the engine goes on working
     assert torch.equal(hvd.allreduce(torch.ones(3), op=hvd.Sum), torch.full((3,), float(n)))
-
-
-# ---------------------------------------------------------------- torchrun-style launcher
-
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch_torchrun_env(n, args):
-    """Runs pytest on this file as n processes with the variables torchrun sets; the first failure
-    stops the others. Exit status: the first non-zero one, else 0."""
-    import subprocess
-    import time
-    port = _free_port()
-    procs = []
-    for rank in range(n):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(n), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port))
-        for v in ("COLLIE_RANK", "COLLIE_SIZE", "NCCL_COMM_ID", "OMPI_COMM_WORLD_RANK"):
-            env.pop(v, None)
-        procs.append(subprocess.Popen([sys.executable, "-m", "pytest"] + args + [os.path.abspath(__file__)],
-                                      env=env))
-    deadline = time.monotonic() + 500
-    rc = 0
-    while any(p.poll() is None for p in procs):
-        failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
-        if (failed or time.monotonic() > deadline) and not rc:
-            rc = failed[0] if failed else 124
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-        time.sleep(0.1)
-    return rc or next((p.returncode for p in procs if p.returncode), 0)
-
-
-if __name__ == "__main__":
-    if len(sys.argv) >= 3 and sys.argv[1] == "--torchrun-env":
-        sys.exit(_launch_torchrun_env(int(sys.argv[2]), sys.argv[3:]))
-    sys.exit("usage: test_torch_hvd.py --torchrun-env N [pytest args]")
