@@ -3,7 +3,8 @@
 # those already present. Run as root. Usage: scripts/deps.sh [extra-package ...]
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libhwloc-dev libcmocka-dev libibverbs-dev valgrind procps iproute2
-      openmpi-bin libopenmpi-dev python3-numpy python3-pytest python3-mpi4py "$@")
+      openmpi-bin libopenmpi-dev python3-numpy python3-pytest python3-mpi4py
+      etcd-server curl libcurl4-openssl-dev libjson-c-dev "$@")
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

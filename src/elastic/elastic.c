@@ -1,5 +1,5 @@
 /* collie_elastic_*: the worker side of elastic training. Joins the rendezvous
- * store (client.c), builds each epoch's communicator from the unique ID that
+ * store (backend.h: the embedded store through client.c, or etcd), builds each epoch's communicator from the unique ID that
  * the epoch's rank 0 publishes there, runs the engine on it, and keeps the
  * registered training state (commit / restore / sync by engine broadcast). */
 #include <errno.h>
@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "core.h"
-#include "elastic/client.h"
+#include "elastic/backend.h"
 #include "engine/engine.h"
 #include "failures.h"
 
@@ -33,7 +33,7 @@ struct el_state {
 
 static struct {
   int initialized;
-  struct eclient sc;
+  struct estore sc;
   int sc_open;
   uint32_t worker_id, epoch, rank, size, resets;
   ncclComm_t comm;
@@ -78,7 +78,7 @@ struct reply {
 
 /* One request; on success `r` holds the status and a reader on the rest. */
 static int call(int type, const uint8_t* req, size_t len, struct reply* r) {
-  if (eclient_call(&E.sc, type, req, len, r->buf, sizeof(r->buf), &r->len) != ncclSuccess)
+  if (estore_call(&E.sc, type, req, len, r->buf, sizeof(r->buf), &r->len) != ncclSuccess)
     return COLLIE_ERR_COMMUNICATION;
   ebuf_reader(&r->in, r->buf, r->len);
   r->status = ebuf_get_u32(&r->in);
@@ -337,7 +337,7 @@ static void stop_heartbeat(void) {
 
 static void release_all(void) {
   stop_heartbeat();
-  if (E.sc_open) eclient_close(&E.sc);
+  if (E.sc_open) estore_close(&E.sc);
   E.sc_open = 0;
   for (int i = 0; i < E.nst; i++) free(E.st[i].saved);
   free(E.st);
@@ -351,14 +351,10 @@ COLLIE_EXPORT int collie_elastic_init(void) {
   if (E.initialized) return el_fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_elastic_init: already initialised");
   const char* addr = param_str(P_COLLIE_RENDEZVOUS);
   const char* hex = param_str(P_COLLIE_RENDEZVOUS_SECRET);
-  if (!addr || !hex)
+  if (!addr)
     return el_fail(COLLIE_ERR_INVALID_ARGUMENT,
-                   "collie_elastic_init: COLLIE_RENDEZVOUS and COLLIE_RENDEZVOUS_SECRET must be set (start the job "
-                   "with collie-run --elastic, or start collie-rendezvous and pass on what it prints)");
-  uint8_t secret[EPROTO_SECRET_BYTES];
-  if (eproto_parse_secret(hex, secret) != 0)
-    return el_fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_elastic_init: COLLIE_RENDEZVOUS_SECRET must be %d hex digits",
-                   2 * EPROTO_SECRET_BYTES);
+                   "collie_elastic_init: COLLIE_RENDEZVOUS must be set (start the job with collie-run --elastic, "
+                   "start collie-rendezvous and pass on what it prints, or name an etcd cluster: etcd://host:port)");
   E.timeout_ms = param_int(P_COLLIE_ELASTIC_TIMEOUT, 1, 7 * 24 * 3600) * 1000;
   E.hb_ms = param_int(P_COLLIE_ELASTIC_HEARTBEAT_MS, 10, 3600 * 1000);
   char host[EPROTO_MAX_KEY + 1] = "";
@@ -369,8 +365,12 @@ COLLIE_EXPORT int collie_elastic_init(void) {
 
   int rc;
   E.sc_open = 1;
-  if (eclient_open(&E.sc, addr, secret, EL_CONNECT_MS, EL_IO_MS) != ncclSuccess) {
-    rc = el_fail(COLLIE_ERR_COMMUNICATION, "collie_elastic_init: %s", ncclGetLastError(NULL));
+  ncclResult_t orc = estore_open(&E.sc, addr, hex, EL_CONNECT_MS, EL_IO_MS);
+  if (orc != ncclSuccess) {
+    /* A setting that cannot work is the caller's to fix; a store that does
+     * not answer may come back. */
+    rc = el_fail(orc == ncclInvalidArgument ? COLLIE_ERR_INVALID_ARGUMENT : COLLIE_ERR_COMMUNICATION,
+                 "collie_elastic_init: %s", ncclGetLastError(NULL));
     goto fail;
   }
   {

@@ -1,0 +1,178 @@
+#!/bin/bash
+# Elastic training with its state in a real etcd cluster (src/elastic/etcd.c):
+# three etcd members on free loopback ports, data under a mktemp folder, all
+# killed by the trap on every exit. Skips (77) without /usr/bin/etcd or curl.
+#   test_etcd.sh SCENARIO COLLIE_RUN WORKER...
+# Scenarios:
+#   train  workers a, b, c train; b kills itself (SIGKILL) at step 8, and
+#          right after, etcd member 0 (the first endpoint every worker uses)
+#          is killed too; the survivors form epoch 2 through the other two
+#          members, then worker d is started and joins; everyone ends with
+#          the state of a run without failures (the embedded store's
+#          one-worker run gives that hash)
+#   lost   workers a, b train; every etcd member is killed: each worker fails
+#          with an error naming etcd within a bounded time, none hangs
+set -u
+scenario=$1 run=$2
+shift 2
+worker=("$@")
+[ -x /usr/bin/etcd ] || { echo "SKIPPED: /usr/bin/etcd missing (apt-get install etcd-server)"; exit 77; }
+command -v curl >/dev/null || { echo "SKIPPED: curl missing"; exit 77; }
+tmp=$(mktemp -d)
+pids=()
+etcd_pids=()
+cleanup() {
+  for p in "${pids[@]}" "${etcd_pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+export NCCL_SOCKET_IFNAME=lo COLLIE_PEER_TIMEOUT=${COLLIE_PEER_TIMEOUT:-3}
+export ELASTIC_STEPS=${ELASTIC_STEPS:-40}
+
+fail() {
+  echo "FAIL ($scenario): $*"
+  for f in "$tmp"/out.* "$tmp"/etcd*.log; do
+    [ -f "$f" ] && { echo "--- $(basename "$f")"; tail -25 "$f"; }
+  done
+  exit 1
+}
+
+# Ports nobody listens on now; etcd refuses to start on a taken one, and the
+# whole cluster is then tried again with new ports.
+free_ports() {
+  /usr/bin/python3 - "$1" <<'EOF'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+EOF
+}
+
+put_ok() { # endpoint: 0 when the member serves kv requests
+  curl -s -m 2 -X POST "http://$1/v3/kv/put" -d '{"key":"aGVhbHRo","value":"MQ=="}' 2>/dev/null | grep -q revision
+}
+
+start_cluster() {
+  local attempt ports i cluster
+  for attempt in 1 2 3; do
+    read -r -a ports <<<"$(free_ports 6)"
+    cluster=""
+    for i in 0 1 2; do cluster+="${cluster:+,}m$i=http://127.0.0.1:${ports[$((3 + i))]}"; done
+    etcd_pids=()
+    endpoints=()
+    for i in 0 1 2; do
+      endpoints+=("127.0.0.1:${ports[$i]}")
+      /usr/bin/etcd --name "m$i" --data-dir "$tmp/m$i.$attempt" \
+        --listen-client-urls "http://127.0.0.1:${ports[$i]}" --advertise-client-urls "http://127.0.0.1:${ports[$i]}" \
+        --listen-peer-urls "http://127.0.0.1:${ports[$((3 + i))]}" \
+        --initial-advertise-peer-urls "http://127.0.0.1:${ports[$((3 + i))]}" \
+        --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "collie-$$-$attempt" \
+        >"$tmp/etcd$i.log" 2>&1 &
+      etcd_pids+=($!)
+    done
+    for _ in $(seq 150); do
+      put_ok "${endpoints[0]}" && put_ok "${endpoints[1]}" && put_ok "${endpoints[2]}" && return 0
+      sleep 0.2
+    done
+    for p in "${etcd_pids[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  done
+  fail "could not start a 3-member etcd cluster"
+}
+
+# Waits until a file matches, at most $3 seconds.
+wait_for() { # regex files... (last argument: seconds)
+  local secs=${*: -1} re=$1 files=("${@:2:$#-2}")
+  for _ in $(seq $((secs * 10))); do
+    grep -q "$re" "${files[@]}" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+expect_final() { # file count hash
+  local n ok hashes
+  n=$(grep -c "final step=$ELASTIC_STEPS " "$1")
+  ok=$(grep "final step=$ELASTIC_STEPS " "$1" | grep -c " OK$")
+  hashes=$(grep -o "final step=$ELASTIC_STEPS .*hash=[0-9a-f]*" "$1" | sed 's/.*hash=//' | sort -u)
+  [ "$n" -eq "$2" ] || fail "expected $2 workers to finish, got $n"
+  [ "$ok" -eq "$2" ] || fail "a worker's final state differs from the no-failure state"
+  [ "$(echo "$hashes" | wc -l)" -eq 1 ] || fail "workers ended with different states: $hashes"
+  [ "$hashes" = "$3" ] || fail "final state hash $hashes differs from the no-failure run's $3"
+}
+
+start_cluster
+job="job$$"
+export COLLIE_RENDEZVOUS="etcd://$(IFS=,; echo "${endpoints[*]}")/$job"
+export COLLIE_ETCD_TTL=3 COLLIE_ELASTIC_HEARTBEAT_MS=300 COLLIE_ELASTIC_SETTLE_MS=300
+unset COLLIE_RENDEZVOUS_SECRET COLLIE_ETCD_PREFIX
+
+case $scenario in
+train)
+  base=$(env -u COLLIE_RENDEZVOUS ELASTIC_STEP_MS=0 timeout 200 "$run" --elastic --min 1 --max 1 -n 1 "${worker[@]}" \
+         2>/dev/null | grep -o "hash=[0-9a-f]*" | sed 's/hash=//')
+  [ -n "$base" ] || fail "the one-worker run without failures gave no hash"
+  export COLLIE_ELASTIC_MIN=2 COLLIE_ELASTIC_MAX=3 COLLIE_ELASTIC_EXPECT=3 COLLIE_ETCD_TIMEOUT=30
+  export ELASTIC_KILL_SLOT=b ELASTIC_KILL_STEP=8 ELASTIC_WAIT_SIZE=3
+  for s in a b c; do
+    COLLIE_ELASTIC_SLOT=$s timeout 200 "${worker[@]}" >"$tmp/out.$s" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[1]}" 2>/dev/null
+  rc=$?
+  [ $rc -eq 137 ] || fail "worker b should have killed itself at step 8 (exit status $rc)"
+  kill -9 "${etcd_pids[0]}"
+  wait "${etcd_pids[0]}" 2>/dev/null
+  put_ok "${endpoints[0]}" && fail "etcd member 0 still answers after SIGKILL"
+  wait_for "epoch 2, rank" "$tmp/out.a" "$tmp/out.c" 120 || fail "the survivors did not form epoch 2 without worker b"
+  COLLIE_ELASTIC_SLOT=d timeout 200 "${worker[@]}" >"$tmp/out.d" 2>&1 &
+  pids+=($!)
+  for i in 0 2 3; do wait "${pids[$i]}" || fail "worker ${i} failed"; done
+  cat "$tmp"/out.[acd] >"$tmp/all"
+  grep -q "lost a peer at step" "$tmp/all" || fail "no survivor saw the lost peer"
+  grep -q "membership changed" "$tmp/all" || fail "the survivors never saw worker d join"
+  [ "$(grep -c "epoch 3, rank .* of 3" "$tmp/all")" -eq 2 ] || fail "the survivors did not form epoch 3 with worker d"
+  expect_final "$tmp/all" 3 "$base"
+  grep -h "worker" "$tmp"/out.[acd]
+  ;;
+lost)
+  export COLLIE_ELASTIC_MIN=2 COLLIE_ELASTIC_MAX=2 COLLIE_ELASTIC_EXPECT=2 COLLIE_ETCD_TIMEOUT=5
+  export ELASTIC_STEPS=1000000 ELASTIC_STEP_MS=20
+  for s in a b; do
+    COLLIE_ELASTIC_SLOT=$s timeout 120 "${worker[@]}" >"$tmp/out.$s" 2>&1 &
+    pids+=($!)
+  done
+  # Training: the state key (epoch 1) is in etcd.
+  key=$(printf '/collie/%s/state' "$job" | base64 -w0)
+  for _ in $(seq 600); do
+    curl -s -m 2 -X POST "http://${endpoints[1]}/v3/kv/range" -d "{\"key\":\"$key\"}" | grep -q '"kvs"' && break
+    sleep 0.1
+  done
+  sleep 1
+  for i in 0 1; do kill -0 "${pids[$i]}" 2>/dev/null || fail "worker $i ended before etcd went away"; done
+  for p in "${etcd_pids[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  etcd_pids=()
+  start=$(date +%s)
+  for i in 0 1; do
+    wait "${pids[$i]}" 2>/dev/null
+    rc=$?
+    [ $rc -ne 124 ] || fail "worker $i hung after etcd went away"
+    [ $rc -ne 0 ] || fail "worker $i succeeded without etcd"
+  done
+  # The bound is the timeout above (rc 124 fails); COLLIE_ETCD_TIMEOUT
+  # bounds each request: a check, then the rendezvous, plus the peer timeout.
+  secs=$(($(date +%s) - start))
+  for s in a b; do
+    grep -q "no etcd endpoint answered" "$tmp/out.$s" || fail "worker $s did not say that etcd is unreachable"
+  done
+  echo "workers gave up $secs s after etcd went away"; cat "$tmp"/out.a
+  ;;
+*)
+  echo "unknown scenario $scenario"
+  exit 2
+  ;;
+esac
+echo "PASS ($scenario)"
