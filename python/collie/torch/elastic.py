@@ -74,5 +74,10 @@ class TorchState(ObjectState):
             _opt.broadcast_parameters(self.model.state_dict(), root_rank=0)
         if self.optimizer is not None:
             _opt.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        # ObjectState.sync ends with self.restore(): it must find rank 0's model and optimizer
+        # (just received), not this worker's older copies (a new worker's are its initial ones).
+        self._saved_model = copy.deepcopy(self.model.state_dict()) if self.model is not None else None
+        self._saved_optimizer = (copy.deepcopy(self.optimizer.state_dict())
+                                 if self.optimizer is not None else None)
         super().sync()
         self.save()
