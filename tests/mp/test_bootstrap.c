@@ -46,7 +46,6 @@ static int check_comm_ex(ncclComm_t comm, int rank, int nranks, int one_process)
     MP_NCCL(collie_comm_peer_info(comm, i, &p));
     MP_CHECK(p.rank == i, "peer %d says rank %d", i, p.rank);
     MP_CHECK(p.host_hash == me.host_hash, "peer %d on another host?", i);
-    MP_CHECK(strcmp(p.hostname, me.hostname) == 0 && p.hostname[0], "peer %d host name '%s'", i, p.hostname);
     MP_CHECK(p.local_size == nranks && p.local_rank == i, "peer %d local %d/%d", i, p.local_rank, p.local_size);
     MP_CHECK(p.pid > 0 && (i == rank || (p.pid != me.pid) != one_process), "peer %d pid %d", i, p.pid);
   }
@@ -83,23 +82,6 @@ static int rank_bootstrap_ops(int rank, int nranks, const ncclUniqueId* ids, int
       for (size_t i = 0; i < sz; i += (sz / 7) + 1)
         MP_CHECK(all[sz * (size_t)r + i] == ((r * 7 + 1) & 0xff), "allgather size %zu block %d byte %zu", sz, r, i);
     free(all);
-  }
-  /* allgatherv: rank r gives (r * 13) % 50 bytes (some give none), twice in a row */
-  for (int rep = 0; rep < 2; rep++) {
-    unsigned char mine[64];
-    uint32_t len = (uint32_t)((rank * 13 + rep) % 50);
-    for (uint32_t i = 0; i < len; i++) mine[i] = (unsigned char)(rank + i + rep);
-    size_t* offs = malloc(sizeof(size_t) * ((size_t)nranks + 1));
-    uint8_t* got = NULL;
-    MP_NCCL(bootstrap_allgatherv(bs, mine, len, &got, offs));
-    for (int r = 0; r < nranks; r++) {
-      size_t l = (size_t)((r * 13 + rep) % 50);
-      MP_CHECK(offs[r + 1] - offs[r] == l, "allgatherv block %d has %zu bytes, not %zu", r, offs[r + 1] - offs[r], l);
-      for (size_t i = 0; i < l; i++)
-        MP_CHECK(got[offs[r] + i] == (unsigned char)(r + i + rep), "allgatherv block %d byte %zu", r, i);
-    }
-    free(got);
-    free(offs);
   }
   /* point-to-point: everyone sends to everyone (large and empty messages at
    * once, in both directions), then receives in reverse order of peers */
