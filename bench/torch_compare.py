@@ -1,0 +1,379 @@
+#!/usr/bin/python3
+"""torch.distributed over "collie" against "gloo", and against collie-perf.
+
+For each rank count (collie-run -n N, one job per count; both backends live in
+the job: the world group is "collie", a second group of the same ranks is
+"gloo"), sweeps dist.all_reduce / all_gather_into_tensor / broadcast over float32
+tensors of 8 B .. 256 MiB (factor 4). Each cell is the median over --reps
+rounds of the per-call time (back-to-back calls after a barrier, the slowest
+rank's figure); rounds alternate the two backends. collie-perf (tools/collie_perf.c)
+times the same operations at the same sizes under collie-run, which gives the
+"Python layer overhead" ratio: torch-level collie time / collie-perf time.
+Then the step time (forward, backward, SGD step) of a model on synthetic data:
+torchvision's ResNet-18 (python3-torchvision) on 3x64x64 images, else a
+comparable small CNN, under DDP over collie, DDP over gloo, and
+collie.torch.DistributedOptimizer when that API is present.
+
+Usage:
+  bench/torch_compare.py [--build build] [--ranks 2,4] [--max-bytes 256M] [--reps 5]
+                         [--ops all_reduce,all_gather,broadcast] [--steps 10] [--batch 16]
+                         [--model resnet18|cnn|none] [--doc] [--json FILE]
+--doc writes the tables (and a plot when gnuplot is installed) into
+docs/BENCHMARKS.md between <!-- torch_compare:begin --> and <!-- torch_compare:end -->.
+Needs /usr/bin/python3 with Debian's python3-torch; the library and collie-run
+come from --build. Sizes: all_gather's is the gathered (output) size, as in
+collie-perf and nccl-tests.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+OPS = ("all_reduce", "all_gather", "broadcast")
+
+
+def parse_size(s):
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    s = s.strip().upper().rstrip("B") or "0"
+    return int(float(s[:-1]) * mult[s[-1]]) if s[-1] in mult else int(s)
+
+
+def human(n):
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return "%d %s" % (n // div, unit)
+    return "%d B" % n
+
+
+def sizes_upto(max_bytes):
+    out, s = [], 8
+    while s <= max_bytes:
+        out.append(s)
+        s *= 4
+    return out
+
+
+def calls_for(size):
+    """Back-to-back calls per timed round: many for small sizes, one for 64 MiB+."""
+    return max(1, min(200, (4 << 20) // max(size, 1)))
+
+
+# ---------------------------------------------------------------- worker (one rank)
+
+def worker(args):
+    import torch
+    import torch.distributed as dist
+    import collie.torch.distributed  # noqa: F401  (registers "collie")
+
+    dist.init_process_group("collie")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    groups = {"collie": None, "gloo": dist.new_group(backend="gloo")}
+    sizes = sizes_upto(args.max_bytes)
+    result = {"ranks": n, "coll": {}, "model": {}}
+
+    def slowest(seconds):
+        t = torch.tensor([seconds], dtype=torch.float64)
+        dist.all_reduce(t, dist.ReduceOp.MAX)
+        return t.item()
+
+    def make(op, size):
+        elems = max(size // 4, 1)
+        if op == "all_gather":
+            per = max(elems // n, 1)
+            return torch.ones(per), torch.empty(per * n)
+        return torch.ones(elems), None
+
+    def call(op, backend, a, b):
+        g = groups[backend]
+        if op == "all_reduce":
+            dist.all_reduce(a, group=g)
+        elif op == "broadcast":
+            dist.broadcast(a, 0, group=g)
+        elif hasattr(dist, "all_gather_into_tensor") and backend == "collie":
+            dist.all_gather_into_tensor(b, a, group=g)
+        else:
+            # gloo in torch 1.13 has no all_gather_into_tensor: the list form
+            # into views of one output tensor (no extra copy on gloo's side).
+            dist.all_gather(list(b.chunk(n)), a, group=g)
+
+    for op in args.ops:
+        for size in sizes:
+            a, b = make(op, size)
+            k = calls_for(size)
+            times = {"collie": [], "gloo": []}
+            for backend in times:  # warm-up: connections, buffers
+                call(op, backend, a, b)
+            for rep in range(args.reps):
+                for backend in (("collie", "gloo") if rep % 2 == 0 else ("gloo", "collie")):
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(k):
+                        call(op, backend, a, b)
+                    times[backend].append(slowest((time.perf_counter() - t0) / k))
+            result["coll"].setdefault(op, {})[size] = {bk: statistics.median(v) * 1e6 for bk, v in times.items()}
+            if rank == 0:
+                cell = result["coll"][op][size]
+                print("torch_compare: %d ranks %-10s %10s collie %10.1f us  gloo %10.1f us" % (
+                    n, op, human(size), cell["collie"], cell["gloo"]), flush=True)
+            del a, b
+
+    if args.model != "none":
+        result["model"] = model_steps(args, groups, rank, n, slowest)
+    if rank == 0:
+        with open(args.worker_out, "w") as f:
+            json.dump(result, f)
+    dist.destroy_process_group()
+
+
+def build_model(name):
+    import torch
+    if name == "resnet18":
+        try:
+            import torchvision
+            return torchvision.models.resnet18(num_classes=10), "ResNet-18 (torchvision %s)" % torchvision.__version__
+        except ImportError:
+            pass
+    m = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.BatchNorm2d(64), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(64, 128, 3, padding=1), torch.nn.BatchNorm2d(128), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(128, 10))
+    return m, "small CNN (3 conv + BN, 0.1 M parameters; torchvision not installed)"
+
+
+def model_steps(args, groups, rank, n, slowest):
+    import torch
+    import torch.distributed as dist
+    torch.manual_seed(0)
+    x = torch.randn(args.batch, 3, 64, 64)
+    y = torch.randint(0, 10, (args.batch,))
+    out = {}
+    ways = [("DDP over collie", "collie"), ("DDP over gloo", "gloo")]
+    hvd = None
+    try:
+        import collie.torch as hvd
+        if not hasattr(hvd, "DistributedOptimizer"):
+            hvd = None
+    except ImportError:
+        hvd = None
+    if hvd is not None:
+        ways.append(("collie.torch.DistributedOptimizer", "hvd"))
+    for label, way in ways:
+        torch.manual_seed(0)
+        model, desc = build_model(args.model)
+        out["model"] = desc
+        if way == "hvd":
+            hvd.init()
+            opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                           named_parameters=model.named_parameters())
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            net = model
+        else:
+            net = torch.nn.parallel.DistributedDataParallel(model, process_group=groups[way])
+            opt = torch.optim.SGD(net.parameters(), lr=0.01)
+        times = []
+        for step in range(args.steps + 2):
+            dist.barrier()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+            if step >= 2:  # two warm-up steps
+                times.append(slowest(time.perf_counter() - t0))
+        out[label] = statistics.median(times) * 1e3
+        if rank == 0:
+            print("torch_compare: %d ranks %s: %.1f ms/step" % (n, label, out[label]), flush=True)
+        if way == "hvd":
+            hvd.shutdown()
+        del net, opt, model
+    return out
+
+
+# ---------------------------------------------------------------- driver
+
+def collie_perf(build, n, op, max_bytes, env):
+    """{size: us} from collie-perf (in-place time for all_reduce/broadcast, as
+    torch calls them in place; out-of-place for all_gather)."""
+    res = {}
+    bands = [(8, 32 << 10, 100, 5), (128 << 10, 2 << 20, 20, 2), (8 << 20, 32 << 20, 5, 1),
+             (128 << 20, 256 << 20, 3, 1)]
+    for lo, hi, iters, warm in bands:
+        if lo > max_bytes:
+            break
+        hi = min(hi, max_bytes)
+        cmd = [os.path.join(build, "collie-run"), "-n", str(n), os.path.join(build, "collie-perf"), op,
+               "-b", str(lo), "-e", str(hi), "-f", "4", "-n", str(iters), "-w", str(warm), "-c", "0"]
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, timeout=1800)
+        text = p.stdout.decode("utf-8", "replace")
+        if p.returncode != 0:
+            print("torch_compare: collie-perf failed (%s):\n%s" % (" ".join(cmd), text[-2000:]), file=sys.stderr)
+            continue
+        for line in text.splitlines():
+            f = line.split()
+            if len(f) >= 13 and f[0].isdigit():
+                res[int(f[0])] = float(f[9] if op != "all_gather" else f[5])
+    return res
+
+
+def run_job(args, n, env):
+    with tempfile.TemporaryDirectory(prefix="torch_compare.") as tmp:
+        out = os.path.join(tmp, "result.json")
+        cmd = [os.path.join(args.build, "collie-run"), "-n", str(n), "--timeout", str(args.timeout),
+               sys.executable, os.path.abspath(__file__), "--worker", "--worker-out", out,
+               "--max-bytes", str(args.max_bytes), "--reps", str(args.reps), "--ops", ",".join(args.ops),
+               "--steps", str(args.steps), "--batch", str(args.batch), "--model", args.model]
+        rc = subprocess.call(cmd, env=env)
+        if rc != 0 or not os.path.exists(out):
+            print("torch_compare: the %d-rank job failed (exit %d)" % (n, rc), file=sys.stderr)
+            return None
+        with open(out) as f:
+            data = json.load(f)
+    data["coll"] = {op: {int(s): v for s, v in cells.items()} for op, cells in data["coll"].items()}
+    return data
+
+
+def tables(results, perf, args):
+    lines = []
+    for n, data in results.items():
+        for op in args.ops:
+            cells = data["coll"].get(op, {})
+            lines += ["", "#### %s, %d ranks" % (op, n), "",
+                      "| size | collie (us) | gloo (us) | gloo / collie | collie-perf (us) | collie / collie-perf |",
+                      "|---:|---:|---:|---:|---:|---:|"]
+            for size in sorted(cells):
+                c, g = cells[size]["collie"], cells[size]["gloo"]
+                p = perf.get((n, op), {}).get(size)
+                lines.append("| %s | %.1f | %.1f | %.1f | %s | %s |" % (
+                    human(size), c, g, g / c if c else 0, "%.1f" % p if p else "-",
+                    "%.2f" % (c / p) if p else "-"))
+        m = data.get("model") or {}
+        if m:
+            lines += ["", "#### Step time, %s, batch %d per rank of 3x64x64, %d ranks" % (m.get("model"), args.batch, n),
+                      "", "| way | ms / step (median of %d) |" % args.steps, "|---|---:|"]
+            for k, v in m.items():
+                if k != "model":
+                    lines.append("| %s | %.1f |" % (k, v))
+    return lines
+
+
+def plot(results, perf, args, png):
+    """gnuplot: time vs size per op and rank count (collie, gloo, collie-perf)."""
+    import shutil
+    if not shutil.which("gnuplot"):
+        return False
+    with tempfile.TemporaryDirectory(prefix="torch_compare_plot.") as tmp:
+        plots = []
+        for n, data in results.items():
+            for op in args.ops:
+                dat = os.path.join(tmp, "%s_%d.dat" % (op, n))
+                with open(dat, "w") as f:
+                    for size, cell in sorted(data["coll"].get(op, {}).items()):
+                        f.write("%d %g %g %g\n" % (size, cell["collie"], cell["gloo"],
+                                                   perf.get((n, op), {}).get(size, float("nan"))))
+                plots.append((n, op, dat))
+        gp = ["set terminal pngcairo size 1200,%d font ',9' noenhanced" % (300 * len(results)),
+              "set output '%s'" % png, "set multiplot layout %d,%d" % (len(results), len(args.ops)),
+              "set logscale xy; set format x '%.0b%B'; set grid; set key top left; set ylabel 'us per call'"]
+        for n, op, dat in plots:
+            gp.append("set title '%s, %d ranks'" % (op, n))
+            gp.append("plot '%s' u 1:2 w lp pt 7 ps 0.5 t 'torch collie', '' u 1:3 w lp pt 7 ps 0.5 t 'torch gloo', "
+                      "'' u 1:4 w lp pt 7 ps 0.5 dt 2 t 'collie-perf'" % dat)
+        gp.append("unset multiplot")
+        script = os.path.join(tmp, "plot.gp")
+        with open(script, "w") as f:
+            f.write("\n".join(gp) + "\n")
+        return subprocess.call(["gnuplot", script]) == 0
+
+
+def write_doc(section):
+    doc = os.path.join(ROOT, "docs", "BENCHMARKS.md")
+    b, e = "<!-- torch_compare:begin -->", "<!-- torch_compare:end -->"
+    text = open(doc).read() if os.path.exists(doc) else "# Benchmarks\n"
+    if b in text and e in text:
+        text = text[:text.index(b)] + section + text[text.index(e) + len(e):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    with open(doc, "w") as f:
+        f.write(text)
+    return doc
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--ranks", default="2,4")
+    ap.add_argument("--max-bytes", default="256M")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--model", default="resnet18", choices=["resnet18", "cnn", "none"])
+    ap.add_argument("--timeout", type=int, default=3600, help="seconds per job")
+    ap.add_argument("--doc", action="store_true", help="write the section into docs/BENCHMARKS.md")
+    ap.add_argument("--json", help="also write every figure to this file")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.max_bytes = parse_size(str(args.max_bytes))
+    args.ops = [o for o in args.ops.split(",") if o]
+    for o in args.ops:
+        if o not in OPS:
+            ap.error("--ops: %s is not one of %s" % (o, ", ".join(OPS)))
+    if args.worker:
+        return worker(args)
+
+    args.build = os.path.abspath(args.build)
+    lib = os.path.join(args.build, "libcollie.so")
+    for f in (lib, os.path.join(args.build, "collie-run"), os.path.join(args.build, "collie-perf")):
+        if not os.path.exists(f):
+            ap.error("%s is missing: build first (scripts/build.sh %s)" % (f, args.build))
+    env = dict(os.environ, COLLIE_LIBRARY=lib,
+               PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYTHONDONTWRITEBYTECODE="1")
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    t0 = time.time()
+    results, perf = {}, {}
+    for n in [int(x) for x in args.ranks.split(",")]:
+        data = run_job(args, n, env)
+        if data is None:
+            return 1
+        results[n] = data
+        for op in args.ops:
+            perf[(n, op)] = collie_perf(args.build, n, op, args.max_bytes, env)
+    import torch
+    cmd = "bench/torch_compare.py " + " ".join(a for a in sys.argv[1:] if a != "--doc")
+    head = ["<!-- torch_compare:begin -->", "## torch.distributed: collie vs gloo (bench/torch_compare.py)", "",
+            "Run of %s on %d cores (%s), torch %s, %.0f s. Command: `%s`." % (
+                started, os.cpu_count(), os.uname().release, torch.__version__, time.time() - t0, cmd.strip()),
+            "", "float32; each cell the median of %d rounds (backends alternating) of the mean time per call of "
+            "back-to-back calls after a barrier, slowest rank; all_gather's size is the gathered output "
+            "(collie: all_gather_into_tensor, gloo: all_gather into chunks of one tensor). collie-perf: the "
+            "same sizes under collie-run, in place for all_reduce and broadcast (torch calls them in place). "
+            "Above 1 in 'gloo / collie': collie faster; 'collie / collie-perf' is the cost of the Python and "
+            "torch layers." % args.reps]
+    png = os.path.join(ROOT, "docs", "plots", "torch_compare.png")
+    body = tables(results, perf, args)
+    if args.doc:
+        os.makedirs(os.path.dirname(png), exist_ok=True)
+        if plot(results, perf, args, png):
+            head += ["", "![time per call vs size](plots/torch_compare.png)"]
+    section = "\n".join(head + body + ["", "<!-- torch_compare:end -->"])
+    print(section)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": {str(n): d for n, d in results.items()},
+                       "collie_perf": {"%d %s" % k: v for k, v in perf.items()}}, f, indent=1)
+    if args.doc:
+        print("torch_compare: wrote %s" % write_doc(section))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
