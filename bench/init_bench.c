@@ -1,25 +1,96 @@
-/* One rank of the init benchmark: times collie_comm_init_from_env
- * (bootstrap + peer-info exchange) and prints "init_ms <rank> <ms>".
- * Run under collie-run by bench/init_scaling.sh. */
+/* One rank of the init benchmark, run under collie-run by bench/init_scaling.sh.
+ * Modes (argv[1]):
+ *   init (default)  times collie_comm_init_from_env and ncclCommDestroy
+ *   scalable K      after an init, times ncclCommInitRankScalable with K
+ *                   roots (made by the first rank of each block, handed out
+ *                   with an allgather on the first communicator)
+ *   split           after an init, times ncclCommSplit(color rank % 2) and the
+ *                   children's destroy
+ *   shrink          after an init, times ncclCommShrink without the last rank
+ * Prints "<what>_ms <rank> <ms>" lines; the per-phase breakdown of every init
+ * comes from the library's INIT log ("init phases ms: ...", NCCL_DEBUG=INFO
+ * NCCL_DEBUG_SUBSYS=INIT), which the script parses. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "collie.h"
 
-int main(void) {
-  struct timespec a, b;
-  ncclComm_t comm;
-  clock_gettime(CLOCK_MONOTONIC, &a);
-  ncclResult_t r = collie_comm_init_from_env(&comm);
-  clock_gettime(CLOCK_MONOTONIC, &b);
-  if (r != ncclSuccess) {
-    fprintf(stderr, "init failed: %s\n", ncclGetLastError(NULL));
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static int fail(const char* what, ncclResult_t r) {
+  fprintf(stderr, "%s failed: %s (%s)\n", what, ncclGetErrorString(r), ncclGetLastError(NULL));
+  return 1;
+}
+
+int main(int argc, char** argv) {
+  const char* mode = argc > 1 ? argv[1] : "init";
+  ncclComm_t comm, child = NULL;
+  ncclResult_t r;
+  double a, b;
+  a = now_ms();
+  r = collie_comm_init_from_env(&comm);
+  b = now_ms();
+  if (r != ncclSuccess) return fail("init", r);
+  int rank, n;
+  ncclCommUserRank(comm, &rank);
+  ncclCommCount(comm, &n);
+  printf("init_ms %d %.3f\n", rank, b - a);
+  if (!strcmp(mode, "scalable")) {
+    /* The first rank of each block makes its block's ID (a root thread of
+     * its own, not NCCL_COMM_ID's address); an allgather on comm hands them out. */
+    int k = argc > 2 ? atoi(argv[2]) : 4;
+    if (k < 1 || k > n) {
+      fprintf(stderr, "scalable: K=%d outside 1..%d\n", k, n);
+      return 1;
+    }
+    ncclUniqueId mine, *all = calloc((size_t)n, sizeof(*all)), *ids = calloc((size_t)k, sizeof(*ids));
+    if (!all || !ids) return 1;
+    memset(&mine, 0, sizeof(mine));
+    unsetenv("NCCL_COMM_ID");
+    for (int i = 0; i < k; i++)
+      if (rank == (int)((long long)i * n / k) && (r = ncclGetUniqueId(&mine)) != ncclSuccess)
+        return fail("ncclGetUniqueId", r);
+    if ((r = ncclAllGather(&mine, all, sizeof(mine), ncclChar, comm, NULL)) != ncclSuccess)
+      return fail("ncclAllGather", r);
+    for (int i = 0; i < k; i++) ids[i] = all[(long long)i * n / k];
+    a = now_ms();
+    r = ncclCommInitRankScalable(&child, n, rank, k, ids, NULL);
+    b = now_ms();
+    free(all);
+    free(ids);
+    if (r != ncclSuccess) return fail("ncclCommInitRankScalable", r);
+    printf("scalable_ms %d %.3f\n", rank, b - a);
+    ncclCommDestroy(child);
+  } else if (!strcmp(mode, "split")) {
+    a = now_ms();
+    r = ncclCommSplit(comm, rank % 2, rank, &child, NULL);
+    b = now_ms();
+    if (r != ncclSuccess) return fail("ncclCommSplit", r);
+    printf("split_ms %d %.3f\n", rank, b - a);
+    ncclCommDestroy(child);
+  } else if (!strcmp(mode, "shrink")) {
+    if (rank != n - 1) {
+      int excluded = n - 1;
+      a = now_ms();
+      r = ncclCommShrink(comm, &excluded, 1, &child, NULL, NCCL_SHRINK_DEFAULT);
+      b = now_ms();
+      if (r != ncclSuccess) return fail("ncclCommShrink", r);
+      printf("shrink_ms %d %.3f\n", rank, b - a);
+      ncclCommDestroy(child);
+    }
+  } else if (strcmp(mode, "init") != 0) {
+    fprintf(stderr, "unknown mode %s (init, scalable K, split, shrink)\n", mode);
     return 1;
   }
-  int rank;
-  ncclCommUserRank(comm, &rank);
-  printf("init_ms %d %.3f\n", rank, (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6);
+  a = now_ms();
   ncclCommDestroy(comm);
+  printf("destroy_ms %d %.3f\n", rank, now_ms() - a);
   return 0;
 }

@@ -15,6 +15,7 @@
 #include "comm.h"
 #include "device/device.h"
 #include "failures.h"
+#include "graph/bind.h"
 #include "graph/topo.h"
 
 #define CONFIG_MAGIC 0xcafebeefu
@@ -114,22 +115,113 @@ static void fill_local_info(ncclComm_t comm, collie_peer_info_t* me) {
   device_pci_bus_id(comm->cuda_dev, me->pci_bus_id, sizeof(me->pci_bus_id));
 }
 
-static void compute_locality(ncclComm_t comm) {
-  int nhosts = 0;
-  for (int i = 0; i < comm->nranks; i++) {
-    int local_rank = 0, local_size = 0, first = 1;
-    for (int j = 0; j < comm->nranks; j++) {
-      if (comm->peers[j].host_hash != comm->peers[i].host_hash) continue;
-      if (j < i) { local_rank++; first = 0; }
-      local_size++;
-    }
-    comm->peers[i].local_rank = local_rank;
-    comm->peers[i].local_size = local_size;
-    nhosts += first;
+/* The peer-info exchange sends a packed record, not collie_peer_info_t:
+ * the fixed fields, then each string as a length byte and its characters.
+ * About 35 bytes instead of 270 per rank on one host, and every rank receives
+ * every other's record, so this is what the exchange costs in bytes. */
+#define PEER_WIRE_MAX (4 + 4 + 8 + 4 + 4 + 3 + 64 + 128 + 32)
+
+static size_t put_str(uint8_t* p, const char* str, size_t cap) {
+  size_t l = strnlen(str, cap - 1);
+  p[0] = (uint8_t)l;
+  memcpy(p + 1, str, l);
+  return 1 + l;
+}
+
+static size_t peer_pack(const collie_peer_info_t* me, uint8_t* p) {
+  int32_t v[2] = {me->rank, me->pid}, w[2] = {me->numa_node, me->cuda_dev};
+  memcpy(p, v, 8);
+  memcpy(p + 8, &me->host_hash, 8);
+  memcpy(p + 16, w, 8);
+  size_t o = 24;
+  o += put_str(p + o, me->hostname, sizeof(me->hostname));
+  o += put_str(p + o, me->cpuset, sizeof(me->cpuset));
+  o += put_str(p + o, me->pci_bus_id, sizeof(me->pci_bus_id));
+  return o;
+}
+
+static int get_str(const uint8_t* p, size_t n, size_t* o, char* out, size_t cap) {
+  if (*o + 1 > n || p[*o] >= cap || *o + 1 + p[*o] > n) return -1;
+  size_t l = p[*o];
+  memcpy(out, p + *o + 1, l);
+  out[l] = '\0';
+  *o += 1 + l;
+  return 0;
+}
+
+/* 0, or -1 when the record is not exactly one well-formed packed record. */
+static int peer_unpack(const uint8_t* p, size_t n, collie_peer_info_t* out) {
+  int32_t v[2], w[2];
+  size_t o = 24;
+  if (n < o) return -1;
+  memset(out, 0, sizeof(*out));
+  memcpy(v, p, 8);
+  memcpy(&out->host_hash, p + 8, 8);
+  memcpy(w, p + 16, 8);
+  out->size = sizeof(*out);
+  out->rank = v[0];
+  out->pid = v[1];
+  out->numa_node = w[0];
+  out->cuda_dev = w[1];
+  if (get_str(p, n, &o, out->hostname, sizeof(out->hostname)) || get_str(p, n, &o, out->cpuset, sizeof(out->cpuset)) ||
+      get_str(p, n, &o, out->pci_bus_id, sizeof(out->pci_bus_id)))
+    return -1;
+  return o == n ? 0 : -1;
+}
+
+static ncclResult_t exchange_peer_info(ncclComm_t comm, const char* fn) {
+  uint8_t mine[PEER_WIRE_MAX];
+  size_t len = peer_pack(&comm->peers[comm->rank], mine);
+  size_t* offs = malloc(sizeof(size_t) * ((size_t)comm->nranks + 1));
+  uint8_t* all = NULL;
+  if (!offs) return err_set(ncclSystemError, "%s: out of memory for %d peers", fn, comm->nranks);
+  ncclResult_t res = bootstrap_allgatherv(comm->bs, mine, (uint32_t)len, &all, offs);
+  for (int i = 0; res == ncclSuccess && i < comm->nranks; i++) {
+    if (peer_unpack(all + offs[i], offs[i + 1] - offs[i], &comm->peers[i]) != 0 || comm->peers[i].rank != i)
+      res = err_set(ncclInternalError, "%s: peer info from rank %d is malformed or inconsistent (rank field %d)", fn,
+                    i, comm->peers[i].rank);
   }
+  free(all);
+  free(offs);
+  return res;
+}
+
+struct host_key {
+  uint64_t hash;
+  int rank;
+};
+
+static int host_key_cmp(const void* a, const void* b) {
+  const struct host_key *x = a, *y = b;
+  if (x->hash != y->hash) return x->hash < y->hash ? -1 : 1;
+  return (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+/* Local rank (position among the ranks of the same host, by rank) and local
+ * size of every peer, and the number of hosts. Sorting by (host, rank) keeps
+ * it O(n log n) per rank: comparing every pair cost a second at 1024 ranks
+ * summed over the ranks. */
+static ncclResult_t compute_locality(ncclComm_t comm) {
+  int n = comm->nranks, nhosts = 0;
+  struct host_key* keys = malloc(sizeof(*keys) * (size_t)n);
+  if (!keys) return err_set(ncclSystemError, "out of memory computing locality for %d ranks", n);
+  for (int i = 0; i < n; i++) keys[i] = (struct host_key){comm->peers[i].host_hash, i};
+  qsort(keys, (size_t)n, sizeof(*keys), host_key_cmp);
+  for (int g = 0; g < n;) {
+    int e = g;
+    while (e < n && keys[e].hash == keys[g].hash) e++;
+    for (int i = g; i < e; i++) {
+      comm->peers[keys[i].rank].local_rank = i - g;
+      comm->peers[keys[i].rank].local_size = e - g;
+    }
+    nhosts++;
+    g = e;
+  }
+  free(keys);
   comm->local_rank = comm->peers[comm->rank].local_rank;
   comm->local_size = comm->peers[comm->rank].local_size;
   comm->nhosts = nhosts;
+  return ncclSuccess;
 }
 
 /* Releases what init built (threads first, then connections, then memory);
@@ -173,16 +265,15 @@ static ncclResult_t comm_setup(ncclComm_t comm, int nids, const ncclUniqueId* id
   int rank = comm->rank, nranks = comm->nranks;
   int64_t t0 = time_ns();
   NCCLCHECK(bootstrap_init(ids, nids, rank, nranks, &comm->abort_flag, &comm->bs));
+  int64_t t_bs = time_ns();
   /* Lazy connector setup waits in the bootstrap: revoke and failures end it too. */
   bootstrap_set_watch(comm->bs, comm_stop_check_cb, comm, comm->stop_fd);
   fill_local_info(comm, &comm->peers[rank]);
-  NCCLCHECK(bootstrap_allgather(comm->bs, comm->peers, sizeof(*comm->peers)));
-  for (int i = 0; i < nranks; i++) {
-    if (comm->peers[i].rank != i || comm->peers[i].size != sizeof(collie_peer_info_t))
-      return err_set(ncclInternalError, "%s: peer info from rank %d is inconsistent (rank field %d)", fn, i,
-                     comm->peers[i].rank);
-  }
-  compute_locality(comm);
+  NCCLCHECK(exchange_peer_info(comm, fn));
+  int64_t t_info = time_ns();
+  for (int i = 0; i < nranks; i++) bootstrap_set_peer_host(comm->bs, i, comm->peers[i].hostname);
+  NCCLCHECK(compute_locality(comm));
+  bind_comm(comm); /* before any helper thread starts: they inherit the mask */
   {
     /* Waiters poll before sleeping only while every local rank can have a CPU
      * (a rank-local choice: it changes timing, never what is computed). */
@@ -197,10 +288,18 @@ static ncclResult_t comm_setup(ncclComm_t comm, int nids, const ncclUniqueId* id
   comm->timeout_s = param_int(P_COLLIE_TIMEOUT, 0, 86400 * 365);
   NCCLCHECK(rings_init(comm));
   NCCLCHECK(tuning_init(comm));
+  int64_t t_setup = time_ns();
   NCCLCHECK(health_init(comm));
+  int64_t t_end = time_ns();
   INFO(LOG_INIT, "comm %p rank %d nranks %d hosts %d local %d/%d cudaDev %d commHash 0x%llx%s - Init COMPLETE (%.3f ms)",
        (void*)comm, rank, nranks, comm->nhosts, comm->local_rank, comm->local_size, comm->cuda_dev,
-       (unsigned long long)comm->comm_hash, comm->nonblocking ? " nonblocking" : "", (time_ns() - t0) / 1e6);
+       (unsigned long long)comm->comm_hash, comm->nonblocking ? " nonblocking" : "", (t_end - t0) / 1e6);
+  /* One line per rank that bench/init_scaling.sh parses: where init's time went. */
+  double checkin_ms, table_ms;
+  bootstrap_phase_ms(comm->bs, &checkin_ms, &table_ms);
+  INFO(LOG_INIT, "init phases ms: checkin %.3f table %.3f peerinfo %.3f setup %.3f keepalive %.3f total %.3f",
+       checkin_ms, table_ms, (t_info - t_bs) / 1e6, (t_setup - t_info) / 1e6, (t_end - t_setup) / 1e6,
+       (t_end - t0) / 1e6);
   return ncclSuccess;
 }
 
@@ -537,7 +636,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   while (members[newrank] != comm->rank) newrank++;
   ncclUniqueId id;
   if (newrank == 0) {
-    NCCLCHECKGOTO(bootstrap_create_id(&id), res, out);
+    NCCLCHECKGOTO(bootstrap_create_fresh_id(&id), res, out);
     for (int i = 1; i < m; i++) NCCLCHECKGOTO(bootstrap_send(comm->bs, members[i], tag, &id, sizeof(id)), res, out);
   } else {
     NCCLCHECKGOTO(bootstrap_recv(comm->bs, members[0], tag, &id, sizeof(id)), res, out);

@@ -66,7 +66,7 @@ static ncclResult_t shrink_rendezvous(struct ncclComm* comm, const int* members,
       rep->nmissing++;
     }
     rep->ok = rep->nmissing == 0;
-    if (rep->ok) NCCLCHECKGOTO(bootstrap_create_id(&rep->id), res, out);
+    if (rep->ok) NCCLCHECKGOTO(bootstrap_create_fresh_id(&rep->id), res, out);
     /* Members that never joined get the answer too: if one calls later, it
      * learns at once that it came too late. */
     for (int i = 1; i < m; i++) {

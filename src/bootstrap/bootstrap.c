@@ -21,11 +21,15 @@
 #define TAG_ALLGATHER (BOOTSTRAP_TAG_INTERNAL | 0x1000000u)
 #define TAG_BARRIER (BOOTSTRAP_TAG_INTERNAL | 0x2000000u)
 #define TAG_BCAST (BOOTSTRAP_TAG_INTERNAL | 0x3000000u)
+#define TAG_TABLE (BOOTSTRAP_TAG_INTERNAL | 0x4000000u)
+#define TAG_ALLGATHERV (BOOTSTRAP_TAG_INTERNAL | 0x5000000u)
 #define POLL_SLICE_MS 100
 
 _Static_assert(sizeof(struct bootstrap_id) <= NCCL_UNIQUE_ID_BYTES, "bootstrap_id must fit a ncclUniqueId");
 
-/* What every rank learns about every other at bootstrap: where it listens. */
+/* What every rank learns about every other at bootstrap: where it listens
+ * (from the root's table) and, once the communicator's peer-info exchange
+ * has run, its host name (bootstrap_set_peer_host; for messages only). */
 struct peer_rec {
   union sock_addr addr;
   char host[64];
@@ -62,6 +66,7 @@ struct bootstrap {
   ncclResult_t (*stop)(void* arg);
   void* stop_arg;
   int wake_fd;
+  double phase_ms[2]; /* bootstrap_init: check-in until the root's answer; spreading the address table */
 };
 
 /* How one call waits: watched calls also end on the communicator's stop
@@ -99,6 +104,14 @@ uint64_t bootstrap_nonce(const struct bootstrap* bs) { return bs->nonce; }
 int bootstrap_listen_any(const struct bootstrap* bs) { return bs->listen_any; }
 const union sock_addr* bootstrap_peer_addr(const struct bootstrap* bs, int peer) {
   return &bs->peers[peer].addr;
+}
+void bootstrap_set_peer_host(struct bootstrap* bs, int peer, const char* host) {
+  if (!bs || peer < 0 || peer >= bs->nranks || !host) return;
+  snprintf(bs->peers[peer].host, sizeof(bs->peers[peer].host), "%s", host);
+}
+void bootstrap_phase_ms(const struct bootstrap* bs, double* checkin_ms, double* table_ms) {
+  *checkin_ms = bs->phase_ms[0];
+  *table_ms = bs->phase_ms[1];
 }
 const char* bootstrap_peer_host(const struct bootstrap* bs, int peer) {
   if (!bs || peer < 0 || peer >= bs->nranks || !bs->peers[peer].host[0]) return "unknown host";
@@ -198,6 +211,10 @@ ncclResult_t bootstrap_create_id(ncclUniqueId* uid) {
     NCCLCHECK(sock_parse_addr(env, "NCCL_COMM_ID", &addr));
     return bootstrap_id_from_addr(&addr, uid);
   }
+  return bootstrap_create_fresh_id(uid);
+}
+
+ncclResult_t bootstrap_create_fresh_id(ncclUniqueId* uid) {
   struct bootstrap_id id;
   memset(&id, 0, sizeof(id));
   id.magic = BOOTSTRAP_ID_MAGIC;
@@ -436,8 +453,9 @@ static ncclResult_t send_locked(struct bootstrap* bs, int peer, uint32_t tag, co
   return res;
 }
 
-static ncclResult_t recv_locked(struct bootstrap* bs, int peer, uint32_t tag, void* data, size_t size,
-                               struct wopt* o) {
+/* Waits for the next message from `peer` with `tag`, whatever its size:
+ * hands over the message (free it and its data). */
+static ncclResult_t recv_take(struct bootstrap* bs, int peer, uint32_t tag, struct bs_msg** out, struct wopt* o) {
   int64_t deadline = time_ms() + o->timeout_ms;
   for (;;) {
     struct bs_msg** pp = &bs->qhead;
@@ -447,17 +465,8 @@ static ncclResult_t recv_locked(struct bootstrap* bs, int peer, uint32_t tag, vo
       if (m->rank != peer || m->tag != tag) continue;
       *pp = m->next;
       if (bs->qtail == m) bs->qtail = prev;
-      ncclResult_t res = ncclSuccess;
-      if (m->len != size)
-        res = err_set(ncclInternalError,
-                      "bootstrap: rank %d expected %zu bytes from rank %d (tag 0x%x) but received %u "
-                      "(ranks disagree on the message size)",
-                      bs->rank, size, peer, tag, m->len);
-      else if (size)
-        memcpy(data, m->data, size);
-      free(m->data);
-      free(m);
-      return res;
+      *out = m;
+      return ncclSuccess;
     }
     if (__atomic_load_n(&bs->failed[peer], __ATOMIC_RELAXED))
       return err_set(ncclRemoteError, "bootstrap: rank %d (%s) failed while rank %d waited for it (tag 0x%x)", peer,
@@ -478,6 +487,23 @@ static ncclResult_t recv_locked(struct bootstrap* bs, int peer, uint32_t tag, vo
     }
     NCCLCHECK(progress(bs, deadline - now, -1, o));
   }
+}
+
+static ncclResult_t recv_locked(struct bootstrap* bs, int peer, uint32_t tag, void* data, size_t size,
+                               struct wopt* o) {
+  struct bs_msg* m;
+  NCCLCHECK(recv_take(bs, peer, tag, &m, o));
+  ncclResult_t res = ncclSuccess;
+  if (m->len != size)
+    res = err_set(ncclInternalError,
+                  "bootstrap: rank %d expected %zu bytes from rank %d (tag 0x%x) but received %u "
+                  "(ranks disagree on the message size)",
+                  bs->rank, size, peer, tag, m->len);
+  else if (size)
+    memcpy(data, m->data, size);
+  free(m->data);
+  free(m);
+  return res;
 }
 
 static ncclResult_t check_peer(struct bootstrap* bs, int peer, const char* what) {
@@ -526,24 +552,128 @@ ncclResult_t bootstrap_recv_ctl(struct bootstrap* bs, int peer, uint32_t tag, vo
   return res;
 }
 
+/* Bruck allgather: ceil(log2 n) rounds; in the round of distance d a rank
+ * sends the min(d, n-d) blocks it holds (its own and those of the d-1 ranks
+ * after it) to rank - d and receives as many from rank + d. A ring would take
+ * n-1 rounds, each needing every process scheduled once: with many more
+ * processes than cores that is what made init quadratic. `tmp` holds the
+ * blocks rotated so that ours is first. */
 static ncclResult_t allgather_locked(struct bootstrap* bs, void* all, size_t size) {
   int n = bs->nranks, r = bs->rank;
-  int next = (r + 1) % n, prev = (r + n - 1) % n;
+  if (n == 1 || size == 0) return ncclSuccess;
   char* base = all;
+  char* tmp = malloc(size * (size_t)n);
+  if (!tmp) return err_set(ncclSystemError, "out of memory in bootstrap allgather (%d x %zu bytes)", n, size);
+  memcpy(tmp, base + (size_t)r * size, size);
   struct wopt o = WOPT_DEFAULT(bs);
-  /* Step s forwards the block that arrived at step s-1 (ours at s = 0). */
-  for (int s = 0; s < n - 1; s++) {
-    int send_block = (r - s + n) % n;
-    int recv_block = (r - s - 1 + 2 * n) % n;
-    NCCLCHECK(send_locked(bs, next, TAG_ALLGATHER, base + (size_t)send_block * size, size, &o));
-    NCCLCHECK(recv_locked(bs, prev, TAG_ALLGATHER, base + (size_t)recv_block * size, size, &o));
+  ncclResult_t res = ncclSuccess;
+  for (int k = 0, d = 1; d < n && res == ncclSuccess; k++, d <<= 1) {
+    size_t cnt = (size_t)COLLIE_MIN(d, n - d);
+    uint32_t tag = TAG_ALLGATHER | (uint32_t)k;
+    res = send_locked(bs, (r - d + n) % n, tag, tmp, cnt * size, &o);
+    if (res == ncclSuccess) res = recv_locked(bs, (r + d) % n, tag, tmp + (size_t)d * size, cnt * size, &o);
   }
-  return ncclSuccess;
+  if (res == ncclSuccess)
+    for (int i = 0; i < n; i++) memcpy(base + (size_t)((r + i) % n) * size, tmp + (size_t)i * size, size);
+  free(tmp);
+  return res;
 }
 
 ncclResult_t bootstrap_allgather(struct bootstrap* bs, void* all, size_t size) {
   pthread_mutex_lock(&bs->lock);
   ncclResult_t res = allgather_locked(bs, all, size);
+  pthread_mutex_unlock(&bs->lock);
+  return res;
+}
+
+/* Bruck as above with blocks of any size. What a rank holds is kept rotated
+ * (its own block first), each block behind a 4-byte length; a round sends
+ * the first cnt blocks as they are and appends what comes, after checking
+ * that it is exactly cnt well-formed blocks. */
+static ncclResult_t allgatherv_locked(struct bootstrap* bs, const void* mine, uint32_t len, uint8_t** out,
+                                      size_t* offs) {
+  int n = bs->nranks, r = bs->rank;
+  struct wopt o = WOPT_DEFAULT(bs);
+  ncclResult_t res = ncclSuccess;
+  size_t cap = 4 + (size_t)len, used = 0;
+  uint8_t *buf = malloc(cap), *all = NULL;
+  size_t* roff = malloc(sizeof(size_t) * ((size_t)n + 1)); /* roff[i]: where rotated block i starts */
+  if (!buf || !roff) {
+    res = err_set(ncclSystemError, "out of memory in bootstrap allgatherv (%d ranks)", n);
+    goto out;
+  }
+  memcpy(buf, &len, 4);
+  memcpy(buf + 4, mine, len);
+  used = 4 + (size_t)len;
+  roff[0] = 0;
+  roff[1] = used;
+  for (int k = 0, d = 1; d < n; k++, d <<= 1) {
+    int cnt = COLLIE_MIN(d, n - d);
+    uint32_t tag = TAG_ALLGATHERV | (uint32_t)k;
+    NCCLCHECKGOTO(send_locked(bs, (r - d + n) % n, tag, buf, roff[cnt], &o), res, out);
+    struct bs_msg* m;
+    NCCLCHECKGOTO(recv_take(bs, (r + d) % n, tag, &m, &o), res, out);
+    size_t at = 0;
+    int got = 0;
+    while (got < cnt && at + 4 <= m->len) {
+      uint32_t l;
+      memcpy(&l, m->data + at, 4);
+      if (l > m->len - at - 4) break;
+      at += 4 + (size_t)l;
+      roff[d + got + 1] = used + at;
+      got++;
+    }
+    if (got != cnt || at != m->len) {
+      res = err_set(ncclRemoteError, "bootstrap allgatherv: rank %d sent rank %d a malformed message (%u bytes, "
+                    "%d of %d blocks readable)", (r + d) % n, r, m->len, got, cnt);
+      free(m->data);
+      free(m);
+      goto out;
+    }
+    if (used + at > cap) {
+      size_t ncap = COLLIE_MAX(2 * cap, used + at);
+      uint8_t* nb = realloc(buf, ncap);
+      if (!nb) {
+        free(m->data);
+        free(m);
+        res = err_set(ncclSystemError, "out of memory in bootstrap allgatherv");
+        goto out;
+      }
+      buf = nb;
+      cap = ncap;
+    }
+    if (at) memcpy(buf + used, m->data, at);
+    used += at;
+    free(m->data);
+    free(m);
+  }
+  /* Unrotate, dropping the length prefixes: block i came from rank (r + i) % n. */
+  size_t total = used - 4 * (size_t)n;
+  all = malloc(total ? total : 1);
+  if (!all) {
+    res = err_set(ncclSystemError, "out of memory in bootstrap allgatherv");
+    goto out;
+  }
+  offs[0] = 0;
+  for (int q = 0; q < n; q++) {
+    int i = (q - r + n) % n;
+    size_t l = roff[i + 1] - roff[i] - 4;
+    memcpy(all + offs[q], buf + roff[i] + 4, l);
+    offs[q + 1] = offs[q] + l;
+  }
+  *out = all;
+  all = NULL;
+out:
+  free(all);
+  free(buf);
+  free(roff);
+  return res;
+}
+
+ncclResult_t bootstrap_allgatherv(struct bootstrap* bs, const void* mine, uint32_t len, uint8_t** out, size_t* offs) {
+  *out = NULL;
+  pthread_mutex_lock(&bs->lock);
+  ncclResult_t res = allgatherv_locked(bs, mine, len, out, offs);
   pthread_mutex_unlock(&bs->lock);
   return res;
 }
@@ -637,12 +767,15 @@ static ncclResult_t checkin_send(struct bootstrap* bs, const struct bootstrap_id
   return ncclSuccess;
 }
 
-/* Waits for the root's answer: the ring successor's address, or an error. */
+/* Waits for the root's answer: `want` addresses (the block's first rank: the
+ * next block's first rank, then its block's table; the others: the ring
+ * successor), or an error. */
 static ncclResult_t checkin_wait(struct bootstrap* bs, const struct bootstrap_id* id, int fd, int64_t deadline,
-                                 union sock_addr* succ) {
+                                 union sock_addr* reply, int want) {
   char a[SOCK_ADDR_STRLEN];
   uint8_t hdr[FRAME_HDR_BYTES];
   struct frame_hdr h;
+  uint32_t want_len = (uint32_t)(sizeof(*reply) * (size_t)want);
   int st = sock_recv_all(fd, hdr, sizeof(hdr), deadline, bs->abort_flag);
   if (st == SOCK_TIMEOUT)
     return err_set(ncclRemoteError,
@@ -654,24 +787,73 @@ static ncclResult_t checkin_wait(struct bootstrap* bs, const struct bootstrap_id
     return err_set(st == SOCK_ABORTED ? ncclSystemError : ncclRemoteError,
                    "bootstrap: rank %d lost the root at %s while waiting for the other ranks: %s", bs->rank,
                    sock_addr_str(&id->root, a, sizeof(a)), sock_status_str(st));
-  int v = frame_decode(hdr, sizeof(hdr), id->secret, 4096, 1, &h);
+  int v = frame_decode(hdr, sizeof(hdr), id->secret, COLLIE_MAX(4096u, want_len), 1, &h);
   if (v != FRAME_OK)
     return err_set(ncclRemoteError, "bootstrap: rank %d received a bad reply from the root: %s", bs->rank,
                    frame_verdict_str(v));
-  char buf[4097];
-  if (h.len && sock_recv_all(fd, buf, h.len, deadline, bs->abort_flag) != SOCK_OK)
-    return err_set(ncclRemoteError, "bootstrap: rank %d: truncated reply from the root", bs->rank);
-  buf[h.len] = '\0';
   if (h.type == FRAME_ROOT_ERROR) {
+    char buf[4097];
+    if (h.len > 4096 || (h.len && sock_recv_all(fd, buf, h.len, deadline, bs->abort_flag) != SOCK_OK))
+      return err_set(ncclRemoteError, "bootstrap: rank %d: truncated error from the root", bs->rank);
+    buf[h.len] = '\0';
     ncclResult_t code = h.tag == ncclInvalidUsage ? ncclInvalidUsage : ncclRemoteError;
     return err_set(code, "%s (seen by rank %d)", buf, bs->rank);
   }
-  if (h.type != FRAME_ROOT_REPLY || h.len != sizeof(*succ))
-    return err_set(ncclRemoteError, "bootstrap: rank %d: unexpected reply type %u from the root", bs->rank, h.type);
-  memcpy(succ, buf, sizeof(*succ));
-  if (!sock_addr_valid(succ))
-    return err_set(ncclRemoteError, "bootstrap: rank %d: the root sent an invalid successor address", bs->rank);
+  if (h.type != FRAME_ROOT_REPLY || h.len != want_len)
+    return err_set(ncclRemoteError, "bootstrap: rank %d: unexpected reply (type %u, %u bytes, expected %u) from the root",
+                   bs->rank, h.type, h.len, want_len);
+  if (sock_recv_all(fd, reply, want_len, deadline, bs->abort_flag) != SOCK_OK)
+    return err_set(ncclRemoteError, "bootstrap: rank %d: truncated reply from the root", bs->rank);
+  for (int i = 0; i < want; i++)
+    if (!sock_addr_valid(&reply[i]))
+      return err_set(ncclRemoteError, "bootstrap: rank %d: the root sent an invalid address (entry %d)", bs->rank, i);
   return ncclSuccess;
+}
+
+/* Every rank learns every rank's listening address. Each root gave its
+ * block's table to the block's first rank (the leader); with several roots
+ * the leaders pass the block tables around their ring (nroots-1 steps);
+ * then each leader sends the whole table down a binomial tree over its block.
+ * log2(block) sequential hops instead of the n-1 of a ring allgather; the
+ * root sends one table, not one per rank. `reply` is what checkin_wait
+ * returned to this rank. */
+static ncclResult_t spread_table(struct bootstrap* bs, int k, int nids, const union sock_addr* reply) {
+  int n = bs->nranks, r = bs->rank;
+  int first = block_first(k, n, nids), count = block_first(k + 1, n, nids) - first;
+  size_t a = sizeof(union sock_addr);
+  union sock_addr* tab = calloc((size_t)n, a);
+  if (!tab) return err_set(ncclSystemError, "out of memory in bootstrap (%d addresses)", n);
+  struct wopt o = WOPT_DEFAULT(bs);
+  ncclResult_t res = ncclSuccess;
+  int vr = r - first;
+  if (vr == 0) {
+    memcpy(&tab[first], &reply[1], a * (size_t)count);
+    if (nids > 1) {
+      int next_leader = block_first((k + 1) % nids, n, nids), prev_leader = block_first((k + nids - 1) % nids, n, nids);
+      bs->peers[next_leader].addr = reply[0];
+      for (int s = 0; s < nids - 1 && res == ncclSuccess; s++) {
+        int sb = (k - s + nids) % nids, rb = (k - s - 1 + nids) % nids;
+        int sf = block_first(sb, n, nids), sc = block_first(sb + 1, n, nids) - sf;
+        int rf = block_first(rb, n, nids), rc = block_first(rb + 1, n, nids) - rf;
+        res = send_locked(bs, next_leader, TAG_TABLE | (uint32_t)s, &tab[sf], a * (size_t)sc, &o);
+        if (res == ncclSuccess) res = recv_locked(bs, prev_leader, TAG_TABLE | (uint32_t)s, &tab[rf], a * (size_t)rc, &o);
+      }
+    }
+  } else {
+    /* The table comes from the parent: vr less its lowest set bit. */
+    int parent = first + (vr & (vr - 1));
+    res = recv_locked(bs, parent, TAG_TABLE | 0xffffffu, tab, a * (size_t)n, &o);
+  }
+  if (res == ncclSuccess) {
+    for (int i = 0; i < n; i++) bs->peers[i].addr = tab[i];
+    /* Children: vr + 2^j for every 2^j below vr's lowest set bit (all of them for the leader). */
+    int low = vr ? (vr & -vr) : 1;
+    while (!vr && low < count) low <<= 1;
+    for (int m = low >> 1; m > 0 && res == ncclSuccess; m >>= 1)
+      if (vr + m < count) res = send_locked(bs, first + vr + m, TAG_TABLE | 0xffffffu, tab, a * (size_t)n, &o);
+  }
+  free(tab);
+  return res;
 }
 
 ncclResult_t bootstrap_init(const ncclUniqueId* ids, int nids, int rank, int nranks, volatile uint32_t* abort_flag,
@@ -686,6 +868,7 @@ ncclResult_t bootstrap_init(const ncclUniqueId* ids, int nids, int rank, int nra
 
   ncclResult_t res = ncclSuccess;
   int root_fd = -1;
+  int64_t t0 = time_ns();
   struct bootstrap* bs = calloc(1, sizeof(*bs));
   if (!bs) return err_set(ncclSystemError, "out of memory in bootstrap");
   bs->rank = rank;
@@ -734,27 +917,26 @@ ncclResult_t bootstrap_init(const ncclUniqueId* ids, int nids, int rank, int nra
   }
   /* The root's own deadline runs from the first check-in; allow it time to
    * tell us who is missing before we give up on it. */
-  union sock_addr succ;
-  NCCLCHECKGOTO(checkin_wait(bs, &id, root_fd, time_ms() + bs->timeout_ms + 3000, &succ), res, fail);
-  close(root_fd);
-  root_fd = -1;
-  root_reap();
-
-  int next = (rank + 1) % nranks;
-  bs->peers[next].addr = succ;
-  struct peer_rec* recs = calloc((size_t)nranks, sizeof(*recs));
-  if (!recs) {
-    res = err_set(ncclSystemError, "out of memory in bootstrap");
-    goto fail;
+  {
+    int leader = rank == block_first(k, nranks, nids);
+    int want = leader ? 1 + block_first(k + 1, nranks, nids) - block_first(k, nranks, nids) : 1;
+    union sock_addr* reply = calloc((size_t)want, sizeof(*reply));
+    if (!reply) {
+      res = err_set(ncclSystemError, "out of memory in bootstrap");
+      goto fail;
+    }
+    res = checkin_wait(bs, &id, root_fd, time_ms() + bs->timeout_ms + 3000, reply, want);
+    close(root_fd);
+    root_fd = -1;
+    root_reap();
+    bs->phase_ms[0] = (time_ns() - t0) / 1e6;
+    if (res == ncclSuccess) res = spread_table(bs, k, nids, reply);
+    free(reply);
+    if (res != ncclSuccess) goto fail;
   }
-  recs[rank].addr = bs->listen_addr;
-  gethostname(recs[rank].host, sizeof(recs[rank].host) - 1);
-  pthread_mutex_lock(&bs->lock);
-  res = allgather_locked(bs, recs, sizeof(*recs));
-  pthread_mutex_unlock(&bs->lock);
-  if (res == ncclSuccess) memcpy(bs->peers, recs, sizeof(*recs) * (size_t)nranks);
-  free(recs);
-  if (res != ncclSuccess) goto fail;
+  bs->peers[rank].addr = bs->listen_addr;
+  gethostname(bs->peers[rank].host, sizeof(bs->peers[rank].host) - 1);
+  bs->phase_ms[1] = (time_ns() - t0) / 1e6 - bs->phase_ms[0];
   *out = bs;
   return ncclSuccess;
 fail:

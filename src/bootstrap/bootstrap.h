@@ -1,5 +1,6 @@
-/* Unique-ID bootstrap: the root (root.c) hands each rank the address of its
- * ring successor; ranks then talk over persistent, authenticated TCP
+/* Unique-ID bootstrap: the root (root.c) collects every rank's listening
+ * address and hands the table to one rank, which spreads it down a tree
+ * (bootstrap.c); ranks then talk over persistent, authenticated TCP
  * connections (one per ordered pair, opened on first use), which gives FIFO
  * order per (peer, tag). Used by init.c for peer-info exchange and by later
  * transports for connection setup. Calls on one bootstrap are serialised. */
@@ -37,6 +38,11 @@ struct bootstrap;
 /* ncclGetUniqueId: a fresh secret and nonce; starts a root thread on a local
  * interface unless NCCL_COMM_ID names the root address. */
 ncclResult_t bootstrap_create_id(ncclUniqueId* out);
+/* The same, never NCCL_COMM_ID's address: for a communicator made from
+ * another (split, shrink), whose ID travels over the parent's bootstrap.
+ * NCCL_COMM_ID names one address, so two children (two split colours) or a
+ * child made while the parent's root still listens would collide on it. */
+ncclResult_t bootstrap_create_fresh_id(ncclUniqueId* out);
 /* An ID for a root at `addr` (NCCL_COMM_ID mode). The secret comes from
  * COLLIE_BOOTSTRAP_SECRET, else from the job identity in the environment. */
 ncclResult_t bootstrap_id_from_addr(const union sock_addr* addr, ncclUniqueId* out);
@@ -57,8 +63,13 @@ uint64_t bootstrap_nonce(const struct bootstrap* bs);
 int bootstrap_listen_any(const struct bootstrap* bs);
 /* Where a peer listens (valid after init). */
 const union sock_addr* bootstrap_peer_addr(const struct bootstrap* bs, int peer);
-/* Host name a peer reported (for error messages). */
+/* Host name a peer reported (for error messages); "unknown host" until
+ * init.c records the names from its peer-info exchange. */
 const char* bootstrap_peer_host(const struct bootstrap* bs, int peer);
+void bootstrap_set_peer_host(struct bootstrap* bs, int peer, const char* host);
+/* How long bootstrap_init took: check-in until the root answered (includes
+ * waiting for the last rank to start), then spreading the address table. */
+void bootstrap_phase_ms(const struct bootstrap* bs, double* checkin_ms, double* table_ms);
 
 /* The failure detector (health.c) declared `peer` dead: waits for it end
  * with ncclRemoteError at once; the other peers stay reachable (shrink needs
@@ -84,8 +95,13 @@ ncclResult_t bootstrap_send_ctl(struct bootstrap* bs, int peer, uint32_t tag, co
                                 int64_t timeout_ms, int* timed_out);
 ncclResult_t bootstrap_recv_ctl(struct bootstrap* bs, int peer, uint32_t tag, void* data, size_t size,
                                 int64_t timeout_ms, int* timed_out);
-/* Ring allgather: `all` holds nranks blocks of `size` bytes; block `rank` is ours. */
+/* Allgather (Bruck, log2 n rounds): `all` holds nranks blocks of `size`
+ * bytes; block `rank` is ours. */
 ncclResult_t bootstrap_allgather(struct bootstrap* bs, void* all, size_t size);
+/* Allgather of blocks of any size (Bruck too): this rank gives `len` bytes;
+ * on success *out (free() it) holds every rank's block in rank order, block q
+ * at [offs[q], offs[q+1]); offs has nranks + 1 entries. */
+ncclResult_t bootstrap_allgatherv(struct bootstrap* bs, const void* mine, uint32_t len, uint8_t** out, size_t* offs);
 ncclResult_t bootstrap_barrier(struct bootstrap* bs);
 ncclResult_t bootstrap_bcast(struct bootstrap* bs, int root, void* data, size_t size);
 

@@ -1,8 +1,9 @@
 /* The bootstrap root: one thread per unique ID, started by ncclGetUniqueId
  * (or by rank 0 in NCCL_COMM_ID mode). It accepts check-ins from its block of
  * ranks concurrently (one poll loop, per-connection handshake deadlines, so a
- * stalled or hostile connection delays nobody), then tells each rank where its
- * ring successor listens, or tells every waiting rank which ranks never came. */
+ * stalled or hostile connection delays nobody), then hands its block's
+ * address table to the block's first rank and tells every other rank where
+ * its ring successor listens, or tells every waiting rank which ranks never came. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -177,13 +178,29 @@ static int root_service(struct root* r, struct conn_reader* c) {
   return ROOT_PENDING;
 }
 
+/* The block's first rank gets the whole block's address table (after the
+ * next block's first rank's address) and spreads it through the ranks
+ * (bootstrap.c); it goes first so the spreading starts at once. The others
+ * get their ring successor's address, which also says "everyone is here".
+ * One table, not one per rank: the root's work stays linear in the ranks. */
 static void root_finish_ok(struct root* r) {
   int64_t deadline = time_ms() + 5000;
-  for (int i = 0; i < r->count; i++) {
-    int rank = r->first + i;
+  size_t a = sizeof(union sock_addr);
+  union sock_addr* table = malloc(a * (size_t)(r->count + 1));
+  if (!table) {
+    const char* msg = "bootstrap root: out of memory for the address table";
+    WARN("%s", msg);
+    for (int i = 0; i < r->count; i++)
+      root_send(r, r->slots[i].fd, FRAME_ROOT_ERROR, ncclSystemError, msg, (uint32_t)strlen(msg) + 1, deadline);
+    return;
+  }
+  table[0] = r->next_addr;
+  for (int i = 0; i < r->count; i++) table[1 + i] = r->slots[i].addr;
+  root_send(r, r->slots[0].fd, FRAME_ROOT_REPLY, 0, table, (uint32_t)(a * (size_t)(r->count + 1)), deadline);
+  free(table);
+  for (int i = 1; i < r->count; i++) {
     const union sock_addr* succ = (i + 1 < r->count) ? &r->slots[i + 1].addr : &r->next_addr;
-    root_send(r, r->slots[i].fd, FRAME_ROOT_REPLY, 0, succ, sizeof(*succ), deadline);
-    (void)rank;
+    root_send(r, r->slots[i].fd, FRAME_ROOT_REPLY, 0, succ, (uint32_t)a, deadline);
   }
 }
 
