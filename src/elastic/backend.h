@@ -35,5 +35,8 @@ ncclResult_t etcd_open(struct etcd_store** out, const char* url, const char* sec
 ncclResult_t etcd_call(struct etcd_store* e, int type, const uint8_t* req, size_t len, uint8_t* rep, size_t cap,
                        size_t* rep_len);
 void etcd_close(struct etcd_store* e);
+/* Without registering (a launcher watching the job): whether the job failed
+ * (msg says why), its epoch and resets. */
+ncclResult_t etcd_peek(struct etcd_store* e, int* failed, char* msg, size_t n, uint32_t* epoch, uint32_t* resets);
 
 #endif

@@ -47,6 +47,11 @@ ncclResult_t etcd_call(struct etcd_store* e, int type, const uint8_t* req, size_
   (void)e, (void)type, (void)req, (void)len, (void)rep, (void)cap, (void)rep_len;
   return err_set(ncclInternalError, "elastic: etcd support is not built in");
 }
+ncclResult_t etcd_peek(struct etcd_store* e, int* failed, char* msg, size_t n, uint32_t* epoch, uint32_t* resets) {
+  (void)e, (void)msg, (void)n, (void)epoch, (void)resets;
+  *failed = 0;
+  return err_set(ncclInternalError, "elastic: etcd support is not built in");
+}
 void etcd_close(struct etcd_store* e) { (void)e; }
 
 #else
@@ -1116,6 +1121,22 @@ ncclResult_t etcd_call(struct etcd_store* e, int type, const uint8_t* req, size_
   if (res != ncclSuccess) return res;
   if (b.bad) return err_set(ncclInternalError, "elastic: etcd store reply too long");
   *rep_len = b.len;
+  return ncclSuccess;
+}
+
+/* For a launcher that does not hold the store (collie-run --store): the
+ * job's verdict and progress, from one scan. */
+ncclResult_t etcd_peek(struct etcd_store* e, int* failed, char* msg, size_t n, uint32_t* epoch, uint32_t* resets) {
+  struct snap s;
+  pthread_mutex_lock(&e->mu);
+  ncclResult_t res = scan(e, &s);
+  pthread_mutex_unlock(&e->mu);
+  if (res != ncclSuccess) return res;
+  *failed = (int)s.failed;
+  if (msg) snprintf(msg, n, "%s", s.fail_msg);
+  if (epoch) *epoch = s.epoch;
+  if (resets) *resets = s.resets;
+  snap_free(&s);
   return ncclSuccess;
 }
 

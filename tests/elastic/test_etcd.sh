@@ -10,6 +10,9 @@
 #          members, then worker d is started and joins; everyone ends with
 #          the state of a run without failures (the embedded store's
 #          one-worker run gives that hash)
+#   run    collie-run --elastic --store etcd://...: the launcher serves no
+#          store; slot 1's worker dies at step 8 and etcd member 0 is killed;
+#          collie-run restarts the slot, the new worker joins through etcd
 #   lost   workers a, b train; every etcd member is killed: each worker fails
 #          with an error naming etcd within a bounded time, none hangs
 set -u
@@ -137,6 +140,26 @@ train)
   [ "$(grep -c "epoch 3, rank .* of 3" "$tmp/all")" -eq 2 ] || fail "the survivors did not form epoch 3 with worker d"
   expect_final "$tmp/all" 3 "$base"
   grep -h "worker" "$tmp"/out.[acd]
+  ;;
+run)
+  # collie-run --elastic --store: no store in the launcher; it restarts the
+  # killed slot, whose new worker joins through etcd (one member down).
+  base=$(env -u COLLIE_RENDEZVOUS ELASTIC_STEP_MS=0 timeout 200 "$run" --elastic --min 1 --max 1 -n 1 "${worker[@]}" \
+         2>/dev/null | grep -o "hash=[0-9a-f]*" | sed 's/hash=//')
+  [ -n "$base" ] || fail "the one-worker run without failures gave no hash"
+  export COLLIE_ETCD_TIMEOUT=30
+  ELASTIC_KILL_SLOT=1 ELASTIC_KILL_STEP=8 ELASTIC_WAIT_SIZE=3 timeout 200 "$run" --elastic --store "$COLLIE_RENDEZVOUS" \
+    --min 2 --max 3 -n 3 --heartbeat-timeout 3 --tag-output "${worker[@]}" >"$tmp/out.run" 2>&1 &
+  pids+=($!)
+  wait_for "killed by signal 9" "$tmp/out.run" 120 || fail "the worker of slot 1 did not die"
+  kill -9 "${etcd_pids[0]}"
+  wait "${etcd_pids[0]}" 2>/dev/null
+  wait "${pids[0]}" || fail "collie-run failed"
+  grep -q "slot 1 .*killed by signal 9.*restarting the slot" "$tmp/out.run" || fail "collie-run did not restart slot 1"
+  grep -q "lost a peer at step" "$tmp/out.run" || fail "no survivor saw the lost peer"
+  grep -q "elastic job ended after [2-9] epoch" "$tmp/out.run" || fail "collie-run did not read the epochs from etcd"
+  expect_final "$tmp/out.run" 3 "$base"
+  grep "worker\|collie-run" "$tmp/out.run"
   ;;
 lost)
   export COLLIE_ELASTIC_MIN=2 COLLIE_ELASTIC_MAX=2 COLLIE_ELASTIC_EXPECT=2 COLLIE_ETCD_TIMEOUT=5

@@ -75,6 +75,10 @@ static void usage_long(void) {
       "from the store, epoch by epoch. A worker that fails is restarted in its\n"
       "slot (a new worker that joins the running job) until the slot has failed\n"
       "--slot-failures times. Once a worker exits with 0 nothing is restarted.\n"
+      "  --store URL          keep the job's state in an etcd cluster,\n"
+      "                       etcd://[user:password@]host:port[,host:port...][/job]\n"
+      "                       (etcds:// for TLS), instead of serving a store here;\n"
+      "                       workers on other machines can join it (docs/ELASTIC.md)\n"
       "The job ends when every worker has exited: status 0 if one of them\n"
       "exited with 0 and the store did not fail the job, else 1.\n"
       "\n"
@@ -158,6 +162,7 @@ enum {
 };
 
 /* Defaults, before the environment and the command line. */
+  OPT_STORE,
 static void set_defaults(struct options* o) {
   memset(o, 0, sizeof(*o));
   o->reset_limit = -1;
@@ -221,6 +226,11 @@ static void parse_option(int c, char* arg, const char* spelled, struct options* 
     case OPT_VERSION: printf("collie-run (collie) %s\n", COLLIE_VERSION); exit(0);
     case ':': usage_error("option '%s' needs a value", spelled);
     default:
+    case OPT_STORE:
+      if (strncmp(arg, "etcd://", 7) != 0 && strncmp(arg, "etcds://", 8) != 0)
+        usage_error("--store needs an etcd://host:port[,host:port...] URL, got '%s'", arg);
+      o->store_url = arg;
+      break;
       /* optopt is 0 for an unknown long option; the short one may sit
        * inside a cluster such as -tq, so name just the letter. */
       if (optopt != 0) usage_error("unknown option '-%c'", optopt);
@@ -236,8 +246,8 @@ static void check_options(struct options* o) {
     if (o->nranks == 0) o->nranks = o->max;
     if (o->nranks < o->min || o->nranks > o->max)
       usage_error("-n %d must lie between --min %d and --max %d", o->nranks, o->min, o->max);
-  } else if (o->min || o->max) {
-    usage_error("--min and --max need --elastic");
+  } else if (o->min || o->max || o->store_url) {
+    usage_error("--min, --max and --store need --elastic");
   }
   if (o->nranks == 0) usage_error("-n N is required");
 }
@@ -272,6 +282,7 @@ void parse_args(int argc, char** argv, struct options* o) {
     if (c == -1) break;
     parse_option(c, optarg, argv[optind - 1], o);
   }
+      {"store", required_argument, NULL, OPT_STORE},
   check_options(o);
   if (optind >= argc) usage_error("no program given");
   o->prog_argv = &argv[optind];

@@ -49,6 +49,7 @@ struct options {
   long hb_timeout_s;
 };
 
+  const char* store_url; /* --store: etcd:// URL of the store; NULL: serve one */
 /* One rank's stdout or stderr under --tag-output. */
 struct stream {
   int fd;   /* read end of the pipe; -1 once closed */
