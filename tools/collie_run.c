@@ -212,6 +212,7 @@ int main(int argc, char** argv) {
 
   job.o = &o;
   job.saved = &saved;
+  if (place_init(&job) != 0) return EXIT_FAILED;
   if (o.elastic && elastic_start(&job) != 0) return EXIT_FAILED;
 
   if (o.timeout_s > 0) job.timeout_at_ms = now_ms() + o.timeout_s * 1000;
@@ -231,6 +232,7 @@ int main(int argc, char** argv) {
   free(job.running);
   free(job.pgid);
   free(o.extra_env);
+  place_free(&job);
   close(job.sfd);
   return job.exit_code;
 }

@@ -51,6 +51,13 @@ static void usage_long(void) {
       "                       stderr with \"[RANK] \"\n"
       "  --timeout SECONDS    stop the job if it runs longer than this\n"
       "  -x VAR=VALUE         set VAR for every rank (may be repeated)\n"
+      "  --bind-to WHAT       bind each rank to one core, one hwthread, its\n"
+      "                       NUMA node, or none. Default: each rank an equal,\n"
+      "                       disjoint share of the cores collie-run may use,\n"
+      "                       inside one NUMA node when possible (no binding\n"
+      "                       when there are more ranks than cores); none also\n"
+      "                       sets COLLIE_BIND=none unless it is set already\n"
+      "  --report-bindings    print each rank's CPUs on stderr\n"
       "  -h, --help           show this help and exit\n"
       "  --version            show the version and exit\n"
       "\n"
@@ -68,6 +75,10 @@ static void usage_long(void) {
       "                       then goes on with those present (>= --min) or fails\n"
       "                       (default 60)\n"
       "  --heartbeat-timeout S   a worker silent this long is dead (default 10)\n"
+      "  --store URL          keep the job's state in an etcd cluster,\n"
+      "                       etcd://[user:password@]host:port[,host:port...][/job]\n"
+      "                       (etcds:// for TLS), instead of serving a store here;\n"
+      "                       workers on other machines can join it (docs/ELASTIC.md)\n"
       "\n"
       "With --elastic each worker gets COLLIE_RENDEZVOUS (the store's address),\n"
       "COLLIE_RENDEZVOUS_SECRET, COLLIE_ELASTIC_SLOT (0..N-1) and\n"
@@ -75,10 +86,6 @@ static void usage_long(void) {
       "from the store, epoch by epoch. A worker that fails is restarted in its\n"
       "slot (a new worker that joins the running job) until the slot has failed\n"
       "--slot-failures times. Once a worker exits with 0 nothing is restarted.\n"
-      "  --store URL          keep the job's state in an etcd cluster,\n"
-      "                       etcd://[user:password@]host:port[,host:port...][/job]\n"
-      "                       (etcds:// for TLS), instead of serving a store here;\n"
-      "                       workers on other machines can join it (docs/ELASTIC.md)\n"
       "The job ends when every worker has exited: status 0 if one of them\n"
       "exited with 0 and the store did not fail the job, else 1.\n"
       "\n"
@@ -155,20 +162,23 @@ enum {
   OPT_ELASTIC,
   OPT_MIN,
   OPT_MAX,
+  OPT_STORE,
   OPT_RESET_LIMIT,
   OPT_SLOT_FAILURES,
   OPT_RDZV_TIMEOUT,
-  OPT_HB_TIMEOUT
+  OPT_HB_TIMEOUT,
+  OPT_BIND_TO,
+  OPT_REPORT_BINDINGS,
 };
 
 /* Defaults, before the environment and the command line. */
-  OPT_STORE,
 static void set_defaults(struct options* o) {
   memset(o, 0, sizeof(*o));
   o->reset_limit = -1;
   o->slot_failures = 3;
   o->rdzv_timeout_s = 60;
   o->hb_timeout_s = 10;
+  o->bind = BIND_SHARE;
   const char* rl = getenv("COLLIE_ELASTIC_RESET_LIMIT");
   long v;
   if (rl != NULL && rl[0] != '\0') {
@@ -216,21 +226,27 @@ static void parse_option(int c, char* arg, const char* spelled, struct options* 
       if (!parse_count(arg, 0, 1000000, &v)) usage_error("--slot-failures needs a whole number, got '%s'", arg);
       o->slot_failures = (int)v;
       break;
+    case OPT_STORE:
+      if (strncmp(arg, "etcd://", 7) != 0 && strncmp(arg, "etcds://", 8) != 0)
+        usage_error("--store needs an etcd://host:port[,host:port...] URL, got '%s'", arg);
+      o->store_url = arg;
+      break;
     case OPT_RDZV_TIMEOUT:
     case OPT_HB_TIMEOUT:
       if (!parse_count(arg, 1, 7L * 24 * 3600, &v))
         usage_error("%s needs a whole number of seconds >= 1, got '%s'", spelled, arg);
       *(c == OPT_RDZV_TIMEOUT ? &o->rdzv_timeout_s : &o->hb_timeout_s) = v;
       break;
+    case OPT_BIND_TO:
+      if (bind_mode_parse(arg, &o->bind) != 0 || o->bind == BIND_SHARE)
+        usage_error("--bind-to needs core, hwthread, numa or none, got '%s'", arg);
+      o->bind_given = true;
+      break;
+    case OPT_REPORT_BINDINGS: o->report_bindings = true; break;
     case 'h': usage_long(); exit(0);
     case OPT_VERSION: printf("collie-run (collie) %s\n", COLLIE_VERSION); exit(0);
     case ':': usage_error("option '%s' needs a value", spelled);
     default:
-    case OPT_STORE:
-      if (strncmp(arg, "etcd://", 7) != 0 && strncmp(arg, "etcds://", 8) != 0)
-        usage_error("--store needs an etcd://host:port[,host:port...] URL, got '%s'", arg);
-      o->store_url = arg;
-      break;
       /* optopt is 0 for an unknown long option; the short one may sit
        * inside a cluster such as -tq, so name just the letter. */
       if (optopt != 0) usage_error("unknown option '-%c'", optopt);
@@ -266,6 +282,9 @@ void parse_args(int argc, char** argv, struct options* o) {
       {"slot-failures", required_argument, NULL, OPT_SLOT_FAILURES},
       {"rendezvous-timeout", required_argument, NULL, OPT_RDZV_TIMEOUT},
       {"heartbeat-timeout", required_argument, NULL, OPT_HB_TIMEOUT},
+      {"store", required_argument, NULL, OPT_STORE},
+      {"bind-to", required_argument, NULL, OPT_BIND_TO},
+      {"report-bindings", no_argument, NULL, OPT_REPORT_BINDINGS},
       {NULL, 0, NULL, 0},
   };
 
@@ -282,7 +301,6 @@ void parse_args(int argc, char** argv, struct options* o) {
     if (c == -1) break;
     parse_option(c, optarg, argv[optind - 1], o);
   }
-      {"store", required_argument, NULL, OPT_STORE},
   check_options(o);
   if (optind >= argc) usage_error("no program given");
   o->prog_argv = &argv[optind];

@@ -1,7 +1,7 @@
 /* collie-run's shared declarations: the options, the job being supervised and
  * what each part of the launcher offers the others. collie_run.c (main, job
  * environment), args.c, output.c (--tag-output), supervise.c (children,
- * signals, exit codes), elastic_serve.c (--elastic) and bind.c (placement). */
+ * signals, exit codes), elastic_serve.c (--elastic) and place.c (--bind-to). */
 #ifndef COLLIE_RUN_H
 #define COLLIE_RUN_H
 
@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <sys/resource.h>
 #include <sys/types.h>
+
+#include "graph/bind.h"
 
 #ifndef COLLIE_VERSION
 #define COLLIE_VERSION "0.1.0"
@@ -47,9 +49,13 @@ struct options {
   int slot_failures; /* a slot failing this often is not restarted (0: never excluded) */
   long rdzv_timeout_s;
   long hb_timeout_s;
+  const char* store_url; /* --store: etcd:// URL of the store; NULL: serve one */
+  /* placement */
+  enum bind_mode bind; /* BIND_SHARE unless --bind-to says otherwise */
+  bool bind_given;     /* --bind-to was on the command line */
+  bool report_bindings;
 };
 
-  const char* store_url; /* --store: etcd:// URL of the store; NULL: serve one */
 /* One rank's stdout or stderr under --tag-output. */
 struct stream {
   int fd;   /* read end of the pipe; -1 once closed */
@@ -96,6 +102,10 @@ struct job {
   bool store_failed;
   int clean_exits;
   int64_t fail_stop_at_ms; /* the store failed the job: stop what is left then */
+  /* placement (place.c) */
+  cpu_set_t* cpus;       /* per rank; NULL: nobody is bound */
+  int* cpu_node;         /* per rank: NUMA node of its CPUs */
+  char unbound_why[160]; /* why cpus is NULL, for --report-bindings */
   const struct options* o;
   const struct saved_state* saved;
 };
@@ -119,6 +129,12 @@ int launch_one(struct job* job, int rank);
 void launch(struct job* job);
 void supervise(struct job* job);
 void stop_job(struct job* job, int sig, int exit_code);
+
+/* place.c: plans every rank's CPUs before the first fork; 0, or -1 after a
+ * message when an explicit --bind-to cannot be honoured. */
+int place_init(struct job* job);
+void place_report(const struct job* job, int rank, pid_t pid);
+void place_free(struct job* job);
 
 /* elastic_serve.c (--elastic) */
 int elastic_start(struct job* job);

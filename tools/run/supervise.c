@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,8 +182,8 @@ void supervise(struct job* job) {
   }
 }
 
-static void run_child(const struct options* o, const struct saved_state* saved, int rank, int restarts, int out_fd,
-                      int err_fd) {
+static void run_child(const struct options* o, const struct saved_state* saved, const cpu_set_t* cpus, int rank,
+                      int restarts, int out_fd, int err_fd) {
   char buf[16];
 
   /* See signal_groups for why each rank leads its own group. Both parent
@@ -220,6 +221,14 @@ static void run_child(const struct options* o, const struct saved_state* saved, 
     _exit(EXIT_FAILED);
   }
 
+  /* Set here, before exec, the mask covers the whole program: it is still
+   * the only thread, and every thread it starts inherits the mask. */
+  if (cpus != NULL && sched_setaffinity(0, sizeof(*cpus), cpus) != 0) {
+    char list[128];
+    bind_cpulist(cpus, list, sizeof(list));
+    dprintf(2, "collie-run: rank %d: cannot bind to CPUs %s: %s\n", rank, list, strerror(errno));
+    _exit(EXIT_FAILED);
+  }
   sigaction(SIGPIPE, &saved->pipe_action, NULL);
   if (saved->nofile_changed) setrlimit(RLIMIT_NOFILE, &saved->nofile);
   sigprocmask(SIG_SETMASK, &saved->mask, NULL);
@@ -286,7 +295,9 @@ int launch_one(struct job* job, int rank) {
   }
 
   pid_t pid = fork();
-  if (pid == 0) run_child(job->o, job->saved, rank, job->restarts ? job->restarts[rank] : 0, out_w, err_w);
+  if (pid == 0)
+    run_child(job->o, job->saved, job->cpus ? &job->cpus[rank] : NULL, rank, job->restarts ? job->restarts[rank] : 0,
+              out_w, err_w);
   int fork_errno = errno;
   if (out_w >= 0) {
     close(out_w);
@@ -302,6 +313,7 @@ int launch_one(struct job* job, int rank) {
   job->running[rank] = true;
   job->running_count++;
   if (job->launched < rank + 1) job->launched = rank + 1;
+  if (job->o->report_bindings) place_report(job, rank, pid);
   return 0;
 }
 

@@ -1,0 +1,485 @@
+/* Placement of a host's ranks on its CPUs; see bind.h. The plan is a pure
+ * function of the topology, the local rank and the local size, so collie-run
+ * (tools/run/supervise.c) and every rank of a communicator (bind_comm, called
+ * from init.c) arrive at the same disjoint sets without talking to each other. */
+#include "bind.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "../comm.h"
+#include "../core.h"
+
+#ifdef COLLIE_HAVE_HWLOC
+#include <hwloc.h>
+#include <hwloc/glibc-sched.h>
+#endif
+
+static const char* const mode_names[] = {
+    [BIND_NONE] = "none",         [BIND_SHARE] = "share", [BIND_CORE] = "core",
+    [BIND_HWTHREAD] = "hwthread", [BIND_NUMA] = "numa",
+};
+
+int bind_mode_parse(const char* s, enum bind_mode* out) {
+  for (size_t i = 0; i < sizeof(mode_names) / sizeof(mode_names[0]); i++) {
+    if (s != NULL && strcmp(s, mode_names[i]) == 0) {
+      *out = (enum bind_mode)i;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+const char* bind_mode_name(enum bind_mode m) {
+  return (size_t)m < sizeof(mode_names) / sizeof(mode_names[0]) ? mode_names[m] : "?";
+}
+
+/* ---- CPU lists ------------------------------------------------------------ */
+
+void bind_cpulist(const cpu_set_t* set, char* out, size_t n) {
+  size_t o = 0;
+  if (n == 0) return;
+  out[0] = '\0';
+  for (int c = 0; c < CPU_SETSIZE && o < n; c++) {
+    if (!CPU_ISSET(c, set)) continue;
+    int e = c;
+    while (e + 1 < CPU_SETSIZE && CPU_ISSET(e + 1, set)) e++;
+    int w = e > c ? snprintf(out + o, n - o, "%s%d-%d", o ? "," : "", c, e)
+                  : snprintf(out + o, n - o, "%s%d", o ? "," : "", c);
+    if (w < 0) break;
+    o += (size_t)w;
+    c = e;
+  }
+  if (o >= n && n > 4) snprintf(out + n - 4, 4, "...");
+}
+
+static int parse_cpu(const char** p) {
+  if (**p < '0' || **p > '9') return -1;
+  long v = 0;
+  while (**p >= '0' && **p <= '9') {
+    v = v * 10 + (**p - '0');
+    if (v >= CPU_SETSIZE) return -1;
+    (*p)++;
+  }
+  return (int)v;
+}
+
+int bind_cpulist_parse(const char* s, cpu_set_t* out) {
+  CPU_ZERO(out);
+  if (s == NULL) return -1;
+  const char* p = s;
+  while (*p != '\0' && *p != '\n') {
+    int a = parse_cpu(&p), b = a;
+    if (a < 0) return -1;
+    if (*p == '-') {
+      p++;
+      b = parse_cpu(&p);
+      if (b < a) return -1;
+    }
+    for (int c = a; c <= b; c++) CPU_SET(c, out);
+    if (*p == ',') {
+      p++;
+      if (*p == '\0' || *p == '\n') return -1;
+    } else if (*p != '\0' && *p != '\n') {
+      return -1;
+    }
+  }
+  return p == s ? -1 : 0;
+}
+
+/* ---- topology ------------------------------------------------------------- */
+
+void bind_topo_free(struct bind_topo* t) {
+  free(t->cores);
+  free(t->pus);
+  memset(t, 0, sizeof(*t));
+}
+
+/* Stable order node by node: a rank's share of consecutive units then lies in
+ * one node whenever the numbers allow. */
+static void sort_by_node(struct bind_unit* u, int n) {
+  for (int i = 1; i < n; i++) {
+    struct bind_unit x = u[i];
+    int j = i - 1;
+    while (j >= 0 && u[j].node > x.node) {
+      u[j + 1] = u[j];
+      j--;
+    }
+    u[j + 1] = x;
+  }
+}
+
+#ifndef COLLIE_HAVE_HWLOC
+/* Without hwloc: every CPU the system has online (else 0..nprocs-1). */
+static void online_cpus(cpu_set_t* set) {
+  char buf[4096];
+  FILE* f = fopen("/sys/devices/system/cpu/online", "r");
+  int ok = 0;
+  if (f != NULL) {
+    ok = fgets(buf, sizeof(buf), f) != NULL && bind_cpulist_parse(buf, set) == 0;
+    fclose(f);
+  }
+  if (!ok) {
+    CPU_ZERO(set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    for (long c = 0; c < n && c < CPU_SETSIZE; c++) CPU_SET((int)c, set);
+  }
+}
+#endif
+
+#ifdef COLLIE_HAVE_HWLOC
+static ncclResult_t topo_from_hwloc(const cpu_set_t* allowed, struct bind_topo* t) {
+  hwloc_topology_t topo;
+  hwloc_bitmap_t mask = NULL, x = NULL;
+  ncclResult_t res = ncclSystemError;
+  if (hwloc_topology_init(&topo) != 0) return err_set(ncclSystemError, "hwloc_topology_init failed");
+  /* Only what placement needs: keeps the load fast when many ranks start. */
+  hwloc_topology_set_all_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_NONE);
+  hwloc_topology_set_type_filter(topo, HWLOC_OBJ_CORE, HWLOC_TYPE_FILTER_KEEP_ALL);
+  hwloc_topology_set_type_filter(topo, HWLOC_OBJ_PU, HWLOC_TYPE_FILTER_KEEP_ALL);
+  hwloc_topology_set_type_filter(topo, HWLOC_OBJ_NUMANODE, HWLOC_TYPE_FILTER_KEEP_ALL);
+  if (hwloc_topology_load(topo) != 0) {
+    hwloc_topology_destroy(topo);
+    return err_set(ncclSystemError, "hwloc_topology_load failed");
+  }
+  mask = hwloc_bitmap_alloc();
+  x = hwloc_bitmap_alloc();
+  if (mask == NULL || x == NULL) {
+    res = err_set(ncclSystemError, "out of memory loading the topology");
+    goto out;
+  }
+  /* The allowed set is what the cgroup grants (hwloc leaves disallowed CPUs
+   * out by default), i.e. the most any process here can be given. */
+  hwloc_cpuset_to_glibc_sched_affinity(topo, hwloc_topology_get_allowed_cpuset(topo), &t->machine, sizeof(t->machine));
+  hwloc_cpuset_from_glibc_sched_affinity(topo, mask, allowed, sizeof(*allowed));
+
+  int ncore = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE);
+  hwloc_obj_type_t core_type = ncore > 0 ? HWLOC_OBJ_CORE : HWLOC_OBJ_PU;
+  if (ncore <= 0) ncore = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PU);
+  int npu = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PU);
+  int nnode = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE);
+  t->cores = calloc((size_t)(ncore > 0 ? ncore : 1), sizeof(*t->cores));
+  t->pus = calloc((size_t)(npu > 0 ? npu : 1), sizeof(*t->pus));
+  if (t->cores == NULL || t->pus == NULL) {
+    res = err_set(ncclSystemError, "out of memory loading the topology");
+    goto out;
+  }
+  for (int i = 0; i < ncore; i++) {
+    hwloc_obj_t c = hwloc_get_obj_by_type(topo, core_type, (unsigned)i);
+    hwloc_bitmap_and(x, c->cpuset, mask);
+    if (hwloc_bitmap_iszero(x)) continue;
+    int node = 0;
+    for (int k = 0; k < nnode; k++) {
+      hwloc_obj_t nd = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, (unsigned)k);
+      if (hwloc_bitmap_intersects(nd->cpuset, c->cpuset)) {
+        node = k;
+        break;
+      }
+    }
+    struct bind_unit* u = &t->cores[t->ncores++];
+    u->node = node;
+    hwloc_cpuset_to_glibc_sched_affinity(topo, x, &u->cpus, sizeof(u->cpus));
+    /* Its hardware threads, in order, as the units of hwthread plans. */
+    for (int pu = hwloc_bitmap_first(x); pu >= 0; pu = hwloc_bitmap_next(x, pu)) {
+      if (t->npus >= npu || pu >= CPU_SETSIZE) break;
+      struct bind_unit* p = &t->pus[t->npus++];
+      p->node = node;
+      CPU_ZERO(&p->cpus);
+      CPU_SET(pu, &p->cpus);
+    }
+  }
+  t->nnodes = nnode > 0 ? nnode : 1;
+  res = ncclSuccess;
+out:
+  hwloc_bitmap_free(mask);
+  hwloc_bitmap_free(x);
+  hwloc_topology_destroy(topo);
+  return res;
+}
+#endif
+
+ncclResult_t bind_topo_load(const cpu_set_t* allowed, struct bind_topo* t) {
+  memset(t, 0, sizeof(*t));
+  t->allowed = *allowed;
+#ifdef COLLIE_HAVE_HWLOC
+  ncclResult_t r = topo_from_hwloc(allowed, t);
+  if (r != ncclSuccess) bind_topo_free(t);
+  else {
+    sort_by_node(t->cores, t->ncores);
+    sort_by_node(t->pus, t->npus);
+  }
+  return r;
+#else
+  /* No hwloc: each allowed CPU is a core of one node (hyperthreads and NUMA
+   * unknown), which still gives disjoint sets. */
+  online_cpus(&t->machine);
+  int n = CPU_COUNT(allowed);
+  t->cores = calloc((size_t)(n > 0 ? n : 1), sizeof(*t->cores));
+  t->pus = calloc((size_t)(n > 0 ? n : 1), sizeof(*t->pus));
+  if (t->cores == NULL || t->pus == NULL) {
+    bind_topo_free(t);
+    return err_set(ncclSystemError, "out of memory loading the topology");
+  }
+  for (int c = 0; c < CPU_SETSIZE; c++) {
+    if (!CPU_ISSET(c, allowed)) continue;
+    struct bind_unit* u = &t->cores[t->ncores++];
+    CPU_ZERO(&u->cpus);
+    CPU_SET(c, &u->cpus);
+    t->pus[t->npus++] = *u;
+  }
+  t->nnodes = 1;
+  return ncclSuccess;
+#endif
+}
+
+/* ---- the plan ------------------------------------------------------------- */
+
+/* Spreads n ranks over the nodes in proportion to their weights (units),
+ * never more than cap[i] on node i (cap NULL: no limit). Each rank goes where
+ * the ranks-per-unit ratio stays lowest; ties to the lower node. */
+static int spread(const int* weight, const int* cap, int nnodes, int n, int* count) {
+  memset(count, 0, sizeof(int) * (size_t)nnodes);
+  for (int k = 0; k < n; k++) {
+    int best = -1;
+    for (int i = 0; i < nnodes; i++) {
+      if (weight[i] == 0 || (cap != NULL && count[i] >= cap[i])) continue;
+      if (best < 0 || (long)(count[i] + 1) * weight[best] < (long)(count[best] + 1) * weight[i]) best = i;
+    }
+    if (best < 0) return -1;
+    count[best]++;
+  }
+  return 0;
+}
+
+int bind_plan(const struct bind_topo* t, enum bind_mode mode, int local_rank, int local_size, cpu_set_t* out, int* node,
+              char* why, size_t why_len) {
+  const struct bind_unit* u = mode == BIND_HWTHREAD ? t->pus : t->cores;
+  int n = mode == BIND_HWTHREAD ? t->npus : t->ncores;
+  int nn = t->nnodes > 0 ? t->nnodes : 1;
+  int rc = 1;
+  CPU_ZERO(out);
+  *node = -1;
+  if (mode == BIND_NONE) {
+    snprintf(why, why_len, "--bind-to none");
+    return 1;
+  }
+  if (local_size < 1 || local_rank < 0 || local_rank >= local_size || n == 0) {
+    snprintf(why, why_len, "no CPU to place local rank %d of %d on", local_rank, local_size);
+    return 1;
+  }
+  if (mode != BIND_NUMA && n < local_size) {
+    snprintf(why, why_len, "%d local ranks but %d %s", local_size, n,
+             mode == BIND_HWTHREAD ? "hardware threads" : "cores");
+    return 1;
+  }
+  int* first = calloc((size_t)nn, sizeof(int));
+  int* cnt = calloc((size_t)nn, sizeof(int));
+  int* cap = calloc((size_t)nn, sizeof(int));
+  int* count = calloc((size_t)nn, sizeof(int));
+  if (!first || !cnt || !cap || !count) {
+    snprintf(why, why_len, "out of memory");
+    goto out;
+  }
+  for (int i = n - 1; i >= 0; i--) {
+    int k = u[i].node >= 0 && u[i].node < nn ? u[i].node : 0;
+    cnt[k]++;
+    first[k] = i; /* units are sorted by node: the lowest index is its first */
+  }
+  /* The share: as many units as an equal split allows, shrunk until whole
+   * shares fit inside the nodes (3 ranks on 2 nodes of 8 cores get 4 cores
+   * each, one node apiece, rather than 5 with one share across both). */
+  int s = mode == BIND_NUMA ? 1 : n / local_size;
+  for (;; s--) {
+    int fit = 0;
+    for (int i = 0; i < nn; i++) fit += cnt[i] / s;
+    if (fit >= local_size || s == 1) break;
+  }
+  for (int i = 0; i < nn; i++) cap[i] = cnt[i] / s;
+  if (spread(cnt, mode == BIND_NUMA ? NULL : cap, nn, local_size, count) != 0) {
+    snprintf(why, why_len, "cannot spread %d local ranks over %d units", local_size, n);
+    goto out;
+  }
+  /* Ranks fill the nodes in order, so neighbouring ranks share a node. */
+  int nd = 0, k = local_rank;
+  while (k >= count[nd]) k -= count[nd++];
+  *node = nd;
+  if (mode == BIND_NUMA) {
+    for (int i = 0; i < cnt[nd]; i++) CPU_OR(out, out, &u[first[nd] + i].cpus);
+  } else {
+    int take = mode == BIND_SHARE ? s : 1;
+    for (int i = 0; i < take; i++) CPU_OR(out, out, &u[first[nd] + k * s + i].cpus);
+  }
+  rc = 0;
+out:
+  free(first);
+  free(cnt);
+  free(cap);
+  free(count);
+  return rc;
+}
+
+/* ---- applying ------------------------------------------------------------- */
+
+/* sched_setaffinity(pid) changes one thread (the one whose id is pid), so the
+ * whole process means every entry of /proc/self/task. A thread started while
+ * we walk inherits its creator's old mask; another pass catches it. */
+int bind_apply(const cpu_set_t* from, const cpu_set_t* set) {
+  int bound = 0;
+  for (int pass = 0; pass < 8; pass++) {
+    DIR* d = opendir("/proc/self/task");
+    if (d == NULL) return -1;
+    int changed = 0;
+    bound = 0;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+      if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+      pid_t tid = (pid_t)atoi(e->d_name);
+      cpu_set_t cur;
+      if (sched_getaffinity(tid, sizeof(cur), &cur) != 0) continue; /* it exited */
+      if (CPU_EQUAL(&cur, set)) {
+        bound++;
+        continue;
+      }
+      if (!CPU_EQUAL(&cur, from)) continue; /* pinned by someone on purpose */
+      if (sched_setaffinity(tid, sizeof(*set), set) != 0) {
+        if (errno == ESRCH) continue;
+        int err = errno;
+        closedir(d);
+        errno = err;
+        return -1;
+      }
+      changed++;
+      bound++;
+    }
+    closedir(d);
+    if (changed == 0) break;
+  }
+  return bound;
+}
+
+/* ---- the library's policy ------------------------------------------------- */
+
+/* The most threads the compute libraries were told to use; 0 when none was. */
+static int wanted_threads(void) {
+  static const char* const vars[] = {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"};
+  int most = 0;
+  for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+    const char* v = getenv(vars[i]);
+    if (v == NULL || v[0] == '\0') continue;
+    int n = atoi(v); /* OMP_NUM_THREADS may be a list ("4,2"): its first level */
+    if (n > most) most = n;
+  }
+  return most;
+}
+
+/* A library that starts a pool of compute threads (OpenMP, torch, BLAS) is
+ * mapped into the process: binding could squeeze that pool onto a share. */
+static int threaded_runtime(char* name, size_t n) {
+  static const char* const libs[] = {"libgomp", "libiomp", "libomp.so", "libtorch_cpu", "openblas", "libmkl_"};
+  char line[1024];
+  int found = 0;
+  FILE* f = fopen("/proc/self/maps", "r");
+  if (f == NULL) return 0;
+  while (!found && fgets(line, sizeof(line), f) != NULL) {
+    for (size_t i = 0; i < sizeof(libs) / sizeof(libs[0]); i++) {
+      if (strstr(line, libs[i]) != NULL) {
+        snprintf(name, n, "%s", libs[i]);
+        found = 1;
+        break;
+      }
+    }
+  }
+  fclose(f);
+  return found;
+}
+
+/* Why not to bind, or NULL to go on: the cheap checks before the topology. */
+static const char* bind_refusal(ncclComm_t comm, int is_auto, const cpu_set_t* cur, char* buf, size_t n) {
+  const collie_peer_info_t* me = &comm->peers[comm->rank];
+  if (comm->local_size < 2) return "one rank on this host";
+  for (int i = 0; i < comm->nranks; i++) {
+    const collie_peer_info_t* p = &comm->peers[i];
+    if (i == comm->rank || p->host_hash != me->host_hash) continue;
+    if (p->pid == me->pid) return "local ranks share a process";
+    /* Every local rank must decide alike: all unbound, or none is touched. */
+    if (strcmp(p->cpuset, me->cpuset) != 0) {
+      snprintf(buf, n, "already placed (local rank %d runs on CPUs %s, this one on %s)", p->local_rank, p->cpuset,
+               me->cpuset);
+      return buf;
+    }
+  }
+  int ncpu = CPU_COUNT(cur);
+  if (ncpu < comm->local_size) {
+    snprintf(buf, n, "%d local ranks but %d CPUs", comm->local_size, ncpu);
+    return buf;
+  }
+  if (!is_auto) return NULL;
+  int share = ncpu / comm->local_size, want = wanted_threads();
+  char lib[32];
+  if (want > share) {
+    snprintf(buf, n, "compute threads wanted (%d, *_NUM_THREADS) exceed a rank's share of %d CPUs", want, share);
+    return buf;
+  }
+  if (want == 0 && threaded_runtime(lib, sizeof(lib))) {
+    snprintf(buf, n, "%s is loaded and no OMP_NUM_THREADS says how many threads it may use", lib);
+    return buf;
+  }
+  return NULL;
+}
+
+void bind_comm(ncclComm_t comm) {
+  static int placed; /* by an earlier communicator of this process */
+  const char* v = param_str(P_COLLIE_BIND);
+  int is_auto = v == NULL || strcmp(v, "auto") == 0;
+  enum bind_mode mode = BIND_SHARE;
+  char why[256], list[128];
+  const char* no = NULL;
+  struct bind_topo t;
+  cpu_set_t cur, set;
+  memset(&t, 0, sizeof(t));
+
+  if (!is_auto && strcmp(v, "core") == 0) mode = BIND_CORE;
+  else if (!is_auto && strcmp(v, "none") == 0) no = "COLLIE_BIND=none";
+  else if (!is_auto) {
+    WARN("COLLIE_BIND=\"%s\" is not auto, core or none; not binding", v);
+    return;
+  }
+  if (no == NULL && __atomic_load_n(&placed, __ATOMIC_ACQUIRE)) no = "placed by an earlier communicator";
+  if (no == NULL && sched_getaffinity(0, sizeof(cur), &cur) != 0) {
+    snprintf(why, sizeof(why), "sched_getaffinity: %s", strerror(errno));
+    no = why;
+  }
+  if (no == NULL) no = bind_refusal(comm, is_auto, &cur, why, sizeof(why));
+  if (no == NULL && bind_topo_load(&cur, &t) != ncclSuccess) {
+    snprintf(why, sizeof(why), "no topology: %s", ncclGetLastError(NULL));
+    no = why;
+  }
+  if (no == NULL && !CPU_EQUAL(&cur, &t.machine)) {
+    /* mpirun, taskset, numactl or the user placed this process already. */
+    bind_cpulist(&cur, list, sizeof(list));
+    snprintf(why, sizeof(why), "affinity already restricted to CPUs %s", list);
+    no = why;
+  }
+  int node = -1, nthreads = 0;
+  if (no == NULL && bind_plan(&t, mode, comm->local_rank, comm->local_size, &set, &node, why, sizeof(why)) != 0)
+    no = why;
+  if (no == NULL && (nthreads = bind_apply(&cur, &set)) < 0) {
+    snprintf(why, sizeof(why), "sched_setaffinity: %s", strerror(errno));
+    no = why;
+  }
+  bind_topo_free(&t);
+  if (no != NULL) {
+    INFO(LOG_INIT, "COLLIE_BIND=%s: local rank %d/%d left unbound: %s", is_auto ? "auto" : v, comm->local_rank,
+         comm->local_size, no);
+    return;
+  }
+  __atomic_store_n(&placed, 1, __ATOMIC_RELEASE);
+  bind_cpulist(&set, list, sizeof(list));
+  INFO(LOG_INIT, "COLLIE_BIND=%s: local rank %d/%d bound to CPUs %s (NUMA node %d, %d thread(s))", is_auto ? "auto" : v,
+       comm->local_rank, comm->local_size, list, node, nthreads);
+}

@@ -1,0 +1,71 @@
+/* Placement: which CPUs each rank of a host gets. bind_topo_load lists the
+ * usable cores node by node (hwloc), bind_plan divides them among the local
+ * ranks, bind_apply sets a mask on the process; bind_comm is the library's
+ * COLLIE_BIND policy, called once from init.c. collie-run (tools/run/) uses
+ * the same plan for --bind-to. */
+#ifndef COLLIE_BIND_H
+#define COLLIE_BIND_H
+
+#include <sched.h>
+#include <stddef.h>
+
+#include "nccl.h"
+
+enum bind_mode {
+  BIND_NONE,     /* leave the mask alone */
+  BIND_SHARE,    /* an equal, disjoint share of the cores, inside one NUMA node when possible */
+  BIND_CORE,     /* one core: all of its hardware threads */
+  BIND_HWTHREAD, /* one hardware thread */
+  BIND_NUMA,     /* every allowed CPU of the rank's NUMA node */
+};
+
+/* One core (or, for BIND_HWTHREAD plans, one hardware thread). */
+struct bind_unit {
+  int node;       /* index of its NUMA node in struct bind_topo's order */
+  cpu_set_t cpus; /* its hardware threads that are in the allowed set */
+};
+
+/* The allowed part of the machine, in hwloc's logical order, node by node. */
+struct bind_topo {
+  struct bind_unit* cores;
+  int ncores;
+  struct bind_unit* pus; /* one unit per hardware thread */
+  int npus;
+  int nnodes;
+  cpu_set_t machine; /* every CPU this process could be given (online, cgroup) */
+  cpu_set_t allowed; /* what the topology was restricted to */
+};
+
+/* "none", "share", "core", "hwthread" or "numa". Returns 0, or -1 for any
+ * other string. */
+int bind_mode_parse(const char* s, enum bind_mode* out);
+const char* bind_mode_name(enum bind_mode m);
+
+/* Loads the topology restricted to `allowed` (hwloc when built with it; else
+ * every allowed CPU counts as a core of node 0). */
+ncclResult_t bind_topo_load(const cpu_set_t* allowed, struct bind_topo* t);
+void bind_topo_free(struct bind_topo* t);
+
+/* The CPUs of local rank `local_rank` of `local_size` under `mode`. Returns 0
+ * with *out set (and *node its NUMA node), or 1 with a reason in why when the
+ * mode cannot give every rank its own CPUs (more ranks than cores). Pure: it
+ * looks at t only, so every rank that plans from the same topology agrees. */
+int bind_plan(const struct bind_topo* t, enum bind_mode mode, int local_rank, int local_size, cpu_set_t* out, int* node,
+              char* why, size_t why_len);
+
+/* Sets `set` on every thread of the calling process whose mask is `from`
+ * (threads someone pinned elsewhere keep their pin); new threads inherit it
+ * from their creator. Returns the number of threads bound, or -1 (errno). */
+int bind_apply(const cpu_set_t* from, const cpu_set_t* set);
+
+/* "0-3,8" for a set; "..." at the end when it does not fit. */
+void bind_cpulist(const cpu_set_t* set, char* out, size_t n);
+/* Parses such a list. Returns 0, or -1 when it is not one. */
+int bind_cpulist_parse(const char* s, cpu_set_t* out);
+
+/* COLLIE_BIND at init: when this process's ranks run unbound, give each local
+ * rank its share of the cores (see docs/ARCHITECTURE.md, Placement). Never
+ * fails init; logs one INFO line saying what it did and why. */
+void bind_comm(ncclComm_t comm);
+
+#endif
