@@ -15,6 +15,7 @@
 #include "comm.h"
 #include "device/device.h"
 #include "failures.h"
+#include "graph/bind.h"
 #include "graph/topo.h"
 
 #define CONFIG_MAGIC 0xcafebeefu
@@ -272,6 +273,7 @@ static ncclResult_t comm_setup(ncclComm_t comm, int nids, const ncclUniqueId* id
   int64_t t_info = time_ns();
   for (int i = 0; i < nranks; i++) bootstrap_set_peer_host(comm->bs, i, comm->peers[i].hostname);
   NCCLCHECK(compute_locality(comm));
+  bind_comm(comm); /* before any helper thread starts: they inherit the mask */
   {
     /* Waiters poll before sleeping only while every local rank can have a CPU
      * (a rank-local choice: it changes timing, never what is computed). */
