@@ -40,7 +40,17 @@ trap cleanup EXIT
 export NCCL_SOCKET_IFNAME=lo COLLIE_PEER_TIMEOUT=${COLLIE_PEER_TIMEOUT:-3}
 export ELASTIC_STEPS=${ELASTIC_STEPS:-40}
 
-fail() { echo "FAIL ($scenario): $*"; echo "--- output"; cat "$tmp"/out* 2>/dev/null | tail -60; exit 1; }
+# On failure: the last 30 lines of every output (collie-run's, each worker's,
+# the store's), each line prefixed with where it came from.
+fail() {
+  echo "FAIL ($scenario): $*"
+  for f in "$tmp"/out*; do
+    [ -f "$f" ] || continue
+    echo "--- ${f##*/} (last 30 lines)"
+    tail -n 30 "$f" | sed "s/^/[${f##*/}] /"
+  done
+  exit 1
+}
 
 # The state a run without failures ends with, for ELASTIC_STEPS steps: the
 # closed form printed as "OK" by the loop, and the hash of the baseline run.

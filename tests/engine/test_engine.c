@@ -6,7 +6,6 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
-#include <sys/mman.h>
 
 #include "collie.h"
 #include "device/reduce.h"
@@ -14,13 +13,6 @@
 #include "typed.h"
 
 static const char* g_arg; /* scenario argument (a file path) */
-
-/* Shared by the forked ranks (mapped before the fork): lets a scenario order
- * an event after other ranks' progress without guessing with sleeps. */
-struct shared {
-  int past_barrier; /* peerdeath: survivors whose barrier has completed */
-};
-static struct shared* g_shared;
 
 static int is_int(ncclDataType_t dt) { return dt <= ncclUint64; }
 
@@ -869,14 +861,10 @@ static int t_peerdeath(int rank, int n, const ncclUniqueId* ids, int nids, void*
      * the round is done, so leaving at once let a slower rank see the death
      * inside the barrier instead of in "after". Bounded: a rank that failed
      * before the barrier reports itself. */
-    double until = mp_now() + 100;
-    while (__atomic_load_n(&g_shared->past_barrier, __ATOMIC_ACQUIRE) < n - 1 && mp_now() < until) {
-      struct timespec ts = {0, 1000000};
-      nanosleep(&ts, NULL);
-    }
+    mp_await(0, n - 1, 100);
     _exit(0);
   }
-  __atomic_add_fetch(&g_shared->past_barrier, 1, __ATOMIC_RELEASE);
+  mp_arrive(0);
   /* The engine may already have seen the death (keep-alive) and refuse the submission. */
   int h = collie_allreduce_async("after", v, v, 8, ncclFloat32, COLLIE_SUM, 1, 1, COLLIE_WORLD);
   int rc = h >= 0 ? collie_wait(h) : h;
@@ -1056,16 +1044,10 @@ int main(int argc, char** argv) {
                {"autotune", t_autotune}, {"errors", t_errors},
                {"peerdeath", t_peerdeath}, {"handles", t_handles},
                {"join_a2a", t_join_a2a}, {"group", t_group}};
-  g_shared = mmap(NULL, sizeof(*g_shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (g_shared == MAP_FAILED) {
-    perror("mmap");
-    return 2;
-  }
   for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
     if (strcmp(argv[1], tests[i].name) != 0) continue;
     int rc = mp_run(n, tests[i].fn, NULL, 120);
     printf("%s %s with %d ranks\n", rc ? "FAIL" : "PASS", argv[1], n);
-    munmap(g_shared, sizeof(*g_shared));
     return rc;
   }
   fprintf(stderr, "unknown scenario %s\n", argv[1]);

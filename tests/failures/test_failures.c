@@ -434,14 +434,18 @@ static int rank_nonblocking(int rank, int nranks, const ncclUniqueId* ids, int n
   MP_CHECK(settle(c2) == ncclSuccess, "env init: %s", ncclGetLastError(c2));
   if (allreduce_check(c2, send, recv, 1000, "NCCL_COMM_BLOCKING=0")) return 1;
   MP_NCCL(ncclCommDestroy(c2));
-  /* A peer that vanishes: queued work ends in ncclRemoteError naming it. */
+  /* A peer that vanishes: queued work ends in ncclRemoteError naming it. It
+   * leaves once the others are past the last collective it took part in
+   * (bounded), so none of them meets the departure inside that one. */
   int gone = nranks - 1;
   if (rank == gone) {
     free(send);
     free(recv);
     free(bc);
+    mp_await(0, nranks - 1, 100);
     _exit(0); /* no destroy, no goodbye */
   }
+  mp_arrive(0);
   r = ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, NULL);
   MP_CHECK(r == ncclInProgress || r == ncclRemoteError, "allreduce with a peer gone -> %s", ncclGetErrorString(r));
   r = settle(comm);
@@ -640,7 +644,14 @@ static int rank_exit(int rank, int nranks, const ncclUniqueId* ids, int nids, vo
   MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
   float x = 1, y = 0;
   MP_NCCL(ncclAllReduce(&x, &y, 1, ncclFloat, ncclSum, comm, NULL));
-  if (rank == 1) exit(0);
+  /* Rank 1 leaves once the others are out of the allreduce it took part in
+   * (bounded), so the departure meets them in the next one, whatever the
+   * interleaving. */
+  if (rank == 1) {
+    mp_await(0, nranks - 1, 100);
+    exit(0);
+  }
+  mp_arrive(0);
   ncclResult_t r = ncclAllReduce(&x, &y, 1, ncclFloat, ncclSum, comm, NULL);
   const char* msg = ncclGetLastError(comm);
   MP_CHECK(r != ncclSuccess, "allreduce with a rank that exited succeeded");

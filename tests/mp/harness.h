@@ -5,8 +5,11 @@
  * rank exits 0. Each rank's stderr (MP_CHECK messages, library warnings) goes
  * to its own file in a private temporary folder: on failure the harness
  * prints the last lines of every rank, prefixed with the rank; on success the
- * files are removed and nothing extra is printed. Used by tests/mp, engine,
- * failures, security and gpu. */
+ * files are removed and nothing extra is printed. Shared counters
+ * (mp_arrive / mp_await) let a test order an event after other ranks'
+ * progress, e.g. a rank leaves only once the others are past the last
+ * collective it took part in, instead of guessing with sleeps. Used by
+ * tests/mp, engine, failures, security and gpu. */
 #ifndef COLLIE_MP_HARNESS_H
 #define COLLIE_MP_HARNESS_H
 
@@ -18,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -50,6 +54,37 @@ static double mp_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------------ shared counters */
+
+#define MP_COUNTERS 16
+
+/* Mapped shared before the ranks are forked, zeroed for every run. */
+static int* mp_counters;
+
+static int mp_counters_reset(void) {
+  if (!mp_counters) {
+    void* p = mmap(NULL, sizeof(int) * MP_COUNTERS, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return -1;
+    mp_counters = p;
+  }
+  for (int i = 0; i < MP_COUNTERS; i++) __atomic_store_n(&mp_counters[i], 0, __ATOMIC_RELAXED);
+  return 0;
+}
+
+/* In a rank: adds one to counter k. */
+static void mp_arrive(int k) { __atomic_add_fetch(&mp_counters[k], 1, __ATOMIC_RELEASE); }
+
+/* In a rank: waits until counter k reaches n; 0, or 1 after limit_s seconds. */
+static int mp_await(int k, int n, double limit_s) {
+  double until = mp_now() + limit_s;
+  while (__atomic_load_n(&mp_counters[k], __ATOMIC_ACQUIRE) < n) {
+    if (mp_now() > until) return 1;
+    struct timespec ts = {0, 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  return 0;
 }
 
 /* ------------------------------------------------------------ per-rank logs */
@@ -151,6 +186,7 @@ static int mp_run_hooks(int nranks, int nids, mp_rank_fn fn, void* arg, const in
                         const struct mp_hooks* hooks) {
   ncclUniqueId ids[16];
   if (nids > 16) return 1;
+  if (mp_counters_reset() != 0) return 1;
   int fds[2];
   if (pipe(fds) != 0) return 1;
   char logdir[256];
