@@ -1427,7 +1427,7 @@ static int ops_post_send(struct ibv_qp* qp, struct ibv_send_wr* wr, struct ibv_s
     for (size_t i = 0; i < nsg; i++) sg[i] = (struct wire_sge){wr->sg_list[i].addr, wr->sg_list[i].length};
     if (inl)
       for (int i = 0; i < wr->num_sge; i++) {
-        memcpy(inl_buf + ilen, (void*)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
+        if (wr->sg_list[i].length) memcpy(inl_buf + ilen, (void*)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
         ilen += wr->sg_list[i].length;
       }
     /* The sge list and the inline bytes travel as one body after the header. */
@@ -1466,7 +1466,7 @@ static int ops_post_recv(struct ibv_qp* qp, struct ibv_recv_wr* wr, struct ibv_r
     struct rq_ent* r = &q->rq[(q->rq_head + q->rq_n) % q->cap.max_recv_wr];
     r->wr_id = wr->wr_id;
     r->nsge = wr->num_sge;
-    memcpy(r->sge, wr->sg_list, (size_t)wr->num_sge * sizeof(r->sge[0]));
+    if (wr->num_sge > 0) memcpy(r->sge, wr->sg_list, (size_t)wr->num_sge * sizeof(r->sge[0]));
     q->rq_n++;
     if (q->ibv.state == IBV_QPS_ERR) qp_error(q, IBV_WC_WR_FLUSH_ERR);
   }

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -507,6 +508,16 @@ static int side_fail(int rank, struct pipes p, const char* const* args) {
 
 /* ---- one process ------------------------------------------------------- */
 
+/* Open descriptors of this process: teardown must give back every one. */
+static int count_fds(void) {
+  DIR* d = opendir("/proc/self/fd");
+  CHECK(d != NULL);
+  int n = 0;
+  while (readdir(d)) n++;
+  closedir(d);
+  return n;
+}
+
 static int test_devices(void) {
   int n = 0;
   struct ibv_device** l = ibv_get_device_list(&n);
@@ -559,6 +570,7 @@ static int test_devices(void) {
 }
 
 static int test_qp_states(void) {
+  int fds = count_fds();
   struct end a, b;
   end_open(&a, "mlx5_0", 1, 8192, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   memset(&b, 0, sizeof(b));
@@ -632,11 +644,13 @@ static int test_qp_states(void) {
   CHECK(ibv_create_qp(a.pd, &ud) == NULL);
   CHECK(ibv_destroy_qp(q) == 0);
   end_close(&a);
+  CHECK(count_fds() == fds);
   return 0;
 }
 
 /* RTR with an address that is not the peer's: sends fail as retries would. */
 static int test_wrong_address(void) {
+  int fds = count_fds();
   struct end a, b;
   end_open(&a, "mlx5_0", 1, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   b = a;
@@ -663,6 +677,7 @@ static int test_wrong_address(void) {
   CHECK(ibv_destroy_qp(c) == 0);
   CHECK(ibv_destroy_qp(first) == 0);
   end_close(&a);
+  CHECK(count_fds() == fds);
   return 0;
 }
 
