@@ -192,6 +192,8 @@ def test_misuse_is_reported():
     with pytest.raises(ValueError, match="gradient_predivide_factor"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Sum,
                                  gradient_predivide_factor=2.0)
+    with pytest.raises(ValueError, match="not both"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), num_groups=2, groups=2)
     with pytest.raises(NotImplementedError, match="Adasum"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum)
 

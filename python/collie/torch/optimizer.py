@@ -232,11 +232,17 @@ class _DistributedOptimizer:
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         groups=None, process_set=global_process_set, sparse_as_dense=False):
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set):
     """A copy of `optimizer` (same class, parameter groups and state) whose gradients are averaged
     (op) over the process set's ranks: each is allreduced asynchronously as soon as backward has
     accumulated it backward_passes_per_step times, and step() first waits for them (synchronize).
-    groups: an int (that many grouped allreduces) or lists of parameters reduced together."""
+    groups: an int (that many grouped allreduces) or lists of parameters reduced together.
+    The arguments are Horovod's, in Horovod's order."""
+    if num_groups:  # Horovod's older name for groups=<int>
+        if groups is not None:
+            raise ValueError("collie.torch.DistributedOptimizer: give num_groups or groups, not both")
+        groups = num_groups
     if sparse_as_dense:
         raise NotImplementedError("collie.torch.DistributedOptimizer: sparse gradients are not supported")
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
@@ -277,7 +283,7 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
         collie.synchronize(h)
 
 
-def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=global_process_set):
+def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
     """Makes every rank's optimizer state (per-parameter state and hyperparameters) root_rank's:
     root's state_dict() travels as one pickled object and the others load it."""
     if isinstance(optimizer, torch.optim.LBFGS):
