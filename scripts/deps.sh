@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libhwloc-dev libcmocka-dev libibverbs-dev valgrind procps iproute2
       openmpi-bin libopenmpi-dev python3-numpy python3-pytest python3-mpi4py
-      etcd-server curl libcurl4-openssl-dev libjson-c-dev "$@")
+      etcd-server curl libcurl4-openssl-dev libjson-c-dev python3-torch python3-torchvision "$@")
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
