@@ -16,7 +16,7 @@ dist = pytest.importorskip("torch.distributed")
 import collie.torch.distributed as cdist  # noqa: E402  (registers "collie")
 
 R = dist.ReduceOp
-pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed._")
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed._", "ignore:torch.distributed.all_reduce_coalesced")
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int32,
           torch.int64, torch.uint8]
 OPS = {"sum": R.SUM, "prod": R.PRODUCT, "min": R.MIN, "max": R.MAX, "avg": R.AVG}
@@ -73,6 +73,8 @@ def test_world_is_collie(world):
     want = os.environ.get("COLLIE_RANK") or os.environ.get("RANK")
     assert dist.get_rank() == int(want)
     assert cdist.communicator().size == dist.get_world_size()
+    import collie.torch  # noqa: F401  (the Horovod API's import registers it too)
+    assert cdist.is_registered() and dist.Backend("collie") == "collie"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -97,6 +99,13 @@ def test_all_reduce_bool_and_complex(world):
     c = torch.tensor([1 + 2j, r * 1j], dtype=torch.complex64)
     dist.all_reduce(c)
     assert torch.equal(c, torch.tensor([n + 2j * n, 1j * n * (n - 1) / 2], dtype=torch.complex64))
+
+
+def test_all_reduce_coalesced(world):
+    n = dist.get_world_size()
+    a, b = torch.ones(3), torch.full((2, 2), 2.0)
+    dist.all_reduce_coalesced([a, b], R.SUM)
+    assert torch.equal(a, torch.full((3,), float(n))) and torch.equal(b, torch.full((2, 2), 2.0 * n))
 
 
 def test_all_reduce_shapes_in_place(world):
@@ -266,6 +275,19 @@ def test_new_group(world):
         t = torch.ones(2, dtype=torch.int64)
         dist.all_reduce(t, R.SUM, group=g)
         assert t.tolist() == [n, n]
+
+
+def test_destroyed_group(world):
+    r, n = dist.get_rank(), dist.get_world_size()
+    if n < 2:
+        pytest.skip("needs two ranks")
+    g = dist.new_group(list(range(n)))
+    w = dist.isend(torch.ones(1), (r + 1) % n, group=g)  # never waited for
+    g.destroy()
+    with pytest.raises(RuntimeError, match="destroyed before"):
+        w.wait()
+    with pytest.raises(RuntimeError, match="destroyed"):
+        dist.all_reduce(torch.ones(1), group=g)
 
 
 def test_errors_are_clear(world):

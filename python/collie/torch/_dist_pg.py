@@ -234,8 +234,13 @@ class ProcessGroupCollie(dist.ProcessGroup):
         return self._comm
 
     def destroy(self):
-        """Frees the communicator (destroy_process_group does not tell backends)."""
-        self._flush()
+        """Frees the communicator (destroy_process_group does not tell backends).
+        isend/irecv never waited for are dropped with an error, not run: their
+        peers may be gone, and this runs at interpreter exit too."""
+        pending, self._pending = self._pending, []
+        for *_, work in pending:
+            work._finish(CollieBackendError("collie backend: the process group was destroyed before this "
+                                            "send/recv was waited for"))
         if self._comm is not None and self._comm._comm is not None:
             self._comm.destroy()
 
