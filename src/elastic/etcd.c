@@ -350,7 +350,9 @@ static int post_one(struct etcd_store* e, const char* ep, const char* path, cons
   return 0;
 }
 
-static ncclResult_t authenticate(struct etcd_store* e, const char* ep, int64_t ms) {
+/* A token for the user: 0; 1: this member cannot answer now; -1: refused
+ * (wrong user or password: no other member will say otherwise). */
+static int authenticate(struct etcd_store* e, const char* ep, int64_t ms) {
   struct sbuf b = {0};
   sb_str(&b, "{\"name\":");
   sb_json_str(&b, e->user);
@@ -361,16 +363,25 @@ static ncclResult_t authenticate(struct etcd_store* e, const char* ep, int64_t m
   struct json_object* j = NULL;
   int rc = b.bad ? -1 : post_one(e, ep, "/v3/auth/authenticate", b.p, ms, &j);
   free(b.p);
-  if (rc != 0) return ncclSystemError;
+  if (rc != 0) {
+    if (rc != 1) {
+      char why[256];
+      size_t n = strnlen(e->err, sizeof(why) - 1);
+      memcpy(why, e->err, n);
+      why[n] = '\0';
+      snprintf(e->err, sizeof(e->err), "authenticating as etcd user '%s': %s", e->user, why);
+    }
+    return rc == 1 ? 1 : -1;
+  }
   struct json_object* t = jget(j, "token");
   const char* s = t ? p_json_object_get_string(t) : NULL;
   if (s) snprintf(e->token, sizeof(e->token), "%s", s);
   p_json_object_put(j);
   if (!e->token[0]) {
-    snprintf(e->err, sizeof(e->err), "%s: authentication gave no token", ep);
-    return ncclSystemError;
+    snprintf(e->err, sizeof(e->err), "%s: authentication gave no token (is auth enabled in etcd?)", ep);
+    return -1;
   }
-  return ncclSuccess;
+  return 0;
 }
 
 /* POSTs to the members in turn, starting with the one that last answered,
@@ -386,14 +397,12 @@ static ncclResult_t post(struct etcd_store* e, const char* path, const struct sb
       int64_t left = deadline - time_ms();
       if (left <= 0) break;
       int64_t ms = left < ETCD_ATTEMPT_MS ? left : ETCD_ATTEMPT_MS;
-      if (e->user[0] && !e->token[0] && authenticate(e, e->endpoints[i], ms) != ncclSuccess) {
-        snprintf(errs, sizeof(errs), "%s", e->err);
-        continue;
-      }
-      int rc = post_one(e, e->endpoints[i], path, body->p, ms, out);
-      if (rc == 2 && e->user[0]) { /* token expired: once more with a new one */
+      int rc = e->user[0] && !e->token[0] ? authenticate(e, e->endpoints[i], ms) : 0;
+      if (rc == 0) rc = post_one(e, e->endpoints[i], path, body->p, ms, out);
+      if (rc == 2 && e->user[0]) { /* the token expired: once more with a new one */
         e->token[0] = '\0';
-        if (authenticate(e, e->endpoints[i], ms) == ncclSuccess) rc = post_one(e, e->endpoints[i], path, body->p, ms, out);
+        rc = authenticate(e, e->endpoints[i], ms);
+        if (rc == 0) rc = post_one(e, e->endpoints[i], path, body->p, ms, out);
       }
       if (rc == 0) {
         e->cur = i;

@@ -13,6 +13,10 @@
 #   run    collie-run --elastic --store etcd://...: the launcher serves no
 #          store; slot 1's worker dies at step 8 and etcd member 0 is killed;
 #          collie-run restarts the slot, the new worker joins through etcd
+#   auth   etcd with authentication: user and password in the URL or the
+#          environment work, a wrong password fails at once with etcd's reason
+#   tls    etcds:// against members that serve https only and want a client
+#          certificate (COLLIE_ETCD_CACERT/CERT/KEY); without one: an error
 #   lost   workers a, b train; every etcd member is killed: each worker fails
 #          with an error naming etcd within a bounded time, none hangs
 set -u
@@ -55,8 +59,14 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))
 EOF
 }
 
+# With TLS (scenario tls) the members serve https and want a client
+# certificate; tls_curl holds curl's options for that.
+scheme=http
+tls_curl=()
+etcd_tls=()
 put_ok() { # endpoint: 0 when the member serves kv requests
-  curl -s -m 2 -X POST "http://$1/v3/kv/put" -d '{"key":"aGVhbHRo","value":"MQ=="}' 2>/dev/null | grep -q revision
+  curl -s -m 2 "${tls_curl[@]}" -X POST "$scheme://$1/v3/kv/put" -d '{"key":"aGVhbHRo","value":"MQ=="}' 2>/dev/null |
+    grep -q revision
 }
 
 start_cluster() {
@@ -70,7 +80,8 @@ start_cluster() {
     for i in 0 1 2; do
       endpoints+=("127.0.0.1:${ports[$i]}")
       /usr/bin/etcd --name "m$i" --data-dir "$tmp/m$i.$attempt" \
-        --listen-client-urls "http://127.0.0.1:${ports[$i]}" --advertise-client-urls "http://127.0.0.1:${ports[$i]}" \
+        --listen-client-urls "$scheme://127.0.0.1:${ports[$i]}" --advertise-client-urls "$scheme://127.0.0.1:${ports[$i]}" \
+        "${etcd_tls[@]}" \
         --listen-peer-urls "http://127.0.0.1:${ports[$((3 + i))]}" \
         --initial-advertise-peer-urls "http://127.0.0.1:${ports[$((3 + i))]}" \
         --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "collie-$$-$attempt" \
@@ -106,6 +117,25 @@ expect_final() { # file count hash
   [ "$(echo "$hashes" | wc -l)" -eq 1 ] || fail "workers ended with different states: $hashes"
   [ "$hashes" = "$3" ] || fail "final state hash $hashes differs from the no-failure run's $3"
 }
+
+if [ "$scenario" = tls ]; then
+  command -v openssl >/dev/null || { echo "SKIPPED: openssl missing"; exit 77; }
+  # A CA, a server certificate for 127.0.0.1 (also good for client auth:
+  # etcd's JSON gateway dials its own gRPC server with it) and a client one.
+  (
+    cd "$tmp" || exit 1
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=collie test CA" -keyout ca.key -out ca.pem &&
+      openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" -keyout server.key -out server.csr &&
+      printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' >server.ext &&
+      openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile server.ext -out server.pem &&
+      openssl req -newkey rsa:2048 -nodes -subj "/CN=root" -keyout client.key -out client.csr &&
+      printf 'extendedKeyUsage=clientAuth\n' >client.ext &&
+      openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile client.ext -out client.pem
+  ) >"$tmp/openssl.log" 2>&1 || fail "openssl could not make the test certificates: $(tail -3 "$tmp/openssl.log")"
+  scheme=https
+  tls_curl=(--cacert "$tmp/ca.pem" --cert "$tmp/client.pem" --key "$tmp/client.key")
+  etcd_tls=(--cert-file "$tmp/server.pem" --key-file "$tmp/server.key" --client-cert-auth --trusted-ca-file "$tmp/ca.pem")
+fi
 
 start_cluster
 job="job$$"
@@ -160,6 +190,58 @@ run)
   grep -q "elastic job ended after [2-9] epoch" "$tmp/out.run" || fail "collie-run did not read the epochs from etcd"
   expect_final "$tmp/out.run" 3 "$base"
   grep "worker\|collie-run" "$tmp/out.run"
+  ;;
+auth)
+  # etcd with authentication on: credentials in the URL (worker a) or in
+  # COLLIE_ETCD_USER/PASSWORD (worker b); a wrong password fails at once.
+  export ELASTIC_STEPS=10
+  base=$(env -u COLLIE_RENDEZVOUS ELASTIC_STEP_MS=0 timeout 200 "$run" --elastic --min 1 --max 1 -n 1 "${worker[@]}" \
+         2>/dev/null | grep -o "hash=[0-9a-f]*" | sed 's/hash=//')
+  [ -n "$base" ] || fail "the one-worker run without failures gave no hash"
+  api="http://${endpoints[1]}/v3"
+  for req in "user/add {\"name\":\"root\",\"password\":\"pw:1@x\"}" "role/add {\"name\":\"root\"}" \
+             "user/grant {\"user\":\"root\",\"role\":\"root\"}" "enable {}"; do
+    curl -s -m 10 -X POST "$api/auth/${req%% *}" -d "${req#* }" | grep -q '"header"' || fail "etcd auth setup: $req"
+  done
+  plain=$COLLIE_RENDEZVOUS
+  export COLLIE_ELASTIC_MIN=2 COLLIE_ELASTIC_MAX=2 COLLIE_ELASTIC_EXPECT=2 COLLIE_ETCD_TIMEOUT=60
+  COLLIE_ELASTIC_SLOT=a COLLIE_RENDEZVOUS="etcd://root:pw%3A1%40x@${plain#etcd://}" timeout 200 "${worker[@]}" \
+    >"$tmp/out.a" 2>&1 &
+  pids+=($!)
+  COLLIE_ELASTIC_SLOT=b COLLIE_ETCD_USER=root COLLIE_ETCD_PASSWORD='pw:1@x' timeout 200 "${worker[@]}" >"$tmp/out.b" 2>&1 &
+  pids+=($!)
+  for i in 0 1; do wait "${pids[$i]}" || fail "worker $i failed"; done
+  cat "$tmp"/out.[ab] >"$tmp/all"
+  expect_final "$tmp/all" 2 "$base"
+  COLLIE_ELASTIC_SLOT=c COLLIE_ETCD_USER=root COLLIE_ETCD_PASSWORD=wrong timeout 30 "${worker[@]}" >"$tmp/out.c" 2>&1
+  rc=$?
+  [ $rc -ne 124 ] || fail "a wrong password made the worker wait instead of failing"
+  [ $rc -ne 0 ] || fail "a wrong password was accepted"
+  grep -q "authentication failed" "$tmp/out.c" || fail "the worker with a wrong password did not say so"
+  grep -h "authentication failed" "$tmp/out.c" | head -1
+  ! env -u COLLIE_ETCD_USER curl -s -m 5 -X POST "$api/kv/range" -d '{"key":"Lw==","range_end":"MA=="}' | grep -q '"kvs"' ||
+    fail "etcd answered without credentials: auth is not on"
+  ;;
+tls)
+  # etcds://: the members serve https only and want a client certificate.
+  export ELASTIC_STEPS=10
+  base=$(env -u COLLIE_RENDEZVOUS ELASTIC_STEP_MS=0 timeout 200 "$run" --elastic --min 1 --max 1 -n 1 "${worker[@]}" \
+         2>/dev/null | grep -o "hash=[0-9a-f]*" | sed 's/hash=//')
+  [ -n "$base" ] || fail "the one-worker run without failures gave no hash"
+  export COLLIE_RENDEZVOUS="etcds://${COLLIE_RENDEZVOUS#etcd://}" COLLIE_ETCD_CACERT=$tmp/ca.pem
+  export COLLIE_ETCD_CERT=$tmp/client.pem COLLIE_ETCD_KEY=$tmp/client.key
+  export COLLIE_ELASTIC_MIN=2 COLLIE_ELASTIC_MAX=2 COLLIE_ELASTIC_EXPECT=2 COLLIE_ETCD_TIMEOUT=60
+  for s in a b; do
+    COLLIE_ELASTIC_SLOT=$s timeout 200 "${worker[@]}" >"$tmp/out.$s" 2>&1 &
+    pids+=($!)
+  done
+  for i in 0 1; do wait "${pids[$i]}" || fail "worker $i failed"; done
+  cat "$tmp"/out.[ab] >"$tmp/all"
+  expect_final "$tmp/all" 2 "$base"
+  # Without the client certificate the members refuse the connection.
+  COLLIE_ELASTIC_SLOT=c COLLIE_ETCD_CERT= COLLIE_ETCD_KEY= COLLIE_ETCD_TIMEOUT=3 timeout 60 "${worker[@]}" \
+    >"$tmp/out.c" 2>&1 && fail "a worker without a client certificate got in"
+  grep -q "no etcd endpoint answered" "$tmp/out.c" || fail "the worker without a certificate gave no clear error"
   ;;
 lost)
   export COLLIE_ELASTIC_MIN=2 COLLIE_ELASTIC_MAX=2 COLLIE_ELASTIC_EXPECT=2 COLLIE_ETCD_TIMEOUT=5
