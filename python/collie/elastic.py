@@ -3,7 +3,9 @@
 
 Workers are started by ``collie-run --elastic --min N --max M`` or by any
 launcher next to a ``collie-rendezvous`` store (COLLIE_RENDEZVOUS and
-COLLIE_RENDEZVOUS_SECRET in the environment). This module drives the C API of
+COLLIE_RENDEZVOUS_SECRET in the environment), or with the job's state in an
+etcd cluster (COLLIE_RENDEZVOUS=etcd://host:port,.../job; docs/ELASTIC.md),
+for jobs across machines. This module drives the C API of
 include/collie.h (``collie_elastic_*``, src/elastic) through ctypes; the
 collectives inside the training function are the ordinary ``collie.*`` ones::
 

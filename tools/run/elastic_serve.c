@@ -94,7 +94,7 @@ static int external_start(const struct options* o, const char* secret) {
       setenv("COLLIE_ELASTIC_MIN", v[0], 1) != 0 || setenv("COLLIE_ELASTIC_MAX", v[1], 1) != 0 ||
       setenv("COLLIE_ELASTIC_EXPECT", v[2], 1) != 0 || setenv("COLLIE_ELASTIC_SETTLE_MS", v[3], 1) != 0 ||
       setenv("COLLIE_ELASTIC_RDZV_TIMEOUT", v[4], 1) != 0 || setenv("COLLIE_ELASTIC_SLOT_FAILURES", v[5], 1) != 0 ||
-      setenv("COLLIE_ETCD_TTL", v[6], 0) != 0) {
+      setenv("COLLIE_ETCD_TTL", v[6], 1) != 0) {
     fprintf(stderr, "collie-run: cannot set the environment: %s\n", strerror(errno));
     return -1;
   }
