@@ -7,7 +7,7 @@
  *   split           after an init, times ncclCommSplit(color rank % 2) and the
  *                   children's destroy
  *   shrink          after an init, times ncclCommShrink without the last rank
- * Prints "<what>_ms <rank> <ms>" lines; the per-phase breakdown of every init
+ * Prints "<what>_ms <rank> <ms>" lines (and wall-clock stamps); the per-phase breakdown of every init
  * comes from the library's INIT log ("init phases ms: ...", NCCL_DEBUG=INFO
  * NCCL_DEBUG_SUBSYS=INIT), which the script parses. */
 #define _POSIX_C_SOURCE 200809L
@@ -24,6 +24,13 @@ static double now_ms(void) {
   return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
 }
 
+/* Wall-clock ms, comparable between the ranks' processes. */
+static double wall_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return (t.tv_sec % 100000) * 1e3 + t.tv_nsec / 1e6;
+}
+
 static int fail(const char* what, ncclResult_t r) {
   fprintf(stderr, "%s failed: %s (%s)\n", what, ncclGetErrorString(r), ncclGetLastError(NULL));
   return 1;
@@ -34,14 +41,20 @@ int main(int argc, char** argv) {
   ncclComm_t comm, child = NULL;
   ncclResult_t r;
   double a, b;
+  double started = wall_ms();
   a = now_ms();
   r = collie_comm_init_from_env(&comm);
   b = now_ms();
+  double ready = wall_ms();
   if (r != ncclSuccess) return fail("init", r);
   int rank, n;
   ncclCommUserRank(comm, &rank);
   ncclCommCount(comm, &n);
   printf("init_ms %d %.3f\n", rank, b - a);
+  /* When main began and when init returned: the script takes the spread of
+   * the starts (how long launching the processes took) and the last return
+   * after the last start (what init itself costs once every rank is there). */
+  printf("start_wall %d %.3f\nready_wall %d %.3f\n", rank, started, rank, ready);
   if (!strcmp(mode, "scalable")) {
     /* The first rank of each block makes its block's ID (a root thread of
      * its own, not NCCL_COMM_ID's address); an allgather on comm hands them out. */

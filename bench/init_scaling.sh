@@ -3,11 +3,15 @@
 # (collie-run), N = 2 .. 2048 by default, with where the time goes. For each
 # size: REPS runs (1 above 512 ranks: those are long); per run, the job's wall
 # time (collie-run start to last exit: includes fork/exec and loading the
-# library), the slowest rank's ncclCommInitRank and ncclCommDestroy, and for
+# library), spawn = the spread of the ranks' start times (launch, not init),
+# "init after last start" = from the last rank's start to the last init's end
+# (init's own cost once every rank exists), the slowest rank's
+# ncclCommInitRank and ncclCommDestroy, and for
 # each init phase the slowest rank's time (from the library's INIT log line
 # "init phases ms"): checkin = listener start-up + check-in at the root until
 # it answers (includes waiting for the last process to start); table = the
-# root's address table spread down a tree; peerinfo = the peer-info allgather;
+# root's address table and cards spread down a tree; peerinfo = unpacking the
+# peer info that came with it (cards);
 # setup = locality, rings, tuning; keepalive = keep-alive ring connect and
 # watchdog thread start. Medians over the runs. Then, at SPECIAL ranks (1024),
 # one run each of ncclCommInitRankScalable (4 and 32 roots), ncclCommSplit
@@ -26,6 +30,9 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 [ -x "$build/collie-run" ] && [ -x "$build/collie-init-bench" ] || { echo "build $build first" >&2; exit 1; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 median() { sort -g | awk '{a[NR]=$1} END {if (!NR) print "nan"; else print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+# Spread of the ranks' start times, and the last init's end after the last start.
+spawn() { awk '$1=="start_wall" {if (!n++ || $3<lo) lo=$3; if ($3>hi) hi=$3} END {printf "%.1f", hi-lo}' "$1"; }
+after_last() { awk '$1=="start_wall" {if ($3>s) s=$3} $1=="ready_wall" {if ($3>e) e=$3} END {printf "%.1f", e-s}' "$1"; }
 # Max over ranks of field $2 in lines starting with $1.
 maxof() { awk -v k="$1" '$1==k {if ($3>m) m=$3} END {printf "%.1f", m}' "$2"; }
 # Max over ranks of each phase in the "init phases ms:" lines (first init of each rank only).
@@ -45,18 +52,18 @@ run() { # n out args... ; prints wall ms
 }
 echo "Init + destroy of one communicator, forked local ranks ($(nproc) cores); times in ms, slowest rank, median of runs"
 echo
-echo "| ranks | runs | job wall | init | destroy | checkin | table | peerinfo | setup | keepalive |"
-echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| ranks | runs | job wall | spawn | init after last start | init | destroy | checkin | table | peerinfo | setup | keepalive |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for n in "${sizes[@]}"; do
   r=$reps; [ "$n" -gt 512 ] && r=$big_reps
   : >"$tmp/rows"
   for ((i = 0; i < r; i++)); do
     w=$(run "$n" "$tmp/out") || continue
-    echo "$w $(maxof init_ms "$tmp/out") $(maxof destroy_ms "$tmp/out") $(phases "$tmp/out")" >>"$tmp/rows"
+    echo "$w $(spawn "$tmp/out") $(after_last "$tmp/out") $(maxof init_ms "$tmp/out") $(maxof destroy_ms "$tmp/out") $(phases "$tmp/out")" >>"$tmp/rows"
   done
-  [ -s "$tmp/rows" ] || { echo "| $n | 0 | failed | | | | | | | |"; continue; }
+  [ -s "$tmp/rows" ] || { echo "| $n | 0 | failed | | | | | | | | | |"; continue; }
   row="| $n | $(wc -l <"$tmp/rows")"
-  for c in 1 2 3 4 5 6 7 8; do row+=" | $(awk -v c=$c '{print $c}' "$tmp/rows" | median)"; done
+  for c in 1 2 3 4 5 6 7 8 9 10; do row+=" | $(awk -v c=$c '{print $c}' "$tmp/rows" | median)"; done
   echo "$row |"
 done
 if [ "$special" -gt 0 ]; then

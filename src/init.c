@@ -115,10 +115,10 @@ static void fill_local_info(ncclComm_t comm, collie_peer_info_t* me) {
   device_pci_bus_id(comm->cuda_dev, me->pci_bus_id, sizeof(me->pci_bus_id));
 }
 
-/* The peer-info exchange sends a packed record, not collie_peer_info_t:
- * the fixed fields, then each string as a length byte and its characters.
- * About 35 bytes instead of 270 per rank on one host, and every rank receives
- * every other's record, so this is what the exchange costs in bytes. */
+/* Peer info travels as a packed record (the bootstrap card), not as
+ * collie_peer_info_t: the fixed fields, then each string as a length byte
+ * and its characters. About 35 bytes instead of 270 per rank on one host,
+ * and every rank receives every other's record. */
 #define PEER_WIRE_MAX (4 + 4 + 8 + 4 + 4 + 3 + 64 + 128 + 32)
 
 static size_t put_str(uint8_t* p, const char* str, size_t cap) {
@@ -169,21 +169,29 @@ static int peer_unpack(const uint8_t* p, size_t n, collie_peer_info_t* out) {
   return o == n ? 0 : -1;
 }
 
-static ncclResult_t exchange_peer_info(ncclComm_t comm, const char* fn) {
-  uint8_t mine[PEER_WIRE_MAX];
-  size_t len = peer_pack(&comm->peers[comm->rank], mine);
-  size_t* offs = malloc(sizeof(size_t) * ((size_t)comm->nranks + 1));
-  uint8_t* all = NULL;
-  if (!offs) return err_set(ncclSystemError, "%s: out of memory for %d peers", fn, comm->nranks);
-  ncclResult_t res = bootstrap_allgatherv(comm->bs, mine, (uint32_t)len, &all, offs);
-  for (int i = 0; res == ncclSuccess && i < comm->nranks; i++) {
-    if (peer_unpack(all + offs[i], offs[i + 1] - offs[i], &comm->peers[i]) != 0 || comm->peers[i].rank != i)
-      res = err_set(ncclInternalError, "%s: peer info from rank %d is malformed or inconsistent (rank field %d)", fn,
-                    i, comm->peers[i].rank);
+/* bootstrap_init's card: this rank's packed peer info. */
+static int make_card(void* arg, const union sock_addr* listen_addr, int listen_any, uint8_t* card, size_t cap) {
+  ncclComm_t comm = arg;
+  (void)listen_addr;
+  (void)listen_any;
+  _Static_assert(PEER_WIRE_MAX <= CHECKIN_CARD_MAX, "peer info must fit a bootstrap card");
+  if (cap < PEER_WIRE_MAX) {
+    err_set(ncclInternalError, "bootstrap card of %zu bytes cannot hold the peer info", cap);
+    return -1;
   }
-  free(all);
-  free(offs);
-  return res;
+  return (int)peer_pack(&comm->peers[comm->rank], card);
+}
+
+/* Every rank's peer info, from the cards that came with the bootstrap table. */
+static ncclResult_t read_peer_info(ncclComm_t comm, const char* fn) {
+  for (int i = 0; i < comm->nranks; i++) {
+    uint32_t len;
+    const uint8_t* card = bootstrap_card(comm->bs, i, &len);
+    if (!card || peer_unpack(card, len, &comm->peers[i]) != 0 || comm->peers[i].rank != i)
+      return err_set(ncclInternalError, "%s: peer info from rank %d is malformed or inconsistent (%u bytes, rank field %d)",
+                     fn, i, len, comm->peers[i].rank);
+  }
+  return ncclSuccess;
 }
 
 struct host_key {
@@ -264,12 +272,12 @@ static void print_version(void) {
 static ncclResult_t comm_setup(ncclComm_t comm, int nids, const ncclUniqueId* ids, const char* fn) {
   int rank = comm->rank, nranks = comm->nranks;
   int64_t t0 = time_ns();
-  NCCLCHECK(bootstrap_init(ids, nids, rank, nranks, &comm->abort_flag, &comm->bs));
+  fill_local_info(comm, &comm->peers[rank]);
+  NCCLCHECK(bootstrap_init(ids, nids, rank, nranks, &comm->abort_flag, make_card, comm, &comm->bs));
   int64_t t_bs = time_ns();
   /* Lazy connector setup waits in the bootstrap: revoke and failures end it too. */
   bootstrap_set_watch(comm->bs, comm_stop_check_cb, comm, comm->stop_fd);
-  fill_local_info(comm, &comm->peers[rank]);
-  NCCLCHECK(exchange_peer_info(comm, fn));
+  NCCLCHECK(read_peer_info(comm, fn));
   int64_t t_info = time_ns();
   for (int i = 0; i < nranks; i++) bootstrap_set_peer_host(comm->bs, i, comm->peers[i].hostname);
   NCCLCHECK(compute_locality(comm));

@@ -22,7 +22,6 @@
 #define TAG_BARRIER (BOOTSTRAP_TAG_INTERNAL | 0x2000000u)
 #define TAG_BCAST (BOOTSTRAP_TAG_INTERNAL | 0x3000000u)
 #define TAG_TABLE (BOOTSTRAP_TAG_INTERNAL | 0x4000000u)
-#define TAG_ALLGATHERV (BOOTSTRAP_TAG_INTERNAL | 0x5000000u)
 #define POLL_SLICE_MS 100
 
 _Static_assert(sizeof(struct bootstrap_id) <= NCCL_UNIQUE_ID_BYTES, "bootstrap_id must fit a ncclUniqueId");
@@ -67,6 +66,11 @@ struct bootstrap {
   void* stop_arg;
   int wake_fd;
   double phase_ms[2]; /* bootstrap_init: check-in until the root's answer; spreading the address table */
+  /* Every rank's card (bootstrap_init): card_len[i] bytes at cards + card_off[i]. */
+  uint32_t* card_len;
+  size_t* card_off;
+  uint8_t* cards;
+  size_t ncards, cap_cards;
 };
 
 /* How one call waits: watched calls also end on the communicator's stop
@@ -108,6 +112,14 @@ const union sock_addr* bootstrap_peer_addr(const struct bootstrap* bs, int peer)
 void bootstrap_set_peer_host(struct bootstrap* bs, int peer, const char* host) {
   if (!bs || peer < 0 || peer >= bs->nranks || !host) return;
   snprintf(bs->peers[peer].host, sizeof(bs->peers[peer].host), "%s", host);
+}
+const uint8_t* bootstrap_card(const struct bootstrap* bs, int peer, uint32_t* len) {
+  if (!bs || peer < 0 || peer >= bs->nranks || !bs->card_len[peer]) {
+    *len = 0;
+    return NULL;
+  }
+  *len = bs->card_len[peer];
+  return bs->cards + bs->card_off[peer];
 }
 void bootstrap_phase_ms(const struct bootstrap* bs, double* checkin_ms, double* table_ms) {
   *checkin_ms = bs->phase_ms[0];
@@ -586,98 +598,6 @@ ncclResult_t bootstrap_allgather(struct bootstrap* bs, void* all, size_t size) {
   return res;
 }
 
-/* Bruck as above with blocks of any size. What a rank holds is kept rotated
- * (its own block first), each block behind a 4-byte length; a round sends
- * the first cnt blocks as they are and appends what comes, after checking
- * that it is exactly cnt well-formed blocks. */
-static ncclResult_t allgatherv_locked(struct bootstrap* bs, const void* mine, uint32_t len, uint8_t** out,
-                                      size_t* offs) {
-  int n = bs->nranks, r = bs->rank;
-  struct wopt o = WOPT_DEFAULT(bs);
-  ncclResult_t res = ncclSuccess;
-  size_t cap = 4 + (size_t)len, used = 0;
-  uint8_t *buf = malloc(cap), *all = NULL;
-  size_t* roff = malloc(sizeof(size_t) * ((size_t)n + 1)); /* roff[i]: where rotated block i starts */
-  if (!buf || !roff) {
-    res = err_set(ncclSystemError, "out of memory in bootstrap allgatherv (%d ranks)", n);
-    goto out;
-  }
-  memcpy(buf, &len, 4);
-  memcpy(buf + 4, mine, len);
-  used = 4 + (size_t)len;
-  roff[0] = 0;
-  roff[1] = used;
-  for (int k = 0, d = 1; d < n; k++, d <<= 1) {
-    int cnt = COLLIE_MIN(d, n - d);
-    uint32_t tag = TAG_ALLGATHERV | (uint32_t)k;
-    NCCLCHECKGOTO(send_locked(bs, (r - d + n) % n, tag, buf, roff[cnt], &o), res, out);
-    struct bs_msg* m;
-    NCCLCHECKGOTO(recv_take(bs, (r + d) % n, tag, &m, &o), res, out);
-    size_t at = 0;
-    int got = 0;
-    while (got < cnt && at + 4 <= m->len) {
-      uint32_t l;
-      memcpy(&l, m->data + at, 4);
-      if (l > m->len - at - 4) break;
-      at += 4 + (size_t)l;
-      roff[d + got + 1] = used + at;
-      got++;
-    }
-    if (got != cnt || at != m->len) {
-      res = err_set(ncclRemoteError, "bootstrap allgatherv: rank %d sent rank %d a malformed message (%u bytes, "
-                    "%d of %d blocks readable)", (r + d) % n, r, m->len, got, cnt);
-      free(m->data);
-      free(m);
-      goto out;
-    }
-    if (used + at > cap) {
-      size_t ncap = COLLIE_MAX(2 * cap, used + at);
-      uint8_t* nb = realloc(buf, ncap);
-      if (!nb) {
-        free(m->data);
-        free(m);
-        res = err_set(ncclSystemError, "out of memory in bootstrap allgatherv");
-        goto out;
-      }
-      buf = nb;
-      cap = ncap;
-    }
-    if (at) memcpy(buf + used, m->data, at);
-    used += at;
-    free(m->data);
-    free(m);
-  }
-  /* Unrotate, dropping the length prefixes: block i came from rank (r + i) % n. */
-  size_t total = used - 4 * (size_t)n;
-  all = malloc(total ? total : 1);
-  if (!all) {
-    res = err_set(ncclSystemError, "out of memory in bootstrap allgatherv");
-    goto out;
-  }
-  offs[0] = 0;
-  for (int q = 0; q < n; q++) {
-    int i = (q - r + n) % n;
-    size_t l = roff[i + 1] - roff[i] - 4;
-    memcpy(all + offs[q], buf + roff[i] + 4, l);
-    offs[q + 1] = offs[q] + l;
-  }
-  *out = all;
-  all = NULL;
-out:
-  free(all);
-  free(buf);
-  free(roff);
-  return res;
-}
-
-ncclResult_t bootstrap_allgatherv(struct bootstrap* bs, const void* mine, uint32_t len, uint8_t** out, size_t* offs) {
-  *out = NULL;
-  pthread_mutex_lock(&bs->lock);
-  ncclResult_t res = allgatherv_locked(bs, mine, len, out, offs);
-  pthread_mutex_unlock(&bs->lock);
-  return res;
-}
-
 ncclResult_t bootstrap_barrier(struct bootstrap* bs) {
   /* Dissemination barrier: ceil(log2 n) rounds of one empty message. */
   ncclResult_t res = ncclSuccess;
@@ -733,12 +653,15 @@ void bootstrap_destroy(struct bootstrap* bs) {
   free(bs->out_fd);
   free(bs->in_closed);
   free(bs->failed);
+  free(bs->card_len);
+  free(bs->card_off);
+  free(bs->cards);
   free(bs);
 }
 
 /* Sends one check-in frame to a root; returns the open fd. */
 static ncclResult_t checkin_send(struct bootstrap* bs, const struct bootstrap_id* id, int nroots, int root_index,
-                                 int neighbor, int64_t deadline, int* out_fd) {
+                                 int neighbor, const uint8_t* card, uint32_t card_len, int64_t deadline, int* out_fd) {
   char a[SOCK_ADDR_STRLEN];
   int fd;
   int st = sock_connect(&id->root, deadline, bs->abort_flag, &fd);
@@ -751,13 +674,14 @@ static ncclResult_t checkin_send(struct bootstrap* bs, const struct bootstrap_id
   struct checkin ci = {.rank = bs->rank, .nranks = bs->nranks, .nroots = nroots, .root_index = root_index,
                        .neighbor = neighbor, .nonce = id->nonce};
   memcpy(ci.addr, &bs->listen_addr, sizeof(ci.addr));
-  uint8_t payload[CHECKIN_BYTES], hdr[FRAME_HDR_BYTES];
+  uint8_t payload[CHECKIN_BYTES + CHECKIN_CARD_MAX], hdr[FRAME_HDR_BYTES];
   checkin_encode(&ci, payload);
+  if (card_len) memcpy(payload + CHECKIN_BYTES, card, card_len);
   struct frame_hdr h;
-  frame_init(&h, FRAME_CHECKIN, CHECKIN_BYTES, bs->rank, 0, id->secret);
+  frame_init(&h, FRAME_CHECKIN, CHECKIN_BYTES + card_len, bs->rank, 0, id->secret);
   frame_encode(&h, hdr);
   st = sock_send_all(fd, hdr, sizeof(hdr), deadline, bs->abort_flag);
-  if (st == SOCK_OK) st = sock_send_all(fd, payload, sizeof(payload), deadline, bs->abort_flag);
+  if (st == SOCK_OK) st = sock_send_all(fd, payload, CHECKIN_BYTES + card_len, deadline, bs->abort_flag);
   if (st != SOCK_OK) {
     close(fd);
     return err_set(ncclRemoteError, "bootstrap: rank %d failed to check in with the root at %s: %s", bs->rank,
@@ -767,15 +691,15 @@ static ncclResult_t checkin_send(struct bootstrap* bs, const struct bootstrap_id
   return ncclSuccess;
 }
 
-/* Waits for the root's answer: `want` addresses (the block's first rank: the
- * next block's first rank, then its block's table; the others: the ring
- * successor), or an error. */
+/* Waits for the root's answer: for the block's first rank, the next block's
+ * first rank's address and the block's table (at most max_len bytes); for
+ * the others, the ring successor's address (exactly max_len bytes). Or an
+ * error. *out (free it) holds the reply. */
 static ncclResult_t checkin_wait(struct bootstrap* bs, const struct bootstrap_id* id, int fd, int64_t deadline,
-                                 union sock_addr* reply, int want) {
+                                 uint32_t max_len, int exact, uint8_t** out, uint32_t* out_len) {
   char a[SOCK_ADDR_STRLEN];
   uint8_t hdr[FRAME_HDR_BYTES];
   struct frame_hdr h;
-  uint32_t want_len = (uint32_t)(sizeof(*reply) * (size_t)want);
   int st = sock_recv_all(fd, hdr, sizeof(hdr), deadline, bs->abort_flag);
   if (st == SOCK_TIMEOUT)
     return err_set(ncclRemoteError,
@@ -787,7 +711,7 @@ static ncclResult_t checkin_wait(struct bootstrap* bs, const struct bootstrap_id
     return err_set(st == SOCK_ABORTED ? ncclSystemError : ncclRemoteError,
                    "bootstrap: rank %d lost the root at %s while waiting for the other ranks: %s", bs->rank,
                    sock_addr_str(&id->root, a, sizeof(a)), sock_status_str(st));
-  int v = frame_decode(hdr, sizeof(hdr), id->secret, COLLIE_MAX(4096u, want_len), 1, &h);
+  int v = frame_decode(hdr, sizeof(hdr), id->secret, COLLIE_MAX(4096u, max_len), 1, &h);
   if (v != FRAME_OK)
     return err_set(ncclRemoteError, "bootstrap: rank %d received a bad reply from the root: %s", bs->rank,
                    frame_verdict_str(v));
@@ -799,65 +723,158 @@ static ncclResult_t checkin_wait(struct bootstrap* bs, const struct bootstrap_id
     ncclResult_t code = h.tag == ncclInvalidUsage ? ncclInvalidUsage : ncclRemoteError;
     return err_set(code, "%s (seen by rank %d)", buf, bs->rank);
   }
-  if (h.type != FRAME_ROOT_REPLY || h.len != want_len)
-    return err_set(ncclRemoteError, "bootstrap: rank %d: unexpected reply (type %u, %u bytes, expected %u) from the root",
-                   bs->rank, h.type, h.len, want_len);
-  if (sock_recv_all(fd, reply, want_len, deadline, bs->abort_flag) != SOCK_OK)
+  if (h.type != FRAME_ROOT_REPLY || h.len > max_len || (exact && h.len != max_len))
+    return err_set(ncclRemoteError, "bootstrap: rank %d: unexpected reply (type %u, %u bytes, expected %s%u) from the root",
+                   bs->rank, h.type, h.len, exact ? "" : "at most ", max_len);
+  uint8_t* buf = malloc(h.len ? h.len : 1);
+  if (!buf) return err_set(ncclSystemError, "out of memory in bootstrap (%u-byte reply)", h.len);
+  if (sock_recv_all(fd, buf, h.len, deadline, bs->abort_flag) != SOCK_OK) {
+    free(buf);
     return err_set(ncclRemoteError, "bootstrap: rank %d: truncated reply from the root", bs->rank);
-  for (int i = 0; i < want; i++)
-    if (!sock_addr_valid(&reply[i]))
-      return err_set(ncclRemoteError, "bootstrap: rank %d: the root sent an invalid address (entry %d)", bs->rank, i);
+  }
+  *out = buf;
+  *out_len = h.len;
   return ncclSuccess;
 }
 
-/* Every rank learns every rank's listening address. Each root gave its
- * block's table to the block's first rank (the leader); with several roots
- * the leaders pass the block tables around their ring (nroots-1 steps);
- * then each leader sends the whole table down a binomial tree over its block.
- * log2(block) sequential hops instead of the n-1 of a ring allgather; the
- * root sends one table, not one per rank. `reply` is what checkin_wait
- * returned to this rank. */
-static ncclResult_t spread_table(struct bootstrap* bs, int k, int nids, const union sock_addr* reply) {
+/* ---- the table: every rank's address and card
+ * On the wire, ranks [first, first+count): their addresses, then their card
+ * lengths (4 bytes each), then the cards one after another. */
+
+static size_t table_bytes(const struct bootstrap* bs, int first, int count) {
+  size_t len = (sizeof(union sock_addr) + 4) * (size_t)count;
+  for (int i = first; i < first + count; i++) len += bs->card_len[i];
+  return len;
+}
+
+static void table_write(const struct bootstrap* bs, int first, int count, uint8_t* p) {
+  size_t a = sizeof(union sock_addr);
+  for (int i = first; i < first + count; i++, p += a) memcpy(p, &bs->peers[i].addr, a);
+  for (int i = first; i < first + count; i++, p += 4) memcpy(p, &bs->card_len[i], 4);
+  for (int i = first; i < first + count; i++) {
+    if (bs->card_len[i]) memcpy(p, bs->cards + bs->card_off[i], bs->card_len[i]);
+    p += bs->card_len[i];
+  }
+}
+
+/* Stores what table_write wrote for [first, first+count), checking that it
+ * is exactly that (sizes add up, addresses valid, cards not too long). */
+static ncclResult_t table_read(struct bootstrap* bs, int first, int count, const uint8_t* p, size_t len, int from) {
+  size_t a = sizeof(union sock_addr), fixed = (a + 4) * (size_t)count, cards = 0;
+  const char* bad = NULL;
+  if (len < fixed) bad = "too short";
+  for (int i = 0; !bad && i < count; i++) {
+    uint32_t l;
+    memcpy(&l, p + a * (size_t)count + 4 * (size_t)i, 4);
+    if (l > CHECKIN_CARD_MAX) bad = "a card too long";
+    cards += l;
+  }
+  if (!bad && fixed + cards != len) bad = "sizes that do not add up";
+  for (int i = 0; !bad && i < count; i++) {
+    union sock_addr x;
+    memcpy(&x, p + a * (size_t)i, a);
+    if (!sock_addr_valid(&x)) bad = "an invalid address";
+  }
+  if (bad && from < 0)
+    return err_set(ncclRemoteError, "bootstrap: rank %d got a malformed address table (%s) from the root", bs->rank,
+                   bad);
+  if (bad)
+    return err_set(ncclRemoteError, "bootstrap: rank %d got a malformed address table (%s) from rank %d", bs->rank,
+                   bad, from);
+  if (bs->ncards + cards > bs->cap_cards) {
+    size_t cap = COLLIE_MAX(2 * bs->cap_cards, bs->ncards + cards);
+    uint8_t* nc = realloc(bs->cards, cap ? cap : 1);
+    if (!nc) return err_set(ncclSystemError, "out of memory in bootstrap (%zu bytes of cards)", cap);
+    bs->cards = nc;
+    bs->cap_cards = cap;
+  }
+  const uint8_t* c = p + fixed;
+  for (int i = 0; i < count; i++) {
+    int q = first + i;
+    memcpy(&bs->peers[q].addr, p + a * (size_t)i, a);
+    memcpy(&bs->card_len[q], p + a * (size_t)count + 4 * (size_t)i, 4);
+    bs->card_off[q] = bs->ncards;
+    if (bs->card_len[q]) memcpy(bs->cards + bs->ncards, c, bs->card_len[q]);
+    c += bs->card_len[q];
+    bs->ncards += bs->card_len[q];
+  }
+  return ncclSuccess;
+}
+
+/* Sends the table of [first, first+count) to `peer`. */
+static ncclResult_t table_send(struct bootstrap* bs, int peer, uint32_t tag, int first, int count, struct wopt* o) {
+  size_t len = table_bytes(bs, first, count);
+  uint8_t* buf = malloc(len ? len : 1);
+  if (!buf) return err_set(ncclSystemError, "out of memory in bootstrap (%zu-byte table)", len);
+  table_write(bs, first, count, buf);
+  ncclResult_t res = send_locked(bs, peer, tag, buf, len, o);
+  free(buf);
+  return res;
+}
+
+static ncclResult_t table_recv(struct bootstrap* bs, int peer, uint32_t tag, int first, int count, struct wopt* o) {
+  struct bs_msg* m;
+  NCCLCHECK(recv_take(bs, peer, tag, &m, o));
+  ncclResult_t res = table_read(bs, first, count, m->data, m->len, peer);
+  free(m->data);
+  free(m);
+  return res;
+}
+
+/* Every rank learns every rank's listening address and card. Each root gave
+ * its block's table to the block's first rank (the leader); with several
+ * roots the leaders pass the block tables around their ring (nroots-1
+ * steps); then each leader sends the whole table down a binomial tree over
+ * its block. A rank wakes up about once (to receive) plus once per child,
+ * instead of once per round of an allgather over every rank; the root sends
+ * one table, not one per rank. `reply` is the leader's answer from the root. */
+static ncclResult_t spread_table(struct bootstrap* bs, int k, int nids, const uint8_t* reply, uint32_t reply_len) {
   int n = bs->nranks, r = bs->rank;
   int first = block_first(k, n, nids), count = block_first(k + 1, n, nids) - first;
   size_t a = sizeof(union sock_addr);
-  union sock_addr* tab = calloc((size_t)n, a);
-  if (!tab) return err_set(ncclSystemError, "out of memory in bootstrap (%d addresses)", n);
   struct wopt o = WOPT_DEFAULT(bs);
-  ncclResult_t res = ncclSuccess;
   int vr = r - first;
   if (vr == 0) {
-    memcpy(&tab[first], &reply[1], a * (size_t)count);
+    union sock_addr next_leader_addr;
+    memcpy(&next_leader_addr, reply, a);
+    NCCLCHECK(table_read(bs, first, count, reply + a, reply_len - a, -1));
     if (nids > 1) {
       int next_leader = block_first((k + 1) % nids, n, nids), prev_leader = block_first((k + nids - 1) % nids, n, nids);
-      bs->peers[next_leader].addr = reply[0];
-      for (int s = 0; s < nids - 1 && res == ncclSuccess; s++) {
+      if (!sock_addr_valid(&next_leader_addr))
+        return err_set(ncclRemoteError, "bootstrap: rank %d: the root sent an invalid address for rank %d", r,
+                       next_leader);
+      bs->peers[next_leader].addr = next_leader_addr;
+      for (int s = 0; s < nids - 1; s++) {
         int sb = (k - s + nids) % nids, rb = (k - s - 1 + nids) % nids;
         int sf = block_first(sb, n, nids), sc = block_first(sb + 1, n, nids) - sf;
         int rf = block_first(rb, n, nids), rc = block_first(rb + 1, n, nids) - rf;
-        res = send_locked(bs, next_leader, TAG_TABLE | (uint32_t)s, &tab[sf], a * (size_t)sc, &o);
-        if (res == ncclSuccess) res = recv_locked(bs, prev_leader, TAG_TABLE | (uint32_t)s, &tab[rf], a * (size_t)rc, &o);
+        NCCLCHECK(table_send(bs, next_leader, TAG_TABLE | (uint32_t)s, sf, sc, &o));
+        NCCLCHECK(table_recv(bs, prev_leader, TAG_TABLE | (uint32_t)s, rf, rc, &o));
       }
     }
   } else {
     /* The table comes from the parent: vr less its lowest set bit. */
-    int parent = first + (vr & (vr - 1));
-    res = recv_locked(bs, parent, TAG_TABLE | 0xffffffu, tab, a * (size_t)n, &o);
+    NCCLCHECK(table_recv(bs, first + (vr & (vr - 1)), TAG_TABLE | 0xffffffu, 0, n, &o));
   }
-  if (res == ncclSuccess) {
-    for (int i = 0; i < n; i++) bs->peers[i].addr = tab[i];
-    /* Children: vr + 2^j for every 2^j below vr's lowest set bit (all of them for the leader). */
-    int low = vr ? (vr & -vr) : 1;
-    while (!vr && low < count) low <<= 1;
+  /* Children: vr + 2^j for every 2^j below vr's lowest set bit (all of them for the leader). */
+  int low = vr ? (vr & -vr) : 1;
+  while (!vr && low < count) low <<= 1;
+  if (low > 1 && vr + 1 < count) {
+    size_t len = table_bytes(bs, 0, n);
+    uint8_t* buf = malloc(len);
+    if (!buf) return err_set(ncclSystemError, "out of memory in bootstrap (%zu-byte table)", len);
+    table_write(bs, 0, n, buf);
+    ncclResult_t res = ncclSuccess;
     for (int m = low >> 1; m > 0 && res == ncclSuccess; m >>= 1)
-      if (vr + m < count) res = send_locked(bs, first + vr + m, TAG_TABLE | 0xffffffu, tab, a * (size_t)n, &o);
+      if (vr + m < count) res = send_locked(bs, first + vr + m, TAG_TABLE | 0xffffffu, buf, len, &o);
+    free(buf);
+    NCCLCHECK(res);
   }
-  free(tab);
-  return res;
+  return ncclSuccess;
 }
 
 ncclResult_t bootstrap_init(const ncclUniqueId* ids, int nids, int rank, int nranks, volatile uint32_t* abort_flag,
-                            struct bootstrap** out) {
+                            bootstrap_card_fn make_card, void* card_arg, struct bootstrap** out) {
   if (nids < 1 || nids > nranks)
     return err_set(ncclInvalidArgument, "bootstrap: %d unique IDs for %d ranks (need 1..nranks)", nids, nranks);
   int k = 0;
@@ -886,7 +903,9 @@ ncclResult_t bootstrap_init(const ncclUniqueId* ids, int nids, int rank, int nra
   bs->out_fd = malloc(sizeof(int) * (size_t)nranks);
   bs->in_closed = calloc((size_t)nranks, 1);
   bs->failed = calloc((size_t)nranks, 1);
-  if (!bs->peers || !bs->out_fd || !bs->in_closed || !bs->failed) {
+  bs->card_len = calloc((size_t)nranks, sizeof(*bs->card_len));
+  bs->card_off = calloc((size_t)nranks, sizeof(*bs->card_off));
+  if (!bs->peers || !bs->out_fd || !bs->in_closed || !bs->failed || !bs->card_len || !bs->card_off) {
     res = err_set(ncclSystemError, "out of memory in bootstrap (%d ranks)", nranks);
     goto fail;
   }
@@ -906,31 +925,39 @@ ncclResult_t bootstrap_init(const ncclUniqueId* ids, int nids, int rank, int nra
           ifname);
   }
 
+  uint8_t card[CHECKIN_CARD_MAX];
+  int card_len = make_card ? make_card(card_arg, &bs->listen_addr, bs->listen_any, card, sizeof(card)) : 0;
+  if (card_len < 0) {
+    res = ncclSystemError; /* make_card did err_set */
+    goto fail;
+  }
   int64_t deadline = time_ms() + bs->timeout_ms;
-  NCCLCHECKGOTO(checkin_send(bs, &id, nids, k, 0, deadline, &root_fd), res, fail);
+  NCCLCHECKGOTO(checkin_send(bs, &id, nids, k, 0, card, (uint32_t)card_len, deadline, &root_fd), res, fail);
   if (nids > 1 && rank == block_first(k, nranks, nids)) {
     int prev = (k + nids - 1) % nids, nfd;
     struct bootstrap_id pid;
     NCCLCHECKGOTO(bootstrap_id_decode(&ids[prev], &pid), res, fail);
-    NCCLCHECKGOTO(checkin_send(bs, &pid, nids, prev, 1, deadline, &nfd), res, fail);
+    NCCLCHECKGOTO(checkin_send(bs, &pid, nids, prev, 1, NULL, 0, deadline, &nfd), res, fail);
     close(nfd); /* the root reads it from the socket buffer; no reply */
   }
   /* The root's own deadline runs from the first check-in; allow it time to
    * tell us who is missing before we give up on it. */
   {
     int leader = rank == block_first(k, nranks, nids);
-    int want = leader ? 1 + block_first(k + 1, nranks, nids) - block_first(k, nranks, nids) : 1;
-    union sock_addr* reply = calloc((size_t)want, sizeof(*reply));
-    if (!reply) {
-      res = err_set(ncclSystemError, "out of memory in bootstrap");
-      goto fail;
-    }
-    res = checkin_wait(bs, &id, root_fd, time_ms() + bs->timeout_ms + 3000, reply, want);
+    size_t a = sizeof(union sock_addr);
+    uint64_t max_len = leader ? a + (uint64_t)(a + 4 + CHECKIN_CARD_MAX) * (uint64_t)(block_first(k + 1, nranks, nids) - rank)
+                              : a;
+    uint8_t* reply = NULL;
+    uint32_t reply_len = 0;
+    res = checkin_wait(bs, &id, root_fd, time_ms() + bs->timeout_ms + 3000,
+                       (uint32_t)COLLIE_MIN(max_len, (uint64_t)FRAME_MAX_PAYLOAD), !leader, &reply, &reply_len);
     close(root_fd);
     root_fd = -1;
     root_reap();
     bs->phase_ms[0] = (time_ns() - t0) / 1e6;
-    if (res == ncclSuccess) res = spread_table(bs, k, nids, reply);
+    if (res == ncclSuccess && leader && reply_len < a)
+      res = err_set(ncclRemoteError, "bootstrap: rank %d: short reply from the root", rank);
+    if (res == ncclSuccess) res = spread_table(bs, k, nids, reply, reply_len);
     free(reply);
     if (res != ncclSuccess) goto fail;
   }

@@ -49,11 +49,24 @@ ncclResult_t bootstrap_id_from_addr(const union sock_addr* addr, ncclUniqueId* o
 /* Checks an ID's header; fills `out`. */
 ncclResult_t bootstrap_id_decode(const ncclUniqueId* id, struct bootstrap_id* out);
 
+/* A rank's card: up to CHECKIN_CARD_MAX bytes that travel with its check-in
+ * and reach every rank with the address table, so that what every rank must
+ * learn about every other (init.c: peer info, keep-alive address) costs no
+ * exchange of its own. Called once this rank's bootstrap listener is bound
+ * (its address and COLLIE_LISTEN_ANY are given); fills `card`, returns its
+ * length, or -1 after err_set. */
+typedef int (*bootstrap_card_fn)(void* arg, const union sock_addr* listen_addr, int listen_any, uint8_t* card,
+                                 size_t cap);
+
 /* Brings `nranks` ranks together using `nids` IDs (one root each; rank r
  * checks in with root r*nids/nranks's block owner). Blocking; bounded by
- * COLLIE_BOOTSTRAP_TIMEOUT; returns early with ncclSystemError if *abort_flag. */
+ * COLLIE_BOOTSTRAP_TIMEOUT; returns early with ncclSystemError if *abort_flag.
+ * make_card may be NULL (empty cards). */
 ncclResult_t bootstrap_init(const ncclUniqueId* ids, int nids, int rank, int nranks,
-                            volatile uint32_t* abort_flag, struct bootstrap** out);
+                            volatile uint32_t* abort_flag, bootstrap_card_fn make_card, void* card_arg,
+                            struct bootstrap** out);
+/* The card `peer` gave at init (NULL, *len 0 for an empty one). */
+const uint8_t* bootstrap_card(const struct bootstrap* bs, int peer, uint32_t* len);
 void bootstrap_destroy(struct bootstrap* bs);
 
 int bootstrap_rank(const struct bootstrap* bs);
@@ -98,10 +111,6 @@ ncclResult_t bootstrap_recv_ctl(struct bootstrap* bs, int peer, uint32_t tag, vo
 /* Allgather (Bruck, log2 n rounds): `all` holds nranks blocks of `size`
  * bytes; block `rank` is ours. */
 ncclResult_t bootstrap_allgather(struct bootstrap* bs, void* all, size_t size);
-/* Allgather of blocks of any size (Bruck too): this rank gives `len` bytes;
- * on success *out (free() it) holds every rank's block in rank order, block q
- * at [offs[q], offs[q+1]); offs has nranks + 1 entries. */
-ncclResult_t bootstrap_allgatherv(struct bootstrap* bs, const void* mine, uint32_t len, uint8_t** out, size_t* offs);
 ncclResult_t bootstrap_barrier(struct bootstrap* bs);
 ncclResult_t bootstrap_bcast(struct bootstrap* bs, int root, void* data, size_t size);
 

@@ -69,6 +69,10 @@ struct checkin {
   uint8_t addr[28]; /* sockaddr_in or sockaddr_in6, as stored */
   uint64_t nonce;   /* from the unique ID: which job this check-in belongs to */
 };
+/* A check-in frame's payload is the CHECKIN_BYTES above, then the rank's
+ * card: up to CHECKIN_CARD_MAX bytes the root passes on, unread, with the
+ * address table (bootstrap.h, bootstrap_init). */
+#define CHECKIN_CARD_MAX 1024
 void checkin_encode(const struct checkin* c, uint8_t out[CHECKIN_BYTES]);
 /* Validates field ranges; returns 0 or -1 with `why` filled. */
 int checkin_decode(const uint8_t* in, size_t n, struct checkin* out, char* why, size_t why_len);

@@ -20,6 +20,8 @@
 struct root_slot {
   int fd;  /* held open until the reply; -1 when absent */
   union sock_addr addr;
+  uint8_t* card; /* what the rank sent after its check-in (bootstrap_init's card) */
+  uint32_t card_len;
 };
 
 struct root {
@@ -88,7 +90,12 @@ static int root_checkin(struct root* r, struct conn_reader* c, const uint8_t* pa
     bootstrap_note_dropped(&c->from, "root", "first frame is not a check-in");
     return 0;
   }
-  if (checkin_decode(payload, c->hdr.len, &ci, why, sizeof(why)) != 0) {
+  if (c->hdr.len > CHECKIN_BYTES + CHECKIN_CARD_MAX) {
+    bootstrap_note_dropped(&c->from, "root", "check-in card too long");
+    return 0;
+  }
+  uint32_t card_len = c->hdr.len > CHECKIN_BYTES ? c->hdr.len - CHECKIN_BYTES : 0;
+  if (checkin_decode(payload, c->hdr.len - card_len, &ci, why, sizeof(why)) != 0) {
     bootstrap_note_dropped(&c->from, "root", why);
     return 0;
   }
@@ -141,6 +148,15 @@ static int root_checkin(struct root* r, struct conn_reader* c, const uint8_t* pa
     root_reject(r, c, why);
     return 1;
   }
+  if (card_len) {
+    s->card = malloc(card_len);
+    if (!s->card) {
+      bootstrap_note_dropped(&c->from, "root", "out of memory for a check-in card");
+      return 0;
+    }
+    memcpy(s->card, payload + CHECKIN_BYTES, card_len);
+    s->card_len = card_len;
+  }
   s->fd = c->fd;
   s->addr = c->from;
   r->arrived++;
@@ -178,15 +194,17 @@ static int root_service(struct root* r, struct conn_reader* c) {
   return ROOT_PENDING;
 }
 
-/* The block's first rank gets the whole block's address table (after the
- * next block's first rank's address) and spreads it through the ranks
- * (bootstrap.c); it goes first so the spreading starts at once. The others
- * get their ring successor's address, which also says "everyone is here".
- * One table, not one per rank: the root's work stays linear in the ranks. */
+/* The block's first rank gets the next block's first rank's address, then
+ * its block's table (addresses, card lengths, cards: bootstrap.c's table
+ * format) and spreads it through the ranks (bootstrap.c); it goes first so
+ * the spreading starts at once. The others get their ring successor's
+ * address, which also says "everyone is here". One table, not one per rank:
+ * the root's work stays linear in the ranks. */
 static void root_finish_ok(struct root* r) {
   int64_t deadline = time_ms() + 5000;
-  size_t a = sizeof(union sock_addr);
-  union sock_addr* table = malloc(a * (size_t)(r->count + 1));
+  size_t a = sizeof(union sock_addr), len = a + (a + 4) * (size_t)r->count;
+  for (int i = 0; i < r->count; i++) len += r->slots[i].card_len;
+  uint8_t* table = malloc(len);
   if (!table) {
     const char* msg = "bootstrap root: out of memory for the address table";
     WARN("%s", msg);
@@ -194,14 +212,27 @@ static void root_finish_ok(struct root* r) {
       root_send(r, r->slots[i].fd, FRAME_ROOT_ERROR, ncclSystemError, msg, (uint32_t)strlen(msg) + 1, deadline);
     return;
   }
-  table[0] = r->next_addr;
-  for (int i = 0; i < r->count; i++) table[1 + i] = r->slots[i].addr;
-  root_send(r, r->slots[0].fd, FRAME_ROOT_REPLY, 0, table, (uint32_t)(a * (size_t)(r->count + 1)), deadline);
+  uint8_t* p = table;
+  memcpy(p, &r->next_addr, a);
+  p += a;
+  for (int i = 0; i < r->count; i++, p += a) memcpy(p, &r->slots[i].addr, a);
+  for (int i = 0; i < r->count; i++, p += 4) memcpy(p, &r->slots[i].card_len, 4);
+  for (int i = 0; i < r->count; i++) {
+    if (r->slots[i].card_len) memcpy(p, r->slots[i].card, r->slots[i].card_len);
+    p += r->slots[i].card_len;
+  }
+  root_send(r, r->slots[0].fd, FRAME_ROOT_REPLY, 0, table, (uint32_t)len, deadline);
   free(table);
   for (int i = 1; i < r->count; i++) {
     const union sock_addr* succ = (i + 1 < r->count) ? &r->slots[i + 1].addr : &r->next_addr;
     root_send(r, r->slots[i].fd, FRAME_ROOT_REPLY, 0, succ, (uint32_t)a, deadline);
   }
+}
+
+static void free_slots(struct root* r) {
+  for (int i = 0; r->slots && i < r->count; i++) free(r->slots[i].card);
+  free(r->slots);
+  r->slots = NULL;
 }
 
 static void root_finish_timeout(struct root* r, int64_t waited_ms) {
@@ -315,7 +346,7 @@ static void* root_main(void* arg) {
 }
 
 static void root_free(struct root* r) {
-  free(r->slots);
+  free_slots(r);
   free(r->pending);
   close(r->wake[0]);
   close(r->wake[1]);
@@ -422,7 +453,7 @@ int root_test_finish(struct root* r) {
   else root_finish_timeout(r, r->timeout_ms);
   for (int i = 0; r->slots && i < r->count; i++)
     if (r->slots[i].fd >= 0) close(r->slots[i].fd);
-  free(r->slots);
+  free_slots(r);
   free(r->pending);
   free(r);
   return ok;

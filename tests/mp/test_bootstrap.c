@@ -46,6 +46,7 @@ static int check_comm_ex(ncclComm_t comm, int rank, int nranks, int one_process)
     MP_NCCL(collie_comm_peer_info(comm, i, &p));
     MP_CHECK(p.rank == i, "peer %d says rank %d", i, p.rank);
     MP_CHECK(p.host_hash == me.host_hash, "peer %d on another host?", i);
+    MP_CHECK(strcmp(p.hostname, me.hostname) == 0 && p.hostname[0], "peer %d host name '%s'", i, p.hostname);
     MP_CHECK(p.local_size == nranks && p.local_rank == i, "peer %d local %d/%d", i, p.local_rank, p.local_size);
     MP_CHECK(p.pid > 0 && (i == rank || (p.pid != me.pid) != one_process), "peer %d pid %d", i, p.pid);
   }
