@@ -74,10 +74,10 @@ static int mp_counters_reset(void) {
 }
 
 /* In a rank: adds one to counter k. */
-static void mp_arrive(int k) { __atomic_add_fetch(&mp_counters[k], 1, __ATOMIC_RELEASE); }
+static inline void mp_arrive(int k) { __atomic_add_fetch(&mp_counters[k], 1, __ATOMIC_RELEASE); }
 
 /* In a rank: waits until counter k reaches n; 0, or 1 after limit_s seconds. */
-static int mp_await(int k, int n, double limit_s) {
+static inline int mp_await(int k, int n, double limit_s) {
   double until = mp_now() + limit_s;
   while (__atomic_load_n(&mp_counters[k], __ATOMIC_ACQUIRE) < n) {
     if (mp_now() > until) return 1;
