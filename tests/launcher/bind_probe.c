@@ -1,0 +1,87 @@
+/* Test program for placement (tests/launcher/test_bind.sh): starts a helper
+ * thread, joins the world communicator (collie_comm_init_from_env, where
+ * COLLIE_BIND acts: src/graph/bind.c), then prints one line per rank:
+ *   bind RANK LOCAL_RANK LOCAL_SIZE MAIN_CPUS HELPER_CPUS
+ * with the CPU lists the kernel reports for the main and the helper thread,
+ * so the test sees that a thread started before init was bound too. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "collie.h"
+
+static int stop_pipe[2];
+static pid_t helper_tid;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ready = PTHREAD_COND_INITIALIZER;
+
+static void* helper(void* arg) {
+  (void)arg;
+  char c;
+  pthread_mutex_lock(&lock);
+  helper_tid = (pid_t)syscall(SYS_gettid);
+  pthread_cond_signal(&ready);
+  pthread_mutex_unlock(&lock);
+  /* Parked until main is done (a compute-pool thread stand-in). */
+  while (read(stop_pipe[0], &c, 1) < 0) {
+  }
+  return NULL;
+}
+
+/* Cpus_allowed_list of one thread, from /proc. */
+static int thread_cpus(pid_t tid, char* out, size_t n) {
+  char path[64], line[512];
+  snprintf(path, sizeof(path), "/proc/self/task/%d/status", (int)tid);
+  FILE* f = fopen(path, "r");
+  if (f == NULL) return -1;
+  int found = -1;
+  while (fgets(line, sizeof(line), f) != NULL) {
+    if (strncmp(line, "Cpus_allowed_list:", 18) == 0) {
+      const char* v = line + 18;
+      while (*v == ' ' || *v == '\t') v++;
+      snprintf(out, n, "%.*s", (int)strcspn(v, "\n"), v);
+      found = 0;
+      break;
+    }
+  }
+  fclose(f);
+  return found;
+}
+
+int main(void) {
+  pthread_t th;
+  if (pipe(stop_pipe) != 0 || pthread_create(&th, NULL, helper, NULL) != 0) {
+    perror("bind_probe: setup");
+    return 1;
+  }
+  pthread_mutex_lock(&lock);
+  while (helper_tid == 0) pthread_cond_wait(&ready, &lock);
+  pthread_mutex_unlock(&lock);
+
+  ncclComm_t comm;
+  ncclResult_t res = collie_comm_init_from_env(&comm);
+  if (res != ncclSuccess) {
+    fprintf(stderr, "bind_probe: init failed: %s: %s\n", ncclGetErrorString(res), ncclGetLastError(NULL));
+    return 1;
+  }
+  int rank;
+  collie_peer_info_t info = {.size = sizeof(info)};
+  char main_cpus[256], helper_cpus[256];
+  if (ncclCommUserRank(comm, &rank) != ncclSuccess || collie_comm_peer_info(comm, rank, &info) != ncclSuccess ||
+      thread_cpus((pid_t)syscall(SYS_gettid), main_cpus, sizeof(main_cpus)) != 0 ||
+      thread_cpus(helper_tid, helper_cpus, sizeof(helper_cpus)) != 0) {
+    fprintf(stderr, "bind_probe: cannot read the placement\n");
+    return 1;
+  }
+  printf("bind %d %d %d %s %s\n", rank, info.local_rank, info.local_size, main_cpus, helper_cpus);
+  fflush(stdout);
+  ncclCommDestroy(comm);
+  if (write(stop_pipe[1], "x", 1) != 1) return 1;
+  pthread_join(th, NULL);
+  return 0;
+}

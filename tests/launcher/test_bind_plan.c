@@ -1,0 +1,173 @@
+/* Unit test of the placement planner (src/graph/bind.c: bind_plan,
+ * bind_cpulist, bind_cpulist_parse) on made-up machines -- two NUMA nodes of
+ * 8 cores with 2 hardware threads each, unequal nodes, one node -- since the
+ * machines the suite runs on rarely have several nodes. Prints each failed
+ * check; exits 1 if any failed. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph/bind.h"
+
+static int failures;
+
+#define CHECK(cond, ...)                          \
+  do {                                            \
+    if (!(cond)) {                                \
+      printf("not ok: %s:%d: ", __FILE__, __LINE__); \
+      printf(__VA_ARGS__);                        \
+      printf("\n");                               \
+      failures++;                                 \
+    }                                             \
+  } while (0)
+
+/* nodes[i] cores on node i, `smt` threads per core. CPU numbering as Linux
+ * does on most x86 machines: the first thread of every core first, then the
+ * second threads (core c's threads are c, c + ncores, ...). */
+static void make_topo(struct bind_topo* t, const int* nodes, int nnodes, int smt) {
+  int ncores = 0;
+  for (int i = 0; i < nnodes; i++) ncores += nodes[i];
+  memset(t, 0, sizeof(*t));
+  t->cores = calloc((size_t)ncores, sizeof(*t->cores));
+  t->pus = calloc((size_t)(ncores * smt), sizeof(*t->pus));
+  t->nnodes = nnodes;
+  for (int i = 0, c = 0; i < nnodes; i++) {
+    for (int k = 0; k < nodes[i]; k++, c++) {
+      struct bind_unit* u = &t->cores[t->ncores++];
+      u->node = i;
+      CPU_ZERO(&u->cpus);
+      for (int s = 0; s < smt; s++) {
+        CPU_SET(c + s * ncores, &u->cpus);
+        struct bind_unit* p = &t->pus[t->npus++];
+        p->node = i;
+        CPU_ZERO(&p->cpus);
+        CPU_SET(c + s * ncores, &p->cpus);
+      }
+    }
+  }
+}
+
+static const char* list(const cpu_set_t* s) {
+  static char buf[4][256];
+  static int k;
+  k = (k + 1) % 4;
+  bind_cpulist(s, buf[k], sizeof(buf[k]));
+  return buf[k];
+}
+
+/* The node (or -1 if several) whose cores hold every CPU of s. */
+static int node_of(const struct bind_topo* t, const cpu_set_t* s) {
+  int node = -2;
+  for (int i = 0; i < t->ncores; i++) {
+    cpu_set_t x;
+    CPU_AND(&x, &t->cores[i].cpus, s);
+    if (CPU_COUNT(&x) == 0) continue;
+    if (node == -2) node = t->cores[i].node;
+    else if (node != t->cores[i].node) return -1;
+  }
+  return node;
+}
+
+/* Every rank of n gets a plan; the sets are disjoint, of equal size, and
+ * (when `one_node`) each inside one NUMA node. */
+static void check_disjoint(const struct bind_topo* t, enum bind_mode m, int n, int want_cpus, int one_node) {
+  cpu_set_t seen, s;
+  char why[128];
+  CPU_ZERO(&seen);
+  for (int r = 0; r < n; r++) {
+    int node;
+    int rc = bind_plan(t, m, r, n, &s, &node, why, sizeof(why));
+    CHECK(rc == 0, "%s n=%d rank %d: not placed: %s", bind_mode_name(m), n, r, why);
+    if (rc != 0) return;
+    cpu_set_t x;
+    CPU_AND(&x, &seen, &s);
+    CHECK(CPU_COUNT(&x) == 0, "%s n=%d rank %d: %s overlaps %s", bind_mode_name(m), n, r, list(&s), list(&seen));
+    CHECK(want_cpus == 0 || CPU_COUNT(&s) == want_cpus, "%s n=%d rank %d: %s has %d CPUs, want %d",
+          bind_mode_name(m), n, r, list(&s), CPU_COUNT(&s), want_cpus);
+    CHECK(!one_node || node_of(t, &s) == node, "%s n=%d rank %d: %s not inside node %d", bind_mode_name(m), n, r,
+          list(&s), node);
+    CPU_OR(&seen, &seen, &s);
+  }
+}
+
+static void expect(const struct bind_topo* t, enum bind_mode m, int r, int n, const char* want) {
+  cpu_set_t s;
+  int node;
+  char why[128];
+  int rc = bind_plan(t, m, r, n, &s, &node, why, sizeof(why));
+  CHECK(rc == 0 && strcmp(list(&s), want) == 0, "%s rank %d of %d: got %s (rc %d %s), want %s", bind_mode_name(m), r,
+        n, rc == 0 ? list(&s) : "-", rc, rc == 0 ? "" : why, want);
+}
+
+static void expect_refused(const struct bind_topo* t, enum bind_mode m, int n) {
+  cpu_set_t s;
+  int node;
+  char why[128] = "";
+  int rc = bind_plan(t, m, 0, n, &s, &node, why, sizeof(why));
+  CHECK(rc == 1 && why[0] != '\0', "%s with %d ranks: rc %d, want 1 with a reason", bind_mode_name(m), n, rc);
+}
+
+int main(void) {
+  struct bind_topo t;
+
+  /* Two nodes of 8 cores, 2 threads each: CPUs 0-7,16-23 on node 0. */
+  static const int two[] = {8, 8};
+  make_topo(&t, two, 2, 2);
+  expect(&t, BIND_SHARE, 0, 2, "0-7,16-23");
+  expect(&t, BIND_SHARE, 1, 2, "8-15,24-31");
+  /* 3 ranks: shares of 4 cores that each fit in a node beat 5 across both. */
+  expect(&t, BIND_SHARE, 0, 3, "0-3,16-19");
+  expect(&t, BIND_SHARE, 1, 3, "4-7,20-23");
+  expect(&t, BIND_SHARE, 2, 3, "8-11,24-27");
+  expect(&t, BIND_CORE, 0, 2, "0,16");
+  expect(&t, BIND_CORE, 1, 2, "8,24");
+  expect(&t, BIND_HWTHREAD, 1, 2, "8");
+  expect(&t, BIND_NUMA, 0, 3, "0-7,16-23");
+  expect(&t, BIND_NUMA, 2, 3, "8-15,24-31");
+  for (int n = 1; n <= 16; n++) {
+    int s = 16 / n;
+    while (s > 1 && (8 / s) * 2 < n) s--;
+    check_disjoint(&t, BIND_SHARE, n, 2 * s, 1);
+    check_disjoint(&t, BIND_CORE, n, 2, 1);
+  }
+  check_disjoint(&t, BIND_HWTHREAD, 32, 1, 1);
+  expect_refused(&t, BIND_SHARE, 17);
+  expect_refused(&t, BIND_CORE, 17);
+  expect_refused(&t, BIND_HWTHREAD, 33);
+  /* NUMA binding never refuses: more ranks than cores share the nodes. */
+  expect(&t, BIND_NUMA, 33, 40, "8-15,24-31");
+  bind_topo_free(&t);
+
+  /* Unequal nodes (4 and 12 cores, no SMT). */
+  static const int uneven[] = {4, 12};
+  make_topo(&t, uneven, 2, 1);
+  for (int n = 1; n <= 16; n++) check_disjoint(&t, BIND_SHARE, n, 0, 1);
+  expect_refused(&t, BIND_CORE, 17);
+  bind_topo_free(&t);
+
+  /* One node of 2 cores: this suite's usual machine. */
+  static const int small[] = {2};
+  make_topo(&t, small, 1, 1);
+  expect(&t, BIND_SHARE, 0, 1, "0-1");
+  expect(&t, BIND_SHARE, 1, 2, "1");
+  expect_refused(&t, BIND_SHARE, 3);
+  expect_refused(&t, BIND_NONE, 1);
+  bind_topo_free(&t);
+
+  /* CPU lists both ways. */
+  cpu_set_t s;
+  CHECK(bind_cpulist_parse("0-3,8,10-11\n", &s) == 0 && strcmp(list(&s), "0-3,8,10-11") == 0, "parse 0-3,8,10-11");
+  static const char* const bad[] = {"", "3-1", "1,", "a", "1-", "-1", "1,,2", "99999"};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+    CHECK(bind_cpulist_parse(bad[i], &s) != 0, "'%s' accepted", bad[i]);
+  enum bind_mode m;
+  CHECK(bind_mode_parse("numa", &m) == 0 && m == BIND_NUMA, "numa");
+  CHECK(bind_mode_parse("socket", &m) != 0, "socket accepted");
+
+  printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
+  return failures ? 1 : 0;
+}
