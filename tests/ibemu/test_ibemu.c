@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -648,6 +649,49 @@ static int test_qp_states(void) {
   return 0;
 }
 
+/* Completion events: an armed CQ on a channel signals its fd once per arm. */
+static int test_events(void) {
+  struct end a;
+  end_open(&a, "mlx5_0", 1, 8192, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  struct ibv_comp_channel* ch = ibv_create_comp_channel(a.ctx);
+  CHECK(ch != NULL);
+  int tag;
+  struct ibv_cq* cq = ibv_create_cq(a.ctx, 16, &tag, ch, 0);
+  CHECK(cq != NULL);
+  struct end b = a;
+  struct ibv_qp_init_attr ia;
+  memset(&ia, 0, sizeof(ia));
+  ia.send_cq = a.cq;
+  ia.recv_cq = cq; /* receive completions go to the evented CQ */
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = ia.cap.max_recv_wr = 4;
+  ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+  CHECK((b.qp = ibv_create_qp(a.pd, &ia)) != NULL);
+  qp_init(b.qp, 1);
+  struct info ia_ = end_info(&a), ib_ = end_info(&b);
+  CHECK(qp_rtr_rts(a.qp, &a, &ib_, DEFAULT_OPTS) == 0);
+  CHECK(qp_rtr_rts(b.qp, &a, &ia_, DEFAULT_OPTS) == 0);
+  post_recv(&b, 11, 0, 0);
+  CHECK(ibv_req_notify_cq(cq, 0) == 0);
+  struct pollfd pf = {ch->fd, POLLIN, 0};
+  CHECK(poll(&pf, 1, 0) == 0); /* nothing yet */
+  post_write(&a, 1, 0, 16, &ib_, 4096, 1, 77, 0);
+  CHECK(poll(&pf, 1, WAIT_S * 1000) == 1);
+  struct ibv_cq* ev_cq = NULL;
+  void* ev_ctx = NULL;
+  CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0 && ev_cq == cq && ev_ctx == &tag);
+  ibv_ack_cq_events(cq, 1);
+  struct ibv_wc wc;
+  CHECK(wait_wc(cq, &wc, 1) == 1 && wc.wr_id == 11 && ntohl(wc.imm_data) == 77);
+  CHECK(wait_wc(a.cq, &wc, 1) == 1 && wc.wr_id == 1 && wc.status == IBV_WC_SUCCESS);
+  CHECK(poll(&pf, 1, 0) == 0); /* not re-armed: no second event */
+  CHECK(ibv_destroy_qp(b.qp) == 0);
+  CHECK(ibv_destroy_cq(cq) == 0);
+  CHECK(ibv_destroy_comp_channel(ch) == 0);
+  end_close(&a);
+  return 0;
+}
+
 /* RTR with an address that is not the peer's: sends fail as retries would. */
 static int test_wrong_address(void) {
   int fds = count_fds();
@@ -720,7 +764,7 @@ static int test_report(void) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s devices|qp_states|wrong_address|pair DEV PORT|access bounds|flags|"
+    fprintf(stderr, "usage: %s devices|qp_states|wrong_address|events|pair DEV PORT|access bounds|flags|"
                     "rnr exceeded|late|peer_killed|fail drop|corrupt_rkey|kill_qp|report\n", argv[0]);
     return 2;
   }
@@ -730,6 +774,7 @@ int main(int argc, char** argv) {
   if (!strcmp(t, "devices")) rc = test_devices();
   else if (!strcmp(t, "qp_states")) rc = test_qp_states();
   else if (!strcmp(t, "wrong_address")) rc = test_wrong_address();
+  else if (!strcmp(t, "events")) rc = test_events();
   else if (!strcmp(t, "report")) rc = test_report();
   else if (!strcmp(t, "pair") && argc == 4) rc = run_two(side_pair, args, 0);
   else if (!strcmp(t, "access") && argc == 3) rc = run_two(side_access, args, 0);
