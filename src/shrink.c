@@ -198,9 +198,10 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeR
   if (wait_s == 0) wait_s = 2 * param_int(P_COLLIE_PEER_TIMEOUT, 0, 86400);
   if (wait_s == 0) wait_s = param_int(P_COLLIE_BOOTSTRAP_TIMEOUT, 1, 86400);
   ncclUniqueId id;
+  int64_t t0 = time_ns();
   NCCLCHECKGOTO(shrink_rendezvous(comm, members, m, newrank, seq, wait_s * 1000, &id), res, done);
-  INFO(LOG_INIT, "ncclCommShrink: rank %d -> rank %d of %d (%d excluded%s)", comm->rank, newrank, m,
-       excludeRanksCount, shrinkFlags == NCCL_SHRINK_ABORT ? ", parent aborted" : "");
+  INFO(LOG_INIT, "ncclCommShrink: rank %d -> rank %d of %d (%d excluded%s), rendezvous %.3f ms", comm->rank, newrank, m,
+       excludeRanksCount, shrinkFlags == NCCL_SHRINK_ABORT ? ", parent aborted" : "", (time_ns() - t0) / 1e6);
   res = comm_init(newcomm, m, 1, &id, newrank, config ? config : &comm->config, "ncclCommShrink");
 done:
   free(out);
