@@ -249,6 +249,19 @@ def test_async_work_and_futures(world):
     dist.barrier()
 
 
+def test_object_collectives(world):
+    r, n = dist.get_rank(), dist.get_world_size()
+    got = [None] * n
+    dist.all_gather_object(got, {"rank": r, "pad": "x" * (100 * r)})
+    assert got == [{"rank": i, "pad": "x" * (100 * i)} for i in range(n)]
+    objs = [("root", [1, 2, 3]), None] if r == n - 1 else [None, None]
+    dist.broadcast_object_list(objs, src=n - 1)
+    assert objs == [("root", [1, 2, 3]), None]
+    out = [None]
+    dist.scatter_object_list(out, [i * 11 for i in range(n)] if r == 0 else None, src=0)
+    assert out == [r * 11]
+
+
 def test_new_group(world):
     r, n = dist.get_rank(), dist.get_world_size()
     # Ranks 1.. : group rank 0 is world rank 1 (who then makes the unique ID).
