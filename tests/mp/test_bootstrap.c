@@ -169,10 +169,12 @@ static int rank_scalable(int rank, int nranks, const ncclUniqueId* ids, int nids
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   MP_NCCL(ncclCommInitRankScalable(&comm, nranks, rank, nids, (ncclUniqueId*)ids, &cfg));
   if (check_comm(comm, rank, nranks)) return 1;
-  int v[32];
+  int* v = calloc((size_t)nranks, sizeof(int));
+  MP_CHECK(v != NULL, "out of memory");
   v[rank] = rank * rank;
   MP_NCCL(bootstrap_allgather(comm->bs, v, sizeof(int)));
   for (int r = 0; r < nranks; r++) MP_CHECK(v[r] == r * r, "block %d", r);
+  free(v);
   MP_NCCL(ncclCommDestroy(comm));
   return 0;
 }
@@ -425,18 +427,19 @@ static int rank_split(int rank, int nranks, const ncclUniqueId* ids, int nids, v
       continue;
     }
     /* Members of my color (excluding the opted-out rank), ordered by key = -rank. */
-    int members[64], m = 0;
-    for (int r = nranks - 2; r >= 0; r--)
-      if (r % 2 == color) members[m++] = r;
-    int want_rank = 0;
-    while (members[want_rank] != rank) want_rank++;
+    int m = 0, want_rank = 0, want = 0;
+    for (int r = nranks - 2; r >= 0; r--) {
+      if (r % 2 != color) continue;
+      if (r > rank) want_rank++;
+      want += r;
+      m++;
+    }
     int n = -1, me = -1;
     MP_NCCL(ncclCommCount(sub, &n));
     MP_NCCL(ncclCommUserRank(sub, &me));
     MP_CHECK(n == m && me == want_rank, "split: got rank %d of %d, want %d of %d", me, n, want_rank, m);
     /* The new communicator works: sum of parent ranks of my color. */
-    int v = rank, sum = -1, want = 0;
-    for (int i = 0; i < m; i++) want += members[i];
+    int v = rank, sum = -1;
     MP_NCCL(ncclAllReduce(&v, &sum, 1, ncclInt32, ncclSum, sub, NULL));
     MP_CHECK(sum == want, "split allreduce %d, want %d", sum, want);
     MP_NCCL(ncclCommDestroy(sub));
