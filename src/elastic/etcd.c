@@ -281,6 +281,7 @@ struct etcd_store {
    * first wins the transaction, so local clocks are enough). */
   uint32_t seen_next;
   int64_t last_register_ms, round_start_ms, last_scan_ms;
+  unsigned seed; /* registration retries back off by different amounts */
   struct sbuf resp;
   char err[512];
 };
@@ -945,7 +946,7 @@ static ncclResult_t do_register(struct etcd_store* e, struct ebuf* in, struct eb
       ebuf_put_u32(b, epoch);
       return ncclSuccess;
     }
-    sleep_ms(10 + (int64_t)(rand() % 40));
+    sleep_ms(10 + (int64_t)(rand_r(&e->seed) % 40));
   }
   return err_set(ncclSystemError, "elastic: could not register in etcd: %d tries lost the race for a worker id",
                  ETCD_CAS_TRIES);
@@ -1248,6 +1249,7 @@ ncclResult_t etcd_open(struct etcd_store** out, const char* url, const char* sec
   e->cfg.slot_fail_limit = (int)param_int(P_COLLIE_ELASTIC_SLOT_FAILURES, 0, 1000000);
   e->cfg.reset_limit = param_str(P_COLLIE_ELASTIC_RESET_LIMIT) ? (int)param_int(P_COLLIE_ELASTIC_RESET_LIMIT, 0, 1000000)
                                                                 : -1;
+  e->seed = (unsigned)getpid() ^ (unsigned)time_ms();
   e->curl = p_curl_easy_init();
   if (!e->curl) return err_set(ncclSystemError, "elastic: curl_easy_init failed");
   if (e->tls) {

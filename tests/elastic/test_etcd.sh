@@ -85,6 +85,7 @@ start_cluster() {
         --listen-peer-urls "http://127.0.0.1:${ports[$((3 + i))]}" \
         --initial-advertise-peer-urls "http://127.0.0.1:${ports[$((3 + i))]}" \
         --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "collie-$$-$attempt" \
+        --heartbeat-interval 250 --election-timeout 2500 \
         >"$tmp/etcd$i.log" 2>&1 &
       etcd_pids+=($!)
     done
@@ -140,7 +141,10 @@ fi
 start_cluster
 job="job$$"
 export COLLIE_RENDEZVOUS="etcd://$(IFS=,; echo "${endpoints[*]}")/$job"
-export COLLIE_ETCD_TTL=3 COLLIE_ELASTIC_HEARTBEAT_MS=300 COLLIE_ELASTIC_SETTLE_MS=300
+# Short leases so that a killed worker is gone soon; long enough that a
+# loaded machine does not starve a live worker's keepalives past them. The
+# members' election timeout is raised for the same reason.
+export COLLIE_ETCD_TTL=5 COLLIE_ELASTIC_HEARTBEAT_MS=300 COLLIE_ELASTIC_SETTLE_MS=300
 unset COLLIE_RENDEZVOUS_SECRET COLLIE_ETCD_PREFIX
 
 case $scenario in
@@ -179,7 +183,7 @@ run)
   [ -n "$base" ] || fail "the one-worker run without failures gave no hash"
   export COLLIE_ETCD_TIMEOUT=30
   ELASTIC_KILL_SLOT=1 ELASTIC_KILL_STEP=8 ELASTIC_WAIT_SIZE=3 timeout 200 "$run" --elastic --store "$COLLIE_RENDEZVOUS" \
-    --min 2 --max 3 -n 3 --heartbeat-timeout 3 --tag-output "${worker[@]}" >"$tmp/out.run" 2>&1 &
+    --min 2 --max 3 -n 3 --heartbeat-timeout 5 --tag-output "${worker[@]}" >"$tmp/out.run" 2>&1 &
   pids+=($!)
   wait_for "killed by signal 9" "$tmp/out.run" 120 || fail "the worker of slot 1 did not die"
   kill -9 "${etcd_pids[0]}"
