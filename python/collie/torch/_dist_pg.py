@@ -59,12 +59,34 @@ def _op_name(op):
     return repr(op)
 
 
+def _op_codes():
+    """ReduceOp -> ncclRedOp_t by hash where this torch's ReduceOp hashes as
+    it compares (1.13 does); the loop in _nccl_op covers the rest."""
+    table = {}
+    try:
+        for t, c, _ in _OPS:
+            table[t] = c
+        for t, c, _ in _OPS:
+            if table.get(t) != c:
+                return {}
+    except TypeError:
+        return {}
+    return table
+
+
+_OP_CODES = _op_codes()
+
+
 def _nccl_op(op, dtype, what):
-    code = None
-    for t, c, _ in _OPS:
-        if op == t:
-            code = c
-            break
+    try:
+        code = _OP_CODES.get(op)
+    except TypeError:  # an unhashable op object
+        code = None
+    if code is None:
+        for t, c, _ in _OPS:
+            if op == t:
+                code = c
+                break
     if code is None:
         name = _op_name(op)
         if dtype == torch.bool and name in ("BAND", "BOR"):
