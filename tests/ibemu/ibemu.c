@@ -141,7 +141,9 @@ struct emu_qp {
   uint32_t dest_qpn, rq_psn, sq_psn;
   struct ibv_ah_attr ah;
   int lfd, ofd, ifd;
-  struct rbuf ob, ib;
+  struct rbuf ob, ib;     /* what came in on ofd / ifd, not yet a whole frame */
+  struct rbuf ow, iw;     /* what could not be sent yet on ofd / ifd: writers never
+                             block while holding E.mu (the thread flushes) */
   int no_path, peer_gone, have_hello;
   struct wire_hello hello;
   pid_t in_pid;
@@ -685,35 +687,68 @@ static socklen_t qp_addr(uint32_t qpn, struct sockaddr_un* a) {
   return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)l);
 }
 
-/* Sends a whole frame on a non-blocking stream; 0 or -1 (peer gone). */
-static int wire_send(int fd, const void* a, size_t alen, const void* b, size_t blen) {
-  struct iovec iov[2] = {{(void*)a, alen}, {(void*)b, blen}};
-  int n = blen ? 2 : 1, i = 0;
-  if (fd < 0) return -1;
-  while (i < n) {
-    struct msghdr m = {.msg_iov = iov + i, .msg_iovlen = (size_t)(n - i)};
-    ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN) return -1;
-      struct pollfd p = {fd, POLLOUT, 0};
-      poll(&p, 1, 100);
-      continue;
-    }
-    while (i < n && (size_t)w >= iov[i].iov_len) w -= (ssize_t)iov[i++].iov_len;
-    if (i < n) { iov[i].iov_base = (uint8_t*)iov[i].iov_base + w; iov[i].iov_len -= (size_t)w; }
+static void wake_thread(void);
+
+static int wbuf_put(struct rbuf* w, const void* p, size_t n) {
+  if (n == 0) return 0;
+  if (w->cap - w->len < n) {
+    size_t cap = w->cap ? w->cap : 4096;
+    while (cap - w->len < n) cap *= 2;
+    uint8_t* q = realloc(w->p, cap);
+    if (!q) return -1;
+    w->p = q;
+    w->cap = cap;
   }
+  memcpy(w->p + w->len, p, n);
+  w->len += n;
   return 0;
 }
 
-static void wire_bye(int fd) {
+/* Sends what is queued in w without blocking; 0, or -1 when the peer is gone. */
+static int wire_flush(int fd, struct rbuf* w) {
+  size_t off = 0;
+  while (off < w->len) {
+    ssize_t r = send(fd, w->p + off, w->len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && errno == EAGAIN) break;
+    if (r < 0) return -1;
+    off += (size_t)r;
+  }
+  if (off) memmove(w->p, w->p + off, w->len - off);
+  w->len -= off;
+  return 0;
+}
+
+/* Sends a frame (a then b) in order after anything already queued in w; what
+ * the socket does not take now is queued for the progress thread. 0, or -1
+ * when the peer is gone. */
+static int wire_send(int fd, struct rbuf* w, const void* a, size_t alen, const void* b, size_t blen) {
+  size_t done = 0;
+  if (fd < 0) return -1;
+  if (w->len == 0) {
+    struct iovec iov[2] = {{(void*)a, alen}, {(void*)b, blen}};
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = blen ? 2 : 1};
+    ssize_t r;
+    do r = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT); while (r < 0 && errno == EINTR);
+    if (r < 0 && errno != EAGAIN) return -1;
+    if (r > 0) done = (size_t)r;
+  }
+  if (done >= alen + blen) return 0;
+  if (done < alen && wbuf_put(w, (const uint8_t*)a + done, alen - done) != 0) return -1;
+  size_t bdone = done > alen ? done - alen : 0;
+  if (wbuf_put(w, (const uint8_t*)b + bdone, blen - bdone) != 0) return -1;
+  wake_thread(); /* it polls for room now */
+  return 0;
+}
+
+static void wire_bye(int fd, struct rbuf* w) {
   struct wire_hdr h = {W_BYE, sizeof(h)};
-  (void)wire_send(fd, &h, sizeof(h), NULL, 0);
+  if (wire_send(fd, w, &h, sizeof(h), NULL, 0) == 0 && fd >= 0) (void)wire_flush(fd, w);
 }
 
 static void wire_ack(struct emu_qp* q, uint64_t seq, uint32_t status) {
   struct wire_ack a = {{W_ACK, sizeof(a)}, seq, status, 0};
-  (void)wire_send(q->ifd, &a, sizeof(a), NULL, 0); /* a lost ack: the peer is gone */
+  (void)wire_send(q->ifd, &q->iw, &a, sizeof(a), NULL, 0); /* a lost ack: the peer is gone */
 }
 
 /* Reads what is there into b; 1 if the stream ended or broke. */
@@ -790,21 +825,26 @@ static void qp_error(struct emu_qp* q, enum ibv_wc_status first) {
   q->ibv.state = IBV_QPS_ERR;
 }
 
+/* BYE is best effort: with a backlog the socket cannot take now, the peer
+ * sees the stream end without it, as if this process had died. */
 static void qp_close_links(struct emu_qp* q, int bye) {
-  if (bye) { wire_bye(q->ofd); wire_bye(q->ifd); }
+  if (bye) { wire_bye(q->ofd, &q->ow); wire_bye(q->ifd, &q->iw); }
   if (q->ofd >= 0) close(q->ofd);
   if (q->ifd >= 0) close(q->ifd);
   q->ofd = q->ifd = -1;
   rbuf_free(&q->ob);
   rbuf_free(&q->ib);
+  rbuf_free(&q->ow);
+  rbuf_free(&q->iw);
 }
 
 /* The peer's stream ended: gracefully (BYE seen) nothing is lost unless sends
  * are outstanding; otherwise the peer died and the QP fails. */
-static void qp_link_down(struct emu_qp* q, int* fd, struct rbuf* b) {
+static void qp_link_down(struct emu_qp* q, int* fd, struct rbuf* b, struct rbuf* w) {
   close(*fd);
   *fd = -1;
   rbuf_free(b);
+  rbuf_free(w);
   if (q->ibv.state == IBV_QPS_RESET || q->ibv.state == IBV_QPS_ERR) return;
   if (!q->peer_gone || q->sq_n > 0) qp_error(q, IBV_WC_RETRY_EXC_ERR);
 }
@@ -1008,6 +1048,7 @@ static int out_frame(struct emu_qp* q, const uint8_t* f, size_t len) {
 static void drain(struct emu_qp* q, int out) {
   int* fd = out ? &q->ofd : &q->ifd;
   struct rbuf* b = out ? &q->ob : &q->ib;
+  struct rbuf* w = out ? &q->ow : &q->iw;
   int ended = rbuf_fill(*fd, b), bad = 0;
   size_t off = 0, len;
   uint8_t* f;
@@ -1019,7 +1060,7 @@ static void drain(struct emu_qp* q, int out) {
   memmove(b->p, b->p + off, b->len - off);
   b->len -= off;
   if (bad) fprintf(stderr, "ibemu: QP %u: malformed frame from its peer\n", q->ibv.qp_num);
-  if (ended || bad) qp_link_down(q, fd, b);
+  if (ended || bad) qp_link_down(q, fd, b, w);
 }
 
 static void wake_thread(void) {
@@ -1060,8 +1101,9 @@ static void* progress_main(void* arg) {
     uint64_t now = now_ns(), next = now + 1000000000ull;
     for (struct emu_qp* q = E.qps; q; q = q->next) {
       int fds[3] = {q->ifd < 0 ? q->lfd : -1, q->ifd, q->ofd};
+      short ev[3] = {POLLIN, (short)(POLLIN | (q->iw.len ? POLLOUT : 0)), (short)(POLLIN | (q->ow.len ? POLLOUT : 0))};
       for (int k = 0; k < 3; k++)
-        if (fds[k] >= 0) { pfd[n] = (struct pollfd){fds[k], POLLIN, 0}; ids[n++] = q->id * 4 + (uint64_t)k; }
+        if (fds[k] >= 0) { pfd[n] = (struct pollfd){fds[k], ev[k], 0}; ids[n++] = q->id * 4 + (uint64_t)k; }
       if (q->inq && q->inq->rnr_deadline && q->inq->rnr_deadline < next) next = q->inq->rnr_deadline;
       if (q->lost && q->lost_deadline < next) next = q->lost_deadline;
     }
@@ -1087,10 +1129,14 @@ static void* progress_main(void* arg) {
           q->in_pid = uc.pid;
           q->have_hello = q->in_broken = 0;
         }
-      } else if (k == 1 && q->ifd == pfd[i].fd) {
-        drain(q, 0);
-      } else if (k == 2 && q->ofd == pfd[i].fd) {
-        drain(q, 1);
+      } else if (k >= 1 && (k == 1 ? q->ifd : q->ofd) == pfd[i].fd) {
+        int out = k == 2;
+        int* fd = out ? &q->ofd : &q->ifd;
+        struct rbuf* w = out ? &q->ow : &q->iw;
+        if ((pfd[i].revents & POLLOUT) && wire_flush(*fd, w) != 0)
+          qp_link_down(q, fd, out ? &q->ob : &q->ib, w);
+        else if (pfd[i].revents & ~POLLOUT)
+          drain(q, out);
       }
     }
     now = now_ns();
@@ -1264,8 +1310,13 @@ static void qp_connect(struct emu_qp* q) {
   h.is_global = q->ah.is_global;
   h.dlid = q->ah.dlid;
   memcpy(h.dgid, q->ah.grh.dgid.raw, 16);
-  if (wire_send(fd, &h, sizeof(h), NULL, 0) != 0) { close(fd); q->no_path = 1; return; }
   q->ofd = fd;
+  if (wire_send(fd, &q->ow, &h, sizeof(h), NULL, 0) != 0) {
+    close(fd);
+    q->ofd = -1;
+    rbuf_free(&q->ow);
+    q->no_path = 1;
+  }
 }
 
 EXPORT int ibv_modify_qp(struct ibv_qp* qp, struct ibv_qp_attr* at, int mask) {
@@ -1445,7 +1496,7 @@ static int ops_post_send(struct ibv_qp* qp, struct ibv_send_wr* wr, struct ibv_s
     r.nsge = (uint32_t)nsg;
     r.inl = (uint32_t)ilen;
     r.rnr_retry = q->rnr_retry;
-    if (wire_send(q->ofd, &r, sizeof(r), body, blen) != 0) qp_error(q, IBV_WC_RETRY_EXC_ERR);
+    if (wire_send(q->ofd, &q->ow, &r, sizeof(r), body, blen) != 0) qp_error(q, IBV_WC_RETRY_EXC_ERR);
   }
   pthread_mutex_unlock(&E.mu);
   if (wake) wake_thread();

@@ -692,6 +692,41 @@ static int test_events(void) {
   return 0;
 }
 
+/* More in flight than the emulator's sockets hold (8192 inline 512-byte
+ * writes posted before any is polled, one process): must not deadlock. */
+static int test_flood(void) {
+  enum { N = 8192, SZ = 512 };
+  struct end a;
+  end_open(&a, "mlx5_0", 1, (size_t)N * SZ * 2, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  struct ibv_cq* big = ibv_create_cq(a.ctx, N, NULL, NULL, 0);
+  CHECK(big != NULL);
+  struct end b = a;
+  struct ibv_qp_init_attr ia;
+  memset(&ia, 0, sizeof(ia));
+  ia.send_cq = ia.recv_cq = big;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = N;
+  ia.cap.max_recv_wr = 1;
+  ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+  ia.cap.max_inline_data = SZ;
+  CHECK((b.qp = ibv_create_qp(a.pd, &ia)) != NULL);
+  qp_init(b.qp, 1);
+  struct info ia_ = end_info(&a), ib_ = end_info(&b);
+  CHECK(qp_rtr_rts(a.qp, &a, &ib_, DEFAULT_OPTS) == 0);
+  CHECK(qp_rtr_rts(b.qp, &a, &ia_, DEFAULT_OPTS) == 0);
+  for (size_t i = 0; i < (size_t)N * SZ; i++) a.buf[i] = (uint8_t)(i * 7 + (i >> 12));
+  for (int i = 0; i < N; i++)
+    post_write(&b, (uint64_t)i, (size_t)i * SZ, SZ, &ia_, (size_t)N * SZ + (size_t)i * SZ, 0, 0, IBV_SEND_INLINE);
+  static struct ibv_wc wc[N];
+  CHECK(wait_wc(big, wc, N) == N);
+  for (int i = 0; i < N; i++) CHECK(wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == (uint64_t)i);
+  CHECK(!memcmp(a.buf, a.buf + (size_t)N * SZ, (size_t)N * SZ));
+  CHECK(ibv_destroy_qp(b.qp) == 0);
+  CHECK(ibv_destroy_cq(big) == 0);
+  end_close(&a);
+  return 0;
+}
+
 /* RTR with an address that is not the peer's: sends fail as retries would. */
 static int test_wrong_address(void) {
   int fds = count_fds();
@@ -764,7 +799,7 @@ static int test_report(void) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s devices|qp_states|wrong_address|events|pair DEV PORT|access bounds|flags|"
+    fprintf(stderr, "usage: %s devices|qp_states|wrong_address|events|flood|pair DEV PORT|access bounds|flags|"
                     "rnr exceeded|late|peer_killed|fail drop|corrupt_rkey|kill_qp|report\n", argv[0]);
     return 2;
   }
@@ -775,6 +810,7 @@ int main(int argc, char** argv) {
   else if (!strcmp(t, "qp_states")) rc = test_qp_states();
   else if (!strcmp(t, "wrong_address")) rc = test_wrong_address();
   else if (!strcmp(t, "events")) rc = test_events();
+  else if (!strcmp(t, "flood")) rc = test_flood();
   else if (!strcmp(t, "report")) rc = test_report();
   else if (!strcmp(t, "pair") && argc == 4) rc = run_two(side_pair, args, 0);
   else if (!strcmp(t, "access") && argc == 3) rc = run_two(side_access, args, 0);
