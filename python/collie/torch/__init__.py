@@ -95,6 +95,9 @@ def init(comm=None, process_sets=None):
     global _elastic
     if collie.is_initialized():
         return
+    # An engine that a peer's shutdown stopped still holds its resources until collie_shutdown
+    # (a no-op when there is none): free it, so that init can start a new one.
+    collie.shutdown()
     if comm is None and os.environ.get("COLLIE_RENDEZVOUS"):
         collie.elastic.init()
         _elastic = True
@@ -111,7 +114,9 @@ def shutdown():
     if _elastic:
         _elastic = False
         collie.elastic.shutdown()
-    elif collie.is_initialized():
+    else:
+        # Always: when another rank shut down first, this engine has stopped already
+        # (is_initialized() is false) but is freed only by collie_shutdown.
         collie.shutdown()
 
 
