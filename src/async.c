@@ -5,14 +5,13 @@
  * running. Blocking communicators never come here (no thread hop on their
  * path). Talks to init.c (start, stop) and enqueue.c (task lists). */
 #include <errno.h>
-#include <linux/futex.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "failures.h"
+#include "futex.h"
 
 struct async_job {
   struct async_job* next;
@@ -173,7 +172,7 @@ void comm_busy_exit(struct ncclComm* comm) {
    * that reaches some unrelated futex word is a spurious wake-up, which every
    * futex waiter tolerates. */
   if (__atomic_sub_fetch(word, 1, __ATOMIC_ACQ_REL) == COMM_BUSY_WAITER)
-    syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+    futex_wake((uint32_t*)word, INT32_MAX, 0);
 }
 
 static struct timespec ms_to_ts(int64_t ms) {
@@ -192,8 +191,7 @@ int comm_wait_idle(struct ncclComm* comm, int ms) {
     if ((b & ~COMM_BUSY_WAITER) == 0) break;
     int64_t left = end - time_ms();
     if (left <= 0) return 0;
-    struct timespec ts = ms_to_ts(left);
-    syscall(SYS_futex, &comm->busy, FUTEX_WAIT_PRIVATE, b, &ts, NULL, 0);
+    futex_wait((uint32_t*)&comm->busy, (uint32_t)b, (int)COLLIE_MIN(left, 1 << 30), 0);
   }
   /* Then the nonblocking worker's queue (its cv is signalled per job). */
   struct async_worker* w = comm->async;

@@ -1,6 +1,7 @@
 /* The communicator object behind ncclComm_t and the checks every entry point
- * applies to it. Created by init.c; later milestones hang transports,
- * channels and the engine off it. */
+ * applies to it. Created by init.c; transports (src/transport), algorithms
+ * and the executor (src/coll, exec.c), the tuner and the engine hang their
+ * state off it. */
 #ifndef COLLIE_COMM_H
 #define COLLIE_COMM_H
 
@@ -36,7 +37,7 @@ struct ncclComm {
   /* Connectors by peer, set up on first use (transport/connect.c). */
   struct conn** send_conns;
   struct conn** recv_conns;
-  int nsock_sends; /* socket send connectors: only they can hold unsent bytes */
+  int nflush_sends; /* TRANSPORT_CAP_FLUSH send connectors: only they can hold unsent bytes */
   int nslots;
   size_t slot_bytes;
   int shm_disable; /* NCCL_SHM_DISABLE, read at init */
@@ -45,8 +46,10 @@ struct ncclComm {
    * and the ring of host leaders. */
   int *ring, *ring_pos, *local_ring, *leader_ring;
   int nlocal, local_pos, nleaders, leader_pos;
-  struct tune_memo memo[8]; /* last algorithm choice per collective kind */
-  int algo_mask;  /* 1 << ALGO_* allowed by NCCL_ALGO / NCCL_PROTO */
+  struct tune_memo memo[8]; /* last choice (index in algo_table) per collective kind */
+  int algo_mask;  /* 1 << ALGO_* (names) allowed by NCCL_ALGO / NCCL_PROTO */
+  int proto_mask; /* 1 << PROTO_* allowed by NCCL_PROTO */
+  uint64_t opcount; /* calls run so far (NCCL_DEBUG_SUBSYS=COLL logs it) */
   double oversub;       /* ranks per CPU on the most crowded host, at least 1 */
   double cpus_per_rank; /* CPUs per rank on the most crowded host */
   struct ch_pool* chpool; /* channel helper threads (coll/channels.c) */

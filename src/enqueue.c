@@ -1,33 +1,21 @@
-/* The collective and point-to-point API: argument checks, reduction
- * operators (built-in and ncclRedOpCreatePreMulSum), group semantics, and
- * execution. Host buffers with any stream run to completion before the call
- * (or ncclGroupEnd) returns. Inside a group, calls are queued per thread and
- * run at the outermost ncclGroupEnd: consecutive sends/receives of one
- * communicator form one concurrently progressed batch; when a group spans
- * several communicators (one thread driving several ranks), each
- * communicator's work runs on its own thread so none waits on another. */
+/* The API front of collectives and point-to-point: entry points through one
+ * argument check, reduction operators (built-in and
+ * ncclRedOpCreatePreMulSum) and group semantics. Host buffers with any
+ * stream run to completion before the call (or ncclGroupEnd) returns. Inside
+ * a group, calls are queued per thread and run at the outermost
+ * ncclGroupEnd; when a group spans several communicators (one thread driving
+ * several ranks), each communicator's work runs on its own thread so none
+ * waits on another. Execution is exec.c's (plan, run, point-to-point
+ * batches); nothing below calls back up here. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "coll/coll.h"
 #include "comm.h"
 #include "device/dev_plan.h"
 #include "device/device.h"
+#include "exec.h"
 #include "failures.h"
-
-const char* coll_name(int kind) {
-  static const char* names[] = {"ncclAllReduce", "ncclBroadcast", "ncclReduce",  "ncclAllGather", "ncclReduceScatter",
-                                "ncclAlltoAll",  "ncclGather",    "ncclScatter", "ncclSend",      "ncclRecv"};
-  return kind >= 0 && kind <= COLL_RECV ? names[kind] : "?";
-}
-
-uint64_t coll_token(const struct coll_args* a, size_t bytes) {
-  /* Send and receive are the two halves of one operation. */
-  uint64_t kind = (uint64_t)(a->kind == COLL_RECV ? COLL_SEND : a->kind);
-  uint64_t red = a->kind == COLL_SEND || a->kind == COLL_RECV ? 0 : (uint64_t)(a->op.kind + 1 + 8 * a->avg);
-  return ((uint64_t)bytes & 0xffffffffffffULL) | kind << 48 | (uint64_t)a->dt << 52 | red << 56;
-}
 
 /* ------------------------------------------------------------ reduction operators */
 
@@ -81,6 +69,7 @@ ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
 static ncclResult_t resolve_op(struct ncclComm* comm, ncclRedOp_t op, ncclDataType_t dt, struct coll_args* a,
                                const char* fn) {
   a->avg = 0;
+  a->redop = (int)op;
   if ((int)op >= 0 && (int)op < ncclNumOps) {
     if (op == ncclAvg) {
       a->avg = 1;
@@ -163,11 +152,6 @@ static ncclResult_t check_root(ncclComm_t comm, int root, const char* what, cons
 
 /* ------------------------------------------------------------ groups */
 
-struct task {
-  struct task* next;
-  struct coll_args a;
-};
-
 static __thread int group_depth; /* not initial-exec: see log_rank in debug.c */
 static __thread struct task *group_head, *group_tail;
 static __thread ncclResult_t group_error;
@@ -175,131 +159,7 @@ static __thread ncclResult_t group_error;
  * the last-error record may hold a later, unrelated error by then. */
 static __thread char group_cause[1024];
 
-static ncclResult_t run_coll(struct coll_args* a) {
-  if (a->scalar_ptr) red_op_init_premulsum(&a->op, a->scalar_ptr, a->dt);
-  NCCLCHECK(board_publish(a->comm, coll_token(a, a->count * dtype_size(a->dt)), a->root));
-  int algo = ALGO_RING;
-  if (a->kind <= COLL_REDUCESCATTER && a->count > 0) {
-    /* Same call shape as last time: same choice (the model is a pure function of it). */
-    struct tune_memo* m = &a->comm->memo[a->kind];
-    if (m->count == a->count && m->dt == a->dt && m->valid) {
-      algo = m->algo;
-    } else {
-      algo = tuning_choose(a);
-      *m = (struct tune_memo){1, algo, a->dt, a->count};
-    }
-  }
-  if (algo == ALGO_DIRECT && !shm_direct(a)) return net_direct_run(a);
-  if (algo == ALGO_RING && a->kind <= COLL_REDUCESCATTER && a->count > 0) {
-    int nch = tuning_channels(a, algo);
-    if (nch > 1) return channels_run(a, nch);
-  }
-  switch (a->kind) {
-    case COLL_ALLREDUCE:
-      return algo == ALGO_DIRECT ? direct_allreduce(a)
-             : algo == ALGO_TREE ? tree_allreduce(a)
-             : algo == ALGO_HIER ? hier_allreduce(a)
-                                 : ring_allreduce(a);
-    case COLL_BROADCAST: return algo == ALGO_DIRECT ? direct_broadcast(a) : ring_broadcast(a);
-    case COLL_REDUCE: return algo == ALGO_DIRECT ? direct_reduce(a) : ring_reduce(a);
-    case COLL_ALLGATHER: return algo == ALGO_DIRECT ? direct_allgather(a) : ring_allgather(a);
-    case COLL_REDUCESCATTER: return algo == ALGO_DIRECT ? direct_reducescatter(a) : ring_reducescatter(a);
-    case COLL_ALLTOALL: return direct_alltoall(a);
-    case COLL_GATHER: return direct_gather(a);
-    case COLL_SCATTER: return direct_scatter(a);
-    default: return err_set(ncclInternalError, "unknown collective %d", a->kind);
-  }
-}
-
-static void free_tasks(struct task* t);
-static ncclResult_t run_comm_tasks(struct task* t);
 static ncclResult_t arg_error(ncclResult_t res);
-
-/* Device buffers in a communicator's task list: the device executor takes the
- * whole list (a group launches once; with host buffers in it too, the call
- * waits for it). Host-only lists first wait for device work already queued,
- * so every rank drives its connectors in call order. */
-static ncclResult_t dev_route(struct task* t, int* routed) {
-  int n = 0, dev = 0, host = 0;
-  for (struct task* u = t; u; u = u->next, n++) {
-    if (u->a.mem & MEM_DEVICE) dev = 1;
-    else host = 1;
-  }
-  *routed = dev;
-  if (!dev) return dev_quiesce(t->a.comm);
-  struct coll_args* arr = malloc(sizeof(*arr) * (size_t)n);
-  if (!arr) return err_set(ncclSystemError, "%s: out of memory", coll_name(t->a.kind));
-  for (int i = 0; i < n; i++, t = t->next) arr[i] = t->a;
-  ncclResult_t res = dev_submit(arr[0].comm, arr, n, host);
-  free(arr);
-  return res;
-}
-
-ncclResult_t enqueue_run_host(struct coll_args* a, int n) {
-  struct task* ts = calloc((size_t)n, sizeof(*ts));
-  if (!ts) return err_set(ncclSystemError, "%s: out of memory", coll_name(a[0].kind));
-  for (int i = 0; i < n; i++) {
-    ts[i].a = a[i];
-    ts[i].a.mem = MEM_HOST; /* staged: host memory now */
-    ts[i].next = i + 1 < n ? &ts[i + 1] : NULL;
-  }
-  ncclResult_t res = run_comm_tasks(ts);
-  free(ts);
-  return res;
-}
-
-/* Runs one communicator's queued tasks in order; consecutive p2p tasks as one batch. */
-static ncclResult_t run_comm_tasks(struct task* t) {
-  ncclResult_t res = ncclSuccess;
-  if (!t) return ncclSuccess;
-  int routed = 0;
-  NCCLCHECK(dev_route(t, &routed));
-  if (routed) return ncclSuccess;
-  struct ncclComm* comm = t->a.comm;
-  /* ncclCommAbort from another thread frees nothing while this is non-zero:
-   * the decrement below is this function's last touch of comm. */
-  __atomic_add_fetch(&comm->busy, 1, __ATOMIC_ACQ_REL);
-  int saved = log_get_rank(), myrank = comm->rank;
-  if (saved != myrank) log_set_rank(myrank);
-  while (t && res == ncclSuccess) {
-    if (t->a.kind == COLL_SEND || t->a.kind == COLL_RECV) {
-      int n = 0;
-      for (struct task* u = t; u && (u->a.kind == COLL_SEND || u->a.kind == COLL_RECV); u = u->next) n++;
-      struct p2p_op* ops = calloc((size_t)n, sizeof(*ops));
-      if (!ops) {
-        res = err_set(ncclSystemError, "out of memory for a point-to-point group");
-        break;
-      }
-      for (int i = 0; i < n; i++, t = t->next) {
-        size_t bytes = t->a.count * dtype_size(t->a.dt);
-        ops[i] = (struct p2p_op){.peer = t->a.peer, .is_send = t->a.kind == COLL_SEND,
-                                 .buf = t->a.kind == COLL_SEND ? (char*)t->a.sendbuff : (char*)t->a.recvbuff,
-                                 .bytes = bytes, .token = coll_token(&t->a, bytes)};
-      }
-      res = p2p_run(comm, ops, n, 1);
-      free(ops);
-    } else {
-      res = run_coll(&t->a);
-      t = t->next;
-    }
-    if (res == ncclSuccess) res = transport_flush(comm);
-    /* Errors found before any data moved (e.g. an unmatched send to self)
-     * leave the communicator usable; anything after that breaks it. */
-    if (res != ncclSuccess && (res != ncclInvalidUsage || comm->broken) && res != ncclInvalidArgument)
-      comm_set_error(comm, res, err_last_thread());
-  }
-  if (saved != myrank) log_set_rank(saved);
-  comm_busy_exit(comm); /* wakes an abort or revoke waiting for it */
-  return res;
-}
-
-ncclResult_t enqueue_run_list(struct task* list) {
-  ncclResult_t res = run_comm_tasks(list);
-  free_tasks(list);
-  return res;
-}
-
-void enqueue_free_list(struct task* list) { free_tasks(list); }
 
 struct comm_job {
   struct task* tasks;
@@ -310,17 +170,9 @@ struct comm_job {
 
 static void* comm_job_main(void* p) {
   struct comm_job* j = p;
-  j->res = run_comm_tasks(j->tasks);
+  j->res = exec_run_tasks(j->tasks);
   if (j->res != ncclSuccess) snprintf(j->err, sizeof(j->err), "%s", err_last_thread());
   return NULL;
-}
-
-static void free_tasks(struct task* t) {
-  while (t) {
-    struct task* n = t->next;
-    free(t);
-    t = n;
-  }
 }
 
 /* Splits a task list by communicator (keeping each one's order) and runs it. */
@@ -342,8 +194,8 @@ static ncclResult_t run_tasks(struct task* list) {
       if (nt) tails = nt;
       if (!nj || !nt) {
         res = err_set(ncclSystemError, "out of memory in ncclGroupEnd");
-        free_tasks(t);
-        free_tasks(next);
+        exec_free_tasks(t);
+        exec_free_tasks(next);
         goto out;
       }
       memset(&jobs[njobs], 0, sizeof(jobs[njobs]));
@@ -367,7 +219,7 @@ static ncclResult_t run_tasks(struct task* list) {
   }
   njobs = k;
   if (njobs == 1) {
-    res = run_comm_tasks(jobs[0].tasks);
+    res = exec_run_tasks(jobs[0].tasks);
   } else if (njobs > 1) {
     int started = 0;
     for (int j = 1; j < njobs; j++) {
@@ -377,14 +229,14 @@ static ncclResult_t run_tasks(struct task* list) {
       }
       started = j;
     }
-    if (res == ncclSuccess) res = run_comm_tasks(jobs[0].tasks);
+    if (res == ncclSuccess) res = exec_run_tasks(jobs[0].tasks);
     for (int j = 1; j <= started; j++) {
       pthread_join(jobs[j].thread, NULL);
       if (res == ncclSuccess && jobs[j].res != ncclSuccess) res = err_set(jobs[j].res, "%s", jobs[j].err);
     }
   }
 out:
-  for (int j = 0; j < njobs; j++) free_tasks(jobs[j].tasks);
+  for (int j = 0; j < njobs; j++) exec_free_tasks(jobs[j].tasks);
   free(jobs);
   free(tails);
   return res == ncclSuccess && any_async ? ncclInProgress : res;
@@ -404,7 +256,7 @@ static ncclResult_t submit(const struct coll_args* a0) {
     t.a = *a0;
     t.a.mem = call_mem;
     t.a.stream = call_stream;
-    return run_comm_tasks(&t);
+    return exec_run_tasks(&t);
   }
   struct task* t = malloc(sizeof(*t));
   if (!t) return err_set(ncclSystemError, "%s: out of memory", coll_name(a0->kind));
@@ -455,7 +307,7 @@ ncclResult_t ncclGroupEnd(void) {
   if (--group_depth > 0) return ncclSuccess;
   struct task* list = group_take();
   if (group_error != ncclSuccess) {
-    free_tasks(list);
+    exec_free_tasks(list);
     ncclResult_t e = group_error;
     group_error = ncclSuccess;
     return err_set(e, "ncclGroupEnd: the group was not run because a call in it failed: %s", group_cause);
@@ -473,7 +325,7 @@ ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
   struct task* list = group_take();
   double us = 0;
   for (struct task* t = list; t; t = t->next) us += coll_estimate_us(&t->a);
-  free_tasks(list);
+  exec_free_tasks(list);
   ncclResult_t e = group_error;
   group_error = ncclSuccess;
   /* As ncclGroupEnd: a group with a failed call has no meaningful estimate. */

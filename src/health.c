@@ -1,4 +1,4 @@
-/* The keep-alive ring and the communicator's error record. Every rank of a
+/* The keep-alive ring (the error record is comm_err.c). Every rank of a
  * communicator holds one TCP connection with each ring neighbour (rank-1 and
  * rank+1) and a watchdog thread that sends a small ping every period and
  * sleeps in poll() otherwise. A neighbour whose connection ends without a
@@ -103,56 +103,8 @@ __attribute__((destructor)) static void health_exit_goodbye(void) {
   pthread_mutex_unlock(&live_mu);
 }
 
-/* ------------------------------------------------------------ error record */
-
-int comm_set_error(struct ncclComm* comm, ncclResult_t code, const char* msg) {
-  if (code == ncclSuccess || code == ncclInProgress) return 0;
-  int set = 0;
-  pthread_mutex_lock(&comm->err_lock);
-  ncclResult_t cur = __atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE);
-  if ((cur == ncclSuccess || cur == ncclInProgress) && !__atomic_load_n(&comm->revoked, __ATOMIC_ACQUIRE)) {
-    snprintf(comm->err_msg, sizeof(comm->err_msg), "%s", msg && msg[0] ? msg : ncclGetErrorString(code));
-    __atomic_store_n(&comm->async_error, code, __ATOMIC_RELEASE);
-    set = 1;
-  }
-  pthread_mutex_unlock(&comm->err_lock);
-  return set;
-}
-
-const char* comm_error_msg(struct ncclComm* comm) { return comm->err_msg; }
-
-ncclResult_t comm_stop_check(struct ncclComm* comm) {
-  if (!comm_stopping(comm)) return ncclSuccess;
-  if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED))
-    return err_set(ncclSystemError, "rank %d: operation aborted (ncclCommAbort)", comm->rank);
-  if (__atomic_load_n(&comm->revoked, __ATOMIC_RELAXED))
-    return err_set(ncclInvalidUsage, "rank %d: the communicator was revoked; the operation was stopped", comm->rank);
-  ncclResult_t e = __atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE);
-  if (e == ncclSuccess || e == ncclInProgress) return ncclSuccess;
-  char msg[sizeof(comm->err_msg)];
-  pthread_mutex_lock(&comm->err_lock);
-  memcpy(msg, comm->err_msg, sizeof(msg));
-  pthread_mutex_unlock(&comm->err_lock);
-  return err_set(e, "rank %d: %s", comm->rank, msg);
-}
-
-ncclResult_t comm_stop_check_cb(void* comm) { return comm_stop_check(comm); }
-
-ncclResult_t comm_await_cause(struct ncclComm* comm, int ms) {
-  if (!comm->health) return ncclSuccess;
-  int64_t end = time_ms() + ms;
-  for (;;) {
-    if (comm_stopping(comm)) return comm_stop_check(comm);
-    int64_t left = end - time_ms();
-    if (left <= 0) return ncclSuccess;
-    /* Readable once anything is recorded (or on abort, revoke): no polling period. */
-    struct pollfd p = {.fd = comm->stop_fd, .events = POLLIN};
-    if (poll(&p, 1, (int)left) < 0) {
-      struct timespec ts = {0, 1000 * 1000};
-      nanosleep(&ts, NULL);
-    }
-  }
-}
+/* The error record (comm_set_error, comm_stop_check ...) lives in comm_err.c,
+ * below the transports that also use it. */
 
 /* ------------------------------------------------------------ the thread */
 
@@ -226,13 +178,6 @@ static void note_left(struct health* h, int rank, int via) {
 int health_peer_left(struct ncclComm* comm, int peer) {
   struct health* h = comm->health;
   return h && peer >= 0 && peer < comm->nranks && __atomic_load_n(&h->left[peer], __ATOMIC_ACQUIRE);
-}
-
-ncclResult_t comm_left_error(struct ncclComm* comm, int peer) {
-  return err_set(ncclRemoteError,
-                 "rank %d: rank %d (%s) left the communicator (destroyed or aborted it) while this rank waited for "
-                 "it in an operation it never joined",
-                 comm->rank, peer, comm->peers[peer].hostname);
 }
 
 static void on_msg(struct health* h, struct hlink* l, const struct hmsg* m) {

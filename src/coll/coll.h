@@ -1,6 +1,8 @@
-/* A collective or point-to-point call as the algorithms see it, and the
- * algorithm entry points (one file each). enqueue.c validates API arguments,
- * builds these and runs them (immediately, or at ncclGroupEnd). */
+/* A collective or point-to-point call as the algorithms see it, the
+ * algorithm table (one file and one row per algorithm, algo_table.c), the
+ * plan the tuner makes from it and the helpers algorithms share. The API
+ * front (enqueue.c) validates arguments and builds coll_args; the executor
+ * (exec.c) asks the tuner (graph/tuning.c) for a plan and runs its row. */
 #ifndef COLLIE_COLL_H
 #define COLLIE_COLL_H
 
@@ -34,11 +36,66 @@ struct coll_args {
   const void* scalar_ptr; /* PreMulSum with ncclScalarDevice: read at run time */
   void* stream;           /* the call's cudaStream_t (device buffers) */
   int mem;                /* MEM_HOST / MEM_DEVICE bits of the buffers this rank uses (device/dev_plan.h) */
+  int redop;              /* the ncclRedOp_t the user passed (for logs) */
 };
 
 /* Token identifying an operation on a connector: both sides must compute the
- * same value, or the receiver reports the mismatch. */
+ * same value, or the receiver reports the mismatch (prims.c). */
 uint64_t coll_token(const struct coll_args* a, size_t bytes);
+
+/* ---- the algorithm table (algo_table.c) */
+
+/* Algorithm names as NCCL_ALGO spells them; a row names one. ALGO_RING and
+ * ALGO_TREE are also bits of comm->algo_mask that the device path reads. */
+enum { ALGO_RING, ALGO_TREE, ALGO_DIRECT, ALGO_HIER, ALGO_P2P, ALGO_NNAMES };
+/* Protocols as NCCL_PROTO spells them. */
+enum { PROTO_SIMPLE, PROTO_LL, PROTO_LL128, PROTO_COUNT };
+extern const char* const algo_names[ALGO_NNAMES];
+extern const char* const proto_names[PROTO_COUNT];
+const char* algo_name(int name);
+
+/* Cost of one dependent step and payload bandwidth (bytes per microsecond)
+ * between any two ranks of the communicator (link) and between ranks of one
+ * host over shared memory (local). The tuner fills it; rows' estimate() use it. */
+struct link_cost {
+  double alpha_us;
+  double bw;
+};
+struct tune_cost {
+  struct link_cost link, local;
+};
+
+struct algo;
+/* What the executor runs: the chosen row, how many channels, and the chunk
+ * (bytes moved per step). Every rank computes the same plan. */
+struct plan {
+  const struct algo* algo;
+  int index; /* in algo_table */
+  int nch;
+  size_t chunk;
+};
+
+/* The row may split its data over several channels (graph/channels.c). */
+#define ALGO_F_CHANNELS 0x1u
+
+/* An algorithm: one file (ring_allreduce.c, tree_allreduce.c ...) defines
+ * its row; algo_table.c lists the rows. eligible() and estimate() must use
+ * only what every rank knows alike (arguments, exchanged peer info, shared
+ * settings) so all ranks pick the same row. */
+struct algo {
+  int coll;     /* COLL_* */
+  int name;     /* ALGO_* */
+  int proto;    /* PROTO_* (NCCL_PROTO filters on it) */
+  unsigned flags;
+  int (*eligible)(const struct coll_args* a);
+  double (*estimate)(const struct coll_args* a, const struct tune_cost* c); /* microseconds */
+  ncclResult_t (*run)(struct coll_args* a, const struct plan* p);
+};
+extern const struct algo* const algo_table[];
+extern const int algo_table_len;
+
+/* One host whose ranks share memory: what the direct mailboxes need. */
+static inline int coll_shm_only(const struct ncclComm* comm) { return comm->nhosts == 1 && !comm->shm_disable; }
 
 /* An ordered set of ranks forming a ring, and this rank's position in it
  * (-1 if it is not a member). graph/rings.c builds them. */
@@ -62,19 +119,11 @@ ncclResult_t ring_reduce_view(struct coll_args* a, const struct ring_view* v, in
                               void* recvbuff, int avg_n);
 ncclResult_t ring_allgather_view(struct coll_args* a, const struct ring_view* v, size_t off, size_t len);
 ncclResult_t ring_reducescatter_view(struct coll_args* a, const struct ring_view* v, size_t off, size_t len);
-ncclResult_t hier_allreduce(struct coll_args* a);
-
 /* Several channels (graph/channels.c): the ring collectives split their data
  * across nch rings with their own connectors; channel 0 runs on the calling
  * thread, the others on per-communicator helper threads pinned to CPUs. */
 ncclResult_t channels_run(struct coll_args* a, int nch);
 void channels_free(struct ncclComm* comm);
-int tuning_channels(const struct coll_args* a, int algo);
-ncclResult_t ring_allreduce(struct coll_args* a);
-ncclResult_t ring_allgather(struct coll_args* a);
-ncclResult_t ring_reducescatter(struct coll_args* a);
-ncclResult_t ring_broadcast(struct coll_args* a);
-ncclResult_t ring_reduce(struct coll_args* a);
 
 /* Point-to-point batch: every op progresses concurrently, so any set of
  * matching sends and receives completes whatever order the ranks posted them in. */
@@ -91,41 +140,21 @@ struct p2p_op {
 };
 /* p2p_only: plain send/receive groups (not a collective: no call-board check). */
 ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_only);
-/* Alltoall, gather and scatter as point-to-point batches. */
-ncclResult_t direct_alltoall(struct coll_args* a);
-ncclResult_t direct_gather(struct coll_args* a);
-ncclResult_t direct_scatter(struct coll_args* a);
-
-/* One-shot shared-memory algorithms for small messages on one host. */
-size_t direct_max_bytes(void);
-int direct_eligible(const struct coll_args* a, size_t mailbox_bytes);
-ncclResult_t direct_allreduce(struct coll_args* a);
-ncclResult_t direct_reduce(struct coll_args* a);
-ncclResult_t direct_reducescatter(struct coll_args* a);
-ncclResult_t direct_allgather(struct coll_args* a);
-ncclResult_t direct_broadcast(struct coll_args* a);
+/* One-shot shared-memory mailboxes (direct_shm.c): freed with the communicator. */
 void direct_free(struct ncclComm* comm);
 /* The call board (single-host communicators): publish this call's token;
  * while waiting, check that peers on the same call agree. */
 ncclResult_t board_publish(struct ncclComm* comm, uint64_t token, int root);
 ncclResult_t board_check(struct ncclComm* comm);
 
-ncclResult_t tree_allreduce(struct coll_args* a);
+/* ---- tuning (graph/tuning.c): the cost model and the choice of a row */
 
-/* One-shot over point-to-point connectors: small messages between hosts. */
-size_t net_direct_max_bytes(void);
-int net_direct_eligible(const struct coll_args* a, size_t bytes);
-ncclResult_t net_direct_run(struct coll_args* a);
-
-/* Tuning (graph/tuning.c): algorithm choice and the cost model. */
-enum { ALGO_RING, ALGO_TREE, ALGO_DIRECT, ALGO_HIER, ALGO_COUNT };
-const char* algo_name(int algo);
-int shm_direct(const struct coll_args* a);
 ncclResult_t tuning_init(struct ncclComm* comm); /* reads NCCL_ALGO / NCCL_PROTO */
 int cpulist_count(const char* list);
-int tuning_choose(const struct coll_args* a);
-double algo_estimate_us(const struct coll_args* a, int algo);
-/* Predicted time of a call with the algorithm the tuner would pick, microseconds. */
+/* The plan for a call: the cheapest eligible row the user allows
+ * (memoised per call shape). */
+ncclResult_t tuning_plan(const struct coll_args* a, struct plan* p);
+/* Predicted time of a call with the row the tuner would pick, microseconds. */
 double coll_estimate_us(const struct coll_args* a);
 
 #endif

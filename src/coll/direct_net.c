@@ -9,11 +9,21 @@
 
 #include "coll.h"
 
-size_t net_direct_max_bytes(void) { return 64 * 1024; }
+static size_t net_direct_max_bytes(void) { return 64 * 1024; }
 
-int net_direct_eligible(const struct coll_args* a, size_t bytes) {
+/* Not where the shared-memory mailboxes serve (direct_shm.c). */
+static int eligible(const struct coll_args* a) {
   const struct ncclComm* comm = a->comm;
-  return comm->nranks > 1 && comm->nranks <= 32 && bytes <= net_direct_max_bytes();
+  return !coll_shm_only(comm) && comm->nranks > 1 && comm->nranks <= 32 &&
+         a->count * dtype_size(a->dt) <= net_direct_max_bytes();
+}
+
+/* One exchange; every message costs a little sender time. */
+static double estimate(const struct coll_args* a, const struct tune_cost* c) {
+  int n = a->comm->nranks;
+  double bytes = (double)a->count * (double)dtype_size(a->dt);
+  double per = a->kind == COLL_BROADCAST || a->kind == COLL_REDUCE ? 1.0 : (double)(n - 1);
+  return c->link.alpha_us + 0.1 * c->link.alpha_us * per + per * bytes / c->link.bw;
 }
 
 /* Sends `out[p]` (bytes each, NULL: nothing) to every peer p and receives
@@ -44,7 +54,7 @@ static void combine(struct coll_args* a, char* dst, const char* tmp, const char*
   if (a->avg) red_div(a->dt, dst, dst, a->count, n);
 }
 
-ncclResult_t net_direct_run(struct coll_args* a) {
+static ncclResult_t net_direct_run(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   int n = comm->nranks, r = comm->rank;
   size_t esz = dtype_size(a->dt), bytes = a->count * esz;
@@ -99,3 +109,15 @@ ncclResult_t net_direct_run(struct coll_args* a) {
   free(tmp);
   return res;
 }
+
+static ncclResult_t run(struct coll_args* a, const struct plan* p) {
+  (void)p;
+  return net_direct_run(a);
+}
+
+#define DIRECT_NET_ROW(coll) {coll, ALGO_DIRECT, PROTO_LL, 0, eligible, estimate, run}
+const struct algo algo_direct_net_allreduce = DIRECT_NET_ROW(COLL_ALLREDUCE);
+const struct algo algo_direct_net_broadcast = DIRECT_NET_ROW(COLL_BROADCAST);
+const struct algo algo_direct_net_reduce = DIRECT_NET_ROW(COLL_REDUCE);
+const struct algo algo_direct_net_allgather = DIRECT_NET_ROW(COLL_ALLGATHER);
+const struct algo algo_direct_net_reducescatter = DIRECT_NET_ROW(COLL_REDUCESCATTER);

@@ -7,20 +7,16 @@
  * parity; a rank reuses a buffer only after every peer has finished reading
  * it (their `done` counters), so no call overwrites data still being read.
  * The segments are memfds mapped through /proc/<pid>/fd (nothing in /dev/shm). */
-#include <errno.h>
-#include <fcntl.h>
-#include <linux/futex.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "coll.h"
 #include "../failures.h"
+#include "../futex.h"
+#include "../transport/shmseg.h"
 
 #define MB_CTRL_BYTES 4096
 #define TAG_DIRECT_SETUP 0x7f000010u
@@ -67,15 +63,11 @@ struct direct_state {
   int last_symmetric; /* the previous direct call had every rank wait for every other */
   struct mb_ctrl** ctrl; /* by rank */
   char** data;           /* by rank: 2 buffers of cap bytes */
-  void** maps;
+  struct shm_seg* segs;  /* by rank: the mappings */
   size_t map_len;
 };
 
-size_t direct_max_bytes(void) { return 256 * 1024; }
-
-static long futex(uint32_t* a, int op, uint32_t v, const struct timespec* ts) {
-  return syscall(SYS_futex, a, op, v, ts, NULL, 0);
-}
+static size_t direct_max_bytes(void) { return 256 * 1024; }
 
 /* No fence between the store and the waiter check: a full fence here would
  * wait for the store to reach the cache on every call. The waiter closes
@@ -84,7 +76,7 @@ static long futex(uint32_t* a, int op, uint32_t v, const struct timespec* ts) {
  * never sleeps without a timeout. */
 static void publish(uint32_t* word, uint32_t* waiters, uint32_t v) {
   __atomic_store_n(word, v, __ATOMIC_RELEASE);
-  if (__atomic_load_n(waiters, __ATOMIC_RELAXED)) futex(word, FUTEX_WAKE, 64, NULL);
+  if (__atomic_load_n(waiters, __ATOMIC_RELAXED)) futex_wake(word, 64, 1);
 }
 
 /* Waits until (int32)(*word - want) >= 0. */
@@ -114,10 +106,7 @@ static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* wa
       moved = __atomic_load_n(word, __ATOMIC_ACQUIRE) != v;
       cpu_relax();
     }
-    if (!moved) {
-      struct timespec ts = {0, 20 * 1000 * 1000};
-      futex(word, FUTEX_WAIT, v, &ts);
-    }
+    if (!moved) futex_wait(word, v, 20, 1);
     __atomic_fetch_sub(waiters, 1, __ATOMIC_RELAXED);
   }
 }
@@ -125,11 +114,10 @@ static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* wa
 void direct_free(struct ncclComm* comm) {
   struct direct_state* d = comm->direct;
   if (!d) return;
-  for (int i = 0; i < d->n; i++)
-    if (d->maps && d->maps[i]) munmap(d->maps[i], d->map_len);
+  for (int i = 0; d->segs && i < d->n; i++) shmseg_free(&d->segs[i]);
   free(d->ctrl);
   free(d->data);
-  free(d->maps);
+  free(d->segs);
   free(d);
   comm->direct = NULL;
 }
@@ -150,49 +138,29 @@ static ncclResult_t direct_setup(struct ncclComm* comm) {
   d->map_len = MB_CTRL_BYTES + 2 * d->cap;
   d->ctrl = calloc((size_t)n, sizeof(*d->ctrl));
   d->data = calloc((size_t)n, sizeof(*d->data));
-  d->maps = calloc((size_t)n, sizeof(*d->maps));
+  d->segs = calloc((size_t)n, sizeof(*d->segs));
   struct mb_info* all = calloc((size_t)n, sizeof(*all));
   ncclResult_t res = ncclSuccess;
-  int fd = -1;
-  if (!d->ctrl || !d->data || !d->maps || !all) {
+  if (!d->ctrl || !d->data || !d->segs || !all) {
     res = err_set(ncclSystemError, "out of memory for the direct algorithm");
     goto out;
   }
-  fd = memfd_create("collie-direct", MFD_CLOEXEC);
-  /* memfds start 0777; only this user's processes (the peers) may open it. */
-  if (fd < 0 || fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)d->map_len) != 0) {
-    res = err_set(ncclSystemError, "direct: cannot create a %zu-byte mailbox: %s", d->map_len, strerror(errno));
-    goto out;
-  }
-  all[comm->rank] = (struct mb_info){(int32_t)getpid(), fd};
+  for (int i = 0; i < n; i++) d->segs[i].fd = -1;
+  NCCLCHECKGOTO(shmseg_create(d->map_len, "direct mailbox", &d->segs[comm->rank]), res, out);
+  all[comm->rank] = (struct mb_info){(int32_t)getpid(), d->segs[comm->rank].fd};
   NCCLCHECKGOTO(bootstrap_allgather(comm->bs, all, sizeof(*all)), res, out);
   for (int i = 0; i < n; i++) {
-    int f = fd;
-    if (i != comm->rank) {
-      char path[64];
-      snprintf(path, sizeof(path), "/proc/%d/fd/%d", all[i].pid, all[i].fd);
-      f = open(path, O_RDWR | O_CLOEXEC);
-      if (f < 0) {
-        res = err_set(ncclSystemError, "direct: cannot open rank %d's mailbox %s: %s (set NCCL_ALGO=^Direct)", i,
-                      path, strerror(errno));
-        break;
-      }
-    }
-    void* m = mmap(NULL, d->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
-    if (f != fd) close(f);
-    if (m == MAP_FAILED) {
-      res = err_set(ncclSystemError, "direct: cannot map rank %d's mailbox: %s", i, strerror(errno));
+    if (i != comm->rank && (res = shmseg_open(all[i].pid, all[i].fd, d->map_len, i, "direct mailbox", &d->segs[i])) !=
+                               ncclSuccess)
       break;
-    }
-    d->maps[i] = m;
-    d->ctrl[i] = m;
-    d->data[i] = (char*)m + MB_CTRL_BYTES;
+    d->ctrl[i] = d->segs[i].base;
+    d->data[i] = (char*)d->segs[i].base + MB_CTRL_BYTES;
   }
   /* Everybody mapped everything before anyone drops its fd. */
   ncclResult_t r2 = bootstrap_barrier(comm->bs);
   if (res == ncclSuccess) res = r2;
 out:
-  if (fd >= 0) close(fd);
+  if (d->segs) shmseg_drop_fd(&d->segs[comm->rank]);
   free(all);
   if (res != ncclSuccess) direct_free(comm);
   return res;
@@ -317,10 +285,22 @@ ncclResult_t board_check(struct ncclComm* comm) {
   return ncclSuccess;
 }
 
-int direct_eligible(const struct coll_args* a, size_t mailbox_bytes) {
+/* One host, and this rank's part fits its mailbox (reduce-scatter posts all n blocks). */
+static int eligible(const struct coll_args* a) {
   const struct ncclComm* comm = a->comm;
-  return comm->nhosts == 1 && comm->nranks > 1 && mailbox_bytes <= direct_max_bytes() &&
-         !comm->shm_disable;
+  size_t b = a->count * dtype_size(a->dt);
+  if (a->kind == COLL_REDUCESCATTER) b *= (size_t)comm->nranks;
+  return coll_shm_only(comm) && comm->nranks > 1 && b <= direct_max_bytes();
+}
+
+/* One exchange of flags; every rank copies in once and reads n (n+1 copies),
+ * at 4/3 of the link rate (the data stays in cache). Reduce-scatter posts
+ * and reads whole inputs: 2n. */
+static double estimate(const struct coll_args* a, const struct tune_cost* c) {
+  int n = a->comm->nranks;
+  double bytes = (double)a->count * (double)dtype_size(a->dt);
+  double k = a->kind == COLL_REDUCESCATTER ? 2.0 * n : n + 1.0;
+  return c->link.alpha_us + k * bytes / (c->link.bw * 4.0 / 3.0);
 }
 
 /* Reduces element range [off, off+count) of every rank's mailbox into dst. */
@@ -338,7 +318,7 @@ static void reduce_all(struct direct_state* d, const struct red_op* op, char* ds
   if (avg) red_div(op->dt, dst, dst, count, n);
 }
 
-ncclResult_t direct_allreduce(struct coll_args* a) {
+static ncclResult_t direct_allreduce(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
   NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
@@ -348,7 +328,7 @@ ncclResult_t direct_allreduce(struct coll_args* a) {
   return ncclSuccess;
 }
 
-ncclResult_t direct_reduce(struct coll_args* a) {
+static ncclResult_t direct_reduce(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
   NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
@@ -364,7 +344,7 @@ ncclResult_t direct_reduce(struct coll_args* a) {
   return ncclSuccess;
 }
 
-ncclResult_t direct_reducescatter(struct coll_args* a) {
+static ncclResult_t direct_reducescatter(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t esz = dtype_size(a->dt), bytes = a->count * esz, total = bytes * (size_t)comm->nranks;
   NCCLCHECK(direct_post(comm, a->sendbuff, total));
@@ -374,7 +354,7 @@ ncclResult_t direct_reducescatter(struct coll_args* a) {
   return ncclSuccess;
 }
 
-ncclResult_t direct_allgather(struct coll_args* a) {
+static ncclResult_t direct_allgather(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
   NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
@@ -388,7 +368,7 @@ ncclResult_t direct_allgather(struct coll_args* a) {
   return ncclSuccess;
 }
 
-ncclResult_t direct_broadcast(struct coll_args* a) {
+static ncclResult_t direct_broadcast(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
   char* mine;
@@ -405,3 +385,22 @@ ncclResult_t direct_broadcast(struct coll_args* a) {
   direct_end(comm);
   return ncclSuccess;
 }
+
+static ncclResult_t run(struct coll_args* a, const struct plan* p) {
+  (void)p;
+  switch (a->kind) {
+    case COLL_ALLREDUCE: return direct_allreduce(a);
+    case COLL_BROADCAST: return direct_broadcast(a);
+    case COLL_REDUCE: return direct_reduce(a);
+    case COLL_ALLGATHER: return direct_allgather(a);
+    case COLL_REDUCESCATTER: return direct_reducescatter(a);
+    default: return err_set(ncclInternalError, "direct (shared memory) has no %s", coll_name(a->kind));
+  }
+}
+
+#define DIRECT_SHM_ROW(coll) {coll, ALGO_DIRECT, PROTO_LL, 0, eligible, estimate, run}
+const struct algo algo_direct_shm_allreduce = DIRECT_SHM_ROW(COLL_ALLREDUCE);
+const struct algo algo_direct_shm_broadcast = DIRECT_SHM_ROW(COLL_BROADCAST);
+const struct algo algo_direct_shm_reduce = DIRECT_SHM_ROW(COLL_REDUCE);
+const struct algo algo_direct_shm_allgather = DIRECT_SHM_ROW(COLL_ALLGATHER);
+const struct algo algo_direct_shm_reducescatter = DIRECT_SHM_ROW(COLL_REDUCESCATTER);

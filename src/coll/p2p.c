@@ -126,13 +126,13 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
       t0 = 0;
       continue;
     }
-    if (blocked && blocked->type == CONN_SOCKET) {
+    if (blocked && (conn_caps(blocked) & TRANSPORT_CAP_POLLFD)) {
       /* Sockets: sleep in poll() until some connection can move bytes. */
       if ((res = prim_sleep_checks(comm, -1, &deadline, !p2p_only && ++idle % 64 == 0)) != ncclSuccess) break;
       /* Keep progressing for a short while (small replies come fast), then sleep. */
       int64_t now = time_ns();
       if (t0 == 0) t0 = now;
-      if (now - t0 >= 40000) transport_wait_sockets(comm, 0, 100);
+      if (now - t0 >= 40000) transport_wait_fds(comm, 0, 100);
       continue;
     }
     if (comm_keep_polling(comm, ++idle, &t0)) continue;
@@ -168,7 +168,7 @@ static ncclResult_t run_ops(struct coll_args* a, struct p2p_op* ops, int n) {
   return res;
 }
 
-ncclResult_t direct_alltoall(struct coll_args* a) {
+static ncclResult_t direct_alltoall(struct coll_args* a) {
   int n = a->comm->nranks, r = a->comm->rank;
   size_t bytes = a->count * dtype_size(a->dt);
   if (bytes == 0) return ncclSuccess;
@@ -187,7 +187,7 @@ ncclResult_t direct_alltoall(struct coll_args* a) {
   return run_ops(a, ops, k);
 }
 
-ncclResult_t direct_gather(struct coll_args* a) {
+static ncclResult_t direct_gather(struct coll_args* a) {
   int n = a->comm->nranks, r = a->comm->rank;
   size_t bytes = a->count * dtype_size(a->dt);
   if (bytes == 0) return ncclSuccess;
@@ -203,7 +203,7 @@ ncclResult_t direct_gather(struct coll_args* a) {
   return run_ops(a, ops, k);
 }
 
-ncclResult_t direct_scatter(struct coll_args* a) {
+static ncclResult_t direct_scatter(struct coll_args* a) {
   int n = a->comm->nranks, r = a->comm->rank;
   size_t bytes = a->count * dtype_size(a->dt);
   if (bytes == 0) return ncclSuccess;
@@ -218,3 +218,28 @@ ncclResult_t direct_scatter(struct coll_args* a) {
                              .token = coll_token(a, bytes)};
   return run_ops(a, ops, k);
 }
+
+static int always(const struct coll_args* a) {
+  (void)a;
+  return 1;
+}
+
+/* One step; everything through the root or the links. */
+static double estimate(const struct coll_args* a, const struct tune_cost* c) {
+  double bytes = (double)a->count * (double)dtype_size(a->dt);
+  return c->link.alpha_us + (a->comm->nranks - 1) * bytes / c->link.bw;
+}
+
+static ncclResult_t run(struct coll_args* a, const struct plan* p) {
+  (void)p;
+  switch (a->kind) {
+    case COLL_ALLTOALL: return direct_alltoall(a);
+    case COLL_GATHER: return direct_gather(a);
+    case COLL_SCATTER: return direct_scatter(a);
+    default: return err_set(ncclInternalError, "point-to-point rows have no %s", coll_name(a->kind));
+  }
+}
+
+const struct algo algo_p2p_alltoall = {COLL_ALLTOALL, ALGO_P2P, PROTO_SIMPLE, 0, always, estimate, run};
+const struct algo algo_p2p_gather = {COLL_GATHER, ALGO_P2P, PROTO_SIMPLE, 0, always, estimate, run};
+const struct algo algo_p2p_scatter = {COLL_SCATTER, ALGO_P2P, PROTO_SIMPLE, 0, always, estimate, run};

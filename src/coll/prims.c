@@ -7,6 +7,19 @@
 #include <sched.h>
 #include <string.h>
 
+const char* coll_name(int kind) {
+  static const char* names[] = {"ncclAllReduce", "ncclBroadcast", "ncclReduce",  "ncclAllGather", "ncclReduceScatter",
+                                "ncclAlltoAll",  "ncclGather",    "ncclScatter", "ncclSend",      "ncclRecv"};
+  return kind >= 0 && kind <= COLL_RECV ? names[kind] : "?";
+}
+
+uint64_t coll_token(const struct coll_args* a, size_t bytes) {
+  /* Send and receive are the two halves of one operation. */
+  uint64_t kind = (uint64_t)(a->kind == COLL_RECV ? COLL_SEND : a->kind);
+  uint64_t red = a->kind == COLL_SEND || a->kind == COLL_RECV ? 0 : (uint64_t)(a->op.kind + 1 + 8 * a->avg);
+  return ((uint64_t)bytes & 0xffffffffffffULL) | kind << 48 | (uint64_t)a->dt << 52 | red << 56;
+}
+
 void prim_begin(struct prim_link* l, struct conn* c, uint64_t total) {
   l->c = c;
   l->opseq = c->opseq++;
@@ -42,7 +55,7 @@ int prim_conn_ready(struct conn* c) {
   return c->is_send ? c->ops->send_slot(c) != NULL : c->ops->recv_slot(c, &h) != NULL;
 }
 
-/* How long a socket waiter keeps polling before it sleeps in poll(). */
+/* How long a waiter on fds (sockets) keeps polling before it sleeps in poll(). */
 #define SOCKET_POLL_NS 40000
 
 /* One round of waiting for connector c after `it` unsuccessful polls. */
@@ -53,23 +66,24 @@ static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_
     return err_set(ncclRemoteError, "rank %d: rank %d (%s) failed or left during the operation", comm->rank, c->peer,
                    bootstrap_peer_host(comm->bs, c->peer));
   }
-  if (c->type == CONN_SOCKET) {
+  if (conn_caps(c) & TRANSPORT_CAP_PROGRESS) {
     NCCLCHECK(transport_progress(comm, c->channel));
     /* What progress just read (or sent) may be exactly what we wait for:
      * let the caller look again before anything sleeps. */
     if (prim_conn_ready(c)) return ncclSuccess;
   }
-  /* Sockets: nothing to gain by polling in user space (the kernel must run
-   * to move bytes, and polling with system calls takes its CPU): sleep in
-   * poll() on every socket of the channel until one can move bytes. */
-  if (c->type == CONN_SOCKET) {
+  /* Bytes that move by system call (sockets): nothing to gain by polling in
+   * user space (the kernel must run to move bytes, and polling with system
+   * calls takes its CPU): sleep in poll() on every fd of the channel until
+   * one can move bytes. */
+  if (conn_caps(c) & TRANSPORT_CAP_POLLFD) {
     NCCLCHECK(prim_sleep_checks(comm, c->peer, deadline, it % 64 == 63));
     /* A reply to a small message comes within tens of microseconds: keep
      * progressing that long (latency), then sleep (bandwidth). */
     int64_t now = time_ns();
     if (*t0 == 0) *t0 = now;
     if (now - *t0 < SOCKET_POLL_NS) return ncclSuccess;
-    transport_wait_sockets(comm, c->channel, 100);
+    transport_wait_fds(comm, c->channel, 100);
     return ncclSuccess;
   }
   if (comm_keep_polling(comm, it, t0)) {

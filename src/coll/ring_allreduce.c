@@ -59,7 +59,21 @@ ncclResult_t ring_allreduce_view(struct coll_args* a, const struct ring_view* v,
   return ncclSuccess;
 }
 
-ncclResult_t ring_allreduce(struct coll_args* a) {
+static int always(const struct coll_args* a) {
+  (void)a;
+  return 1;
+}
+
+static double estimate(const struct coll_args* a, const struct tune_cost* c) {
+  int n = a->comm->nranks;
+  double bytes = (double)a->count * (double)dtype_size(a->dt);
+  return 2.0 * (n - 1) * c->link.alpha_us + 2.0 * (n - 1) / n * bytes / c->link.bw;
+}
+
+static ncclResult_t run(struct coll_args* a, const struct plan* p) {
+  if (p->nch > 1) return channels_run(a, p->nch);
   struct ring_view v = ring_full(a->comm);
   return ring_allreduce_view(a, &v, a->sendbuff, a->recvbuff, &a->op, a->avg ? a->comm->nranks : 0);
 }
+
+const struct algo algo_ring_allreduce = {COLL_ALLREDUCE, ALGO_RING, PROTO_SIMPLE, ALGO_F_CHANNELS, always, estimate, run};

@@ -36,8 +36,22 @@ ncclResult_t ring_reduce_view(struct coll_args* a, const struct ring_view* v, in
   return ncclSuccess;
 }
 
-ncclResult_t ring_reduce(struct coll_args* a) {
+static int always(const struct coll_args* a) {
+  (void)a;
+  return 1;
+}
+
+static double estimate(const struct coll_args* a, const struct tune_cost* c) {
+  int n = a->comm->nranks;
+  double bytes = (double)a->count * (double)dtype_size(a->dt);
+  return (n - 1) * c->link.alpha_us + bytes / c->link.bw;
+}
+
+static ncclResult_t run(struct coll_args* a, const struct plan* p) {
+  if (p->nch > 1) return channels_run(a, p->nch);
   struct ring_view v = ring_full(a->comm);
   return ring_reduce_view(a, &v, a->comm->ring_pos[a->root], a->sendbuff, a->recvbuff,
                           a->avg ? a->comm->nranks : 0);
 }
+
+const struct algo algo_ring_reduce = {COLL_REDUCE, ALGO_RING, PROTO_SIMPLE, ALGO_F_CHANNELS, always, estimate, run};

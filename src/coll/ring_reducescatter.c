@@ -37,7 +37,22 @@ ncclResult_t ring_reducescatter_view(struct coll_args* a, const struct ring_view
   return ncclSuccess;
 }
 
-ncclResult_t ring_reducescatter(struct coll_args* a) {
+static int always(const struct coll_args* a) {
+  (void)a;
+  return 1;
+}
+
+static double estimate(const struct coll_args* a, const struct tune_cost* c) {
+  int n = a->comm->nranks;
+  double bytes = (double)a->count * (double)dtype_size(a->dt);
+  return (n - 1) * c->link.alpha_us + (n - 1) * bytes / c->link.bw;
+}
+
+static ncclResult_t run(struct coll_args* a, const struct plan* p) {
+  if (p->nch > 1) return channels_run(a, p->nch);
   struct ring_view v = ring_full(a->comm);
   return ring_reducescatter_view(a, &v, 0, a->count);
 }
+
+const struct algo algo_ring_reducescatter = {COLL_REDUCESCATTER, ALGO_RING, PROTO_SIMPLE, ALGO_F_CHANNELS,
+                                             always,             estimate,  run};

@@ -62,7 +62,7 @@ static void add_peer(int* list, int* n, int p) {
   list[(*n)++] = p;
 }
 
-ncclResult_t tree_allreduce(struct coll_args* a) {
+static ncclResult_t tree_allreduce(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   int n = comm->nranks, r = comm->rank;
   size_t esz = dtype_size(a->dt);
@@ -113,3 +113,26 @@ ncclResult_t tree_allreduce(struct coll_args* a) {
   free(rl);
   return res;
 }
+
+static int always(const struct coll_args* a) {
+  (void)a;
+  return 1;
+}
+
+static int log2ceil(int n) {
+  int l = 0;
+  while ((1 << l) < n) l++;
+  return l;
+}
+
+static double estimate(const struct coll_args* a, const struct tune_cost* c) {
+  double bytes = (double)a->count * (double)dtype_size(a->dt);
+  return 2.0 * log2ceil(a->comm->nranks) * c->link.alpha_us + 2.0 * bytes / c->link.bw;
+}
+
+static ncclResult_t run(struct coll_args* a, const struct plan* p) {
+  (void)p;
+  return tree_allreduce(a);
+}
+
+const struct algo algo_tree_allreduce = {COLL_ALLREDUCE, ALGO_TREE, PROTO_SIMPLE, 0, always, estimate, run};

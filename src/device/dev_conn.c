@@ -4,22 +4,20 @@
  *        sender opens it with cudaIpcOpenMemHandle. Works between processes
  *        on the same GPU too (collie allows it; NCCL refuses). Ranks that are
  *        threads of one process use the pointer itself.
- *   shm  a memfd both processes map (as transport/shm.c does), registered
+ *   shm  a memfd both processes map (transport/shmseg.c), registered
  *        with cudaHostRegister(Mapped|Portable) on each side so kernels reach
  *        it over the bus: for GPUs without peer access or NCCL_P2P_DISABLE.
  * Set up lazily per channel through tagged bootstrap messages, in the order
  * transport/connect.c uses: receivers describe, senders attach and ack. */
 #include <cuda_runtime_api.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../comm.h"
+#include "../transport/shmseg.h"
 #include "device/dev_conn.h"
 
 #define TAG_DEV_INFO 0x7d000001u
@@ -114,12 +112,10 @@ static ncclResult_t recv_create(struct ncclComm* comm, struct dconn_ent* e, int 
     return ncclSuccess;
   }
   e->owner = 0;
-  e->memfd = memfd_create("collie-devshm", MFD_CLOEXEC);
-  if (e->memfd < 0) return err_set(ncclSystemError, "device shm: memfd_create failed: %s", strerror(errno));
-  if (fchmod(e->memfd, 0600) != 0 || ftruncate(e->memfd, (off_t)bytes) != 0)
-    return err_set(ncclSystemError, "device shm: sizing the segment failed: %s", strerror(errno));
-  void* p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, e->memfd, 0);
-  if (p == MAP_FAILED) return err_set(ncclSystemError, "device shm: mmap failed: %s", strerror(errno));
+  struct shm_seg seg;
+  NCCLCHECK(shmseg_create(bytes, "device shm", &seg));
+  e->memfd = seg.fd; /* ent_free closes it */
+  void* p = seg.base;
   if ((ce = cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable)) != cudaSuccess) {
     munmap(p, bytes);
     return cerr(ce, "cudaHostRegister (shm slots)");
@@ -133,7 +129,7 @@ static ncclResult_t recv_create(struct ncclComm* comm, struct dconn_ent* e, int 
   return ncclSuccess;
 }
 
-static ncclResult_t send_attach(struct dconn_ent* e, const struct dconn_info* info, int peer_pid) {
+static ncclResult_t send_attach(struct dconn_ent* e, const struct dconn_info* info, int peer, int peer_pid) {
   size_t want = DS_REGION_BYTES(DS_NSLOTS, DS_SLOT_BYTES);
   if (info->bytes != want || (info->type != DCONN_P2P && info->type != DCONN_SHM))
     return err_set(ncclInternalError, "device connectors: the peer offered a region this build cannot use");
@@ -155,13 +151,9 @@ static ncclResult_t send_attach(struct dconn_ent* e, const struct dconn_info* in
   if (same) {
     e->host = (void*)(uintptr_t)info->ptr; /* registered Portable by its owner */
   } else {
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)info->pid, (int)info->fd);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0) return err_set(ncclSystemError, "device shm: cannot open %s: %s", path, strerror(errno));
-    void* p = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) return err_set(ncclSystemError, "device shm: mmap failed: %s", strerror(errno));
+    struct shm_seg seg;
+    NCCLCHECK(shmseg_open(info->pid, info->fd, want, peer, "device shm", &seg));
+    void* p = seg.base;
     if ((ce = cudaHostRegister(p, want, cudaHostRegisterMapped | cudaHostRegisterPortable)) != cudaSuccess) {
       munmap(p, want);
       return cerr(ce, "cudaHostRegister (shm slots)");
@@ -216,7 +208,7 @@ ncclResult_t dconn_setup(struct ncclComm* comm, struct dconn_tab** tp, int ch, i
     struct dconn_info info;
     int p = sends[i];
     NCCLCHECK(bootstrap_recv(comm->bs, p, TAG_DCH(TAG_DEV_INFO, ch), &info, sizeof(info)));
-    ncclResult_t res = send_attach(&st[p], &info, comm->peers[p].pid);
+    ncclResult_t res = send_attach(&st[p], &info, p, comm->peers[p].pid);
     int32_t ok = res == ncclSuccess;
     ncclResult_t r2 = bootstrap_send(comm->bs, p, TAG_DCH(TAG_DEV_ACK, ch), &ok, sizeof(ok));
     if (res != ncclSuccess) return res;

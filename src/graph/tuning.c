@@ -1,8 +1,9 @@
-/* Cost model and algorithm choice: latency + bytes / bandwidth per algorithm
- * and transport. Picks, per call, the cheapest algorithm the user allows
- * (NCCL_ALGO, NCCL_PROTO) and logs the choice under NCCL_DEBUG_SUBSYS=TUNING.
+/* Cost model and algorithm choice: the tuner reads the algorithm table
+ * (coll/algo_table.c) and, per call, picks the cheapest eligible row the user
+ * allows (NCCL_ALGO, NCCL_PROTO) by the rows' own estimate() under this
+ * communicator's link costs; logs the choice under NCCL_DEBUG_SUBSYS=TUNING.
  * The constants are this machine's rough figures (docs/BENCHMARKS.md); the
- * same model answers ncclGroupSimulateEnd. */
+ * same model answers ncclGroupSimulateEnd. Called by the executor (exec.c). */
 #include <stdlib.h>
 #include <strings.h>
 #include <string.h>
@@ -10,14 +11,18 @@
 
 #include "../coll/coll.h"
 
-static const char* algo_names[ALGO_COUNT] = {"Ring", "Tree", "Direct", "Hier"};
-const char* algo_name(int algo) { return algo >= 0 && algo < ALGO_COUNT ? algo_names[algo] : "?"; }
+/* NCCL algorithm names collie does not implement: accepted and ignored, so a
+ * setting meant for NCCL on GPUs does not stop a job. */
+static const char* const nccl_only_algos[] = {"NVLS", "NVLSTree", "CollNetDirect", "CollNetChain", "PAT"};
 
-/* NCCL's list syntax: "A,B" allows only those, "^A,B" allows all but those. */
-static int parse_list(const char* s, const char* const* names, int count, int* mask) {
+/* NCCL's list syntax: "A,B" allows only those, "^A,B" allows all but those.
+ * Names in `ignore` are skipped (their count in *ignored). -1: unknown name. */
+static int parse_list(const char* s, const char* const* names, int count, const char* const* ignore, int nignore,
+                      int* mask, int* ignored) {
+  *ignored = 0;
   if (!s || !*s) return 0;
   int exclude = s[0] == '^';
-  int listed = 0;
+  int listed = 0, nlisted = 0;
   char buf[256];
   snprintf(buf, sizeof(buf), "%s", s + exclude);
   char* save = NULL;
@@ -29,8 +34,16 @@ static int parse_list(const char* s, const char* const* names, int count, int* m
         listed |= 1 << i;
         found = 1;
       }
+    for (int i = 0; i < nignore && !found; i++)
+      if (strcasecmp(tok, ignore[i]) == 0) {
+        (*ignored)++;
+        found = 2;
+      }
     if (!found) return -1;
+    if (found == 1) nlisted++;
   }
+  /* Only names collie lacks ("NVLS"): as if unset. */
+  if (!exclude && nlisted == 0) return 0;
   *mask = exclude ? (~listed & ((1 << count) - 1)) : listed;
   return 0;
 }
@@ -52,18 +65,27 @@ int cpulist_count(const char* s) {
 }
 
 ncclResult_t tuning_init(struct ncclComm* comm) {
-  int algos = (1 << ALGO_COUNT) - 1;
+  int algos = (1 << ALGO_NNAMES) - 1, ignored = 0;
   const char* s = param_str(P_NCCL_ALGO);
-  if (parse_list(s, algo_names, ALGO_COUNT, &algos) != 0)
-    return err_set(ncclInvalidArgument, "NCCL_ALGO=\"%s\": expected a list of Ring, Tree, Direct, Hier (optionally ^-prefixed)", s);
-  static const char* protos[] = {"Simple", "LL", "LL128"};
-  int pmask = 7;
+  int nonly = (int)(sizeof(nccl_only_algos) / sizeof(nccl_only_algos[0]));
+  if (parse_list(s, algo_names, ALGO_NNAMES, nccl_only_algos, nonly, &algos, &ignored) != 0)
+    return err_set(ncclInvalidArgument,
+                   "NCCL_ALGO=\"%s\": expected a list of Ring, Tree, Direct, Hier, P2P (optionally ^-prefixed)", s);
+  if (ignored)
+    INFO(LOG_TUNING | LOG_ENV, "NCCL_ALGO=%s: NVLS, NVLSTree, CollNetDirect, CollNetChain and PAT are NCCL GPU "
+         "algorithms collie does not have; ignored", s);
+  int pmask = (1 << PROTO_COUNT) - 1;
   s = param_str(P_NCCL_PROTO);
-  if (parse_list(s, protos, 3, &pmask) != 0)
+  if (parse_list(s, proto_names, PROTO_COUNT, NULL, 0, &pmask, &ignored) != 0)
     return err_set(ncclInvalidArgument, "NCCL_PROTO=\"%s\": expected a list of Simple, LL, LL128 (optionally ^-prefixed)", s);
-  if (!(pmask & 1)) algos &= ~((1 << ALGO_RING) | (1 << ALGO_TREE) | (1 << ALGO_HIER));
-  if (!(pmask & 2)) algos &= ~(1 << ALGO_DIRECT);
+  /* A name stays allowed only if one of its rows runs an allowed protocol
+   * (the device path reads the Ring and Tree bits). */
+  int with_proto = 0;
+  for (int i = 0; i < algo_table_len; i++)
+    if (pmask & (1 << algo_table[i]->proto)) with_proto |= 1 << algo_table[i]->name;
+  algos &= with_proto;
   comm->algo_mask = algos;
+  comm->proto_mask = pmask;
   /* Channel bounds: environment first, then the communicator's config. */
   int64_t lo = param_int(P_NCCL_MIN_CTAS, 0, 1 << 20), hi = param_int(P_NCCL_MAX_CTAS, 0, 1 << 20);
   if (!lo && comm->config.minCTAs != NCCL_CONFIG_UNDEF_INT) lo = comm->config.minCTAs;
@@ -83,119 +105,39 @@ ncclResult_t tuning_init(struct ncclComm* comm) {
     if (o > comm->oversub) comm->oversub = o;
     if (1.0 / o < comm->cpus_per_rank) comm->cpus_per_rank = 1.0 / o;
   }
-  INFO(LOG_TUNING | LOG_ENV, "algorithms allowed: %s%s%s%s(mask 0x%x)", algos & 1 ? "Ring " : "",
-       algos & 2 ? "Tree " : "", algos & 4 ? "Direct " : "", algos & 8 ? "Hier " : "", algos);
+  if (log_enabled(LOG_INFO, LOG_TUNING | LOG_ENV)) {
+    char list[128] = "";
+    for (int i = 0; i < ALGO_NNAMES; i++)
+      if (algos & (1 << i)) snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s ", algo_names[i]);
+    INFO(LOG_TUNING | LOG_ENV, "algorithms allowed: %s(mask 0x%x)", list, algos);
+  }
   return ncclSuccess;
 }
 
-struct link_cost {
-  double alpha_us; /* per dependent step */
-  double gbps;     /* payload bandwidth of one link */
-};
-
 /* Constants fitted to collie-perf runs on the development machine (2 cores):
  * a shared-memory step costs ~0.3 us when every rank has a CPU and ~3 us at
- * 2 ranks per CPU; sockets ~10 us per step and ~2 GB/s on loopback. */
-static struct link_cost cost_for(const struct ncclComm* comm) {
-  int shm = comm->nhosts == 1 && !comm->shm_disable;
-  struct link_cost c;
-  if (shm) {
-    c.alpha_us = 0.3 + (comm->oversub > 1 ? 1.5 * comm->oversub : 0);
-    c.gbps = 12.0 / comm->oversub;
+ * 2 ranks per CPU; sockets ~10 us per step and ~2 GB/s on loopback. `local`
+ * is shared memory on one host with a CPU per rank. */
+static struct tune_cost cost_for(const struct ncclComm* comm) {
+  struct tune_cost c;
+  c.local.alpha_us = 0.3;
+  c.local.bw = 12.0e3;
+  if (coll_shm_only(comm)) {
+    c.link.alpha_us = 0.3 + (comm->oversub > 1 ? 1.5 * comm->oversub : 0);
+    c.link.bw = 12.0e3 / comm->oversub;
   } else {
-    c.alpha_us = 10.0 * comm->oversub;
-    c.gbps = 2.0 / comm->oversub;
+    c.link.alpha_us = 10.0 * comm->oversub;
+    c.link.bw = 2.0e3 / comm->oversub;
   }
   return c;
 }
 
-static int log2ceil(int n) {
-  int l = 0;
-  while ((1 << l) < n) l++;
-  return l;
-}
-
-double algo_estimate_us(const struct coll_args* a, int algo) {
+/* Channels for a row that can split: more only pay when each rank has CPUs
+ * to spare and the message is large enough to hide the hand-off to the
+ * helper threads. */
+static int channels_for(const struct coll_args* a, const struct algo* al) {
   const struct ncclComm* comm = a->comm;
-  int n = comm->nranks;
-  double bytes = (double)a->count * (double)dtype_size(a->dt);
-  struct link_cost c = cost_for(comm);
-  double bw = c.gbps * 1e3; /* bytes per microsecond */
-  if (n == 1) return 0.2 + bytes / (4 * bw);
-  if (algo == ALGO_DIRECT && !shm_direct(a)) {
-    /* One exchange; every message costs a little sender time. */
-    double per = a->kind == COLL_BROADCAST || a->kind == COLL_REDUCE ? 1.0 : (double)(n - 1);
-    return c.alpha_us + 0.1 * c.alpha_us * per + per * bytes / bw;
-  }
-  switch (a->kind) {
-    case COLL_ALLREDUCE:
-      if (algo == ALGO_DIRECT) return c.alpha_us + (n + 1) * bytes / (bw * 4.0 / 3.0);
-      if (algo == ALGO_TREE) return 2.0 * log2ceil(n) * c.alpha_us + 2.0 * bytes / bw;
-      if (algo == ALGO_HIER) {
-        /* Shared-memory reduce and broadcast chains plus a ring of leaders. */
-        int h = comm->nleaders, l = comm->nranks / h;
-        return 2.0 * (l - 1) * 0.3 + 2.0 * bytes / 12e3 + 2.0 * (h - 1) * c.alpha_us + 2.0 * (h - 1) / h * bytes / bw;
-      }
-      return 2.0 * (n - 1) * c.alpha_us + 2.0 * (n - 1) / n * bytes / bw;
-    case COLL_REDUCESCATTER:
-      if (algo == ALGO_DIRECT) return c.alpha_us + (2.0 * n) * bytes / (bw * 4.0 / 3.0);
-      return (n - 1) * c.alpha_us + (n - 1) * bytes / bw;
-    case COLL_ALLGATHER:
-      if (algo == ALGO_DIRECT) return c.alpha_us + (n + 1) * bytes / (bw * 4.0 / 3.0);
-      return (n - 1) * c.alpha_us + (n - 1) * bytes / bw;
-    case COLL_BROADCAST:
-    case COLL_REDUCE:
-      if (algo == ALGO_DIRECT) return c.alpha_us + (n + 1) * bytes / (bw * 4.0 / 3.0);
-      return (n - 1) * c.alpha_us + bytes / bw;
-    default: /* point-to-point based: one step, everything through the root or the links */
-      return c.alpha_us + (n - 1) * bytes / bw;
-  }
-}
-
-/* Direct means shared-memory mailboxes on one host, point-to-point otherwise. */
-int shm_direct(const struct coll_args* a) { return a->comm->nhosts == 1 && !a->comm->shm_disable; }
-
-/* Bytes a rank's mailbox must hold for the direct algorithm. */
-static size_t direct_bytes(const struct coll_args* a) {
-  size_t b = a->count * dtype_size(a->dt);
-  return a->kind == COLL_REDUCESCATTER ? b * (size_t)a->comm->nranks : b;
-}
-
-int tuning_choose(const struct coll_args* a) {
-  int cand = 1 << ALGO_RING;
-  if (a->kind == COLL_ALLREDUCE) cand |= 1 << ALGO_TREE;
-  if (a->kind == COLL_ALLREDUCE && a->comm->nhosts > 1 && a->comm->nleaders < a->comm->nranks) cand |= 1 << ALGO_HIER;
-  if (a->kind <= COLL_REDUCESCATTER &&
-      (shm_direct(a) ? direct_eligible(a, direct_bytes(a))
-                     : net_direct_eligible(a, a->count * dtype_size(a->dt))))
-    cand |= 1 << ALGO_DIRECT;
-  int allowed = cand & a->comm->algo_mask;
-  if (!allowed) allowed = 1 << ALGO_RING; /* nothing allowed fits this call: the ring always works */
-  int best = -1;
-  double best_t = 0;
-  for (int al = 0; al < ALGO_COUNT; al++) {
-    if (!(allowed & (1 << al))) continue;
-    double t = algo_estimate_us(a, al);
-    if (best < 0 || t < best_t) {
-      best = al;
-      best_t = t;
-    }
-  }
-  TRACE(LOG_TUNING, "%s %zu x %s on %d ranks: %s (%.1f us predicted)", coll_name(a->kind), a->count,
-        dtype_name(a->dt), a->comm->nranks, algo_name(best), best_t);
-  return best;
-}
-
-double coll_estimate_us(const struct coll_args* a) {
-  if (a->kind > COLL_REDUCESCATTER) return algo_estimate_us(a, ALGO_RING);
-  return algo_estimate_us(a, tuning_choose(a));
-}
-
-int tuning_channels(const struct coll_args* a, int algo) {
-  const struct ncclComm* comm = a->comm;
-  if (algo != ALGO_RING || a->kind > COLL_REDUCESCATTER || comm->nranks == 1) return 1;
-  /* More channels only pay when each rank has CPUs to spare and the message
-   * is large enough to hide the hand-off to the helper threads. */
+  if (!(al->flags & ALGO_F_CHANNELS) || comm->nranks == 1 || a->count == 0) return 1;
   double cpus_per_rank = comm->cpus_per_rank;
   size_t bytes = a->count * dtype_size(a->dt);
   int want = bytes >= ((size_t)8 << 20) && cpus_per_rank >= 2 ? (int)cpus_per_rank : 1;
@@ -204,4 +146,63 @@ int tuning_channels(const struct coll_args* a, int algo) {
   /* Every channel needs at least one element to move. */
   if ((size_t)want > a->count) want = a->count ? (int)a->count : 1;
   return want;
+}
+
+static double row_estimate(const struct coll_args* a, const struct algo* al, const struct tune_cost* c) {
+  if (a->comm->nranks == 1) return 0.2 + (double)a->count * (double)dtype_size(a->dt) / (4 * c->link.bw);
+  return al->estimate(a, c);
+}
+
+/* Index of the row to run, or -1 if the table has none for this collective. */
+static int choose(const struct coll_args* a, double* est) {
+  const struct ncclComm* comm = a->comm;
+  struct tune_cost c = cost_for(comm);
+  int best = -1, fallback = -1;
+  double best_t = 0;
+  for (int i = 0; i < algo_table_len; i++) {
+    const struct algo* al = algo_table[i];
+    if (al->coll != a->kind || !al->eligible(a)) continue;
+    if (fallback < 0) fallback = i;
+    if (!(comm->algo_mask & (1 << al->name)) || !(comm->proto_mask & (1 << al->proto))) continue;
+    /* Count 0 moves nothing: no model needed. */
+    double t = a->count == 0 ? 0 : row_estimate(a, al, &c);
+    if (best < 0 || t < best_t) {
+      best = i;
+      best_t = t;
+    }
+  }
+  /* Nothing the user allows fits this call: the collective's first row always works. */
+  if (best < 0 && fallback >= 0) {
+    best = fallback;
+    best_t = row_estimate(a, algo_table[best], &c);
+  }
+  if (est) *est = best_t;
+  return best;
+}
+
+ncclResult_t tuning_plan(const struct coll_args* a, struct plan* p) {
+  struct ncclComm* comm = a->comm;
+  int idx = -1;
+  /* Same call shape as last time: same choice (the model is a pure function of it). */
+  struct tune_memo* m = a->kind < (int)(sizeof(comm->memo) / sizeof(comm->memo[0])) ? &comm->memo[a->kind] : NULL;
+  if (m && m->valid && m->count == a->count && m->dt == a->dt) {
+    idx = m->algo;
+  } else {
+    double t = 0;
+    idx = choose(a, &t);
+    if (idx < 0) return err_set(ncclInternalError, "no algorithm in the table runs %s", coll_name(a->kind));
+    if (m) *m = (struct tune_memo){1, idx, a->dt, a->count};
+    TRACE(LOG_TUNING, "%s %zu x %s on %d ranks: %s/%s (%.1f us predicted)", coll_name(a->kind), a->count,
+          dtype_name(a->dt), comm->nranks, algo_name(algo_table[idx]->name), proto_names[algo_table[idx]->proto], t);
+  }
+  p->algo = algo_table[idx];
+  p->index = idx;
+  p->nch = channels_for(a, p->algo);
+  p->chunk = transport_chunk_bytes(comm);
+  return ncclSuccess;
+}
+
+double coll_estimate_us(const struct coll_args* a) {
+  double t = 0;
+  return choose(a, &t) < 0 ? 0 : t;
 }

@@ -1,16 +1,19 @@
-/* Lazy connector setup: when an operation needs to talk to a peer and no
- * connector exists yet, the receiving side creates its end (shm segment or
- * socket listener) and sends its description through the bootstrap; the
- * sender attaches and acknowledges; the receiver then finalises (closes the
- * memfd, accepts the socket). Both sides choose the same transport because
- * the receiver decides and says which. */
+/* The transport table and lazy connector setup. When an operation needs to
+ * talk to a peer and no connector exists yet, the receiving side picks the
+ * first transport of the table that can connect the pair, makes its end and
+ * sends its description (naming the transport) through the bootstrap; the
+ * sender attaches and acknowledges with its own description; the receiver
+ * then finishes (closes the memfd, accepts the sockets). Talks to the
+ * transports (shm.c, net_socket.c) and the bootstrap; nothing above. */
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "../comm.h"
-#include "../failures.h"
+#include "../comm_err.h"
 #include "transport.h"
 
 /* Setup messages carry the channel in their tag. */
@@ -18,28 +21,50 @@
 #define TAG_CONN_ACK 0x7f000002u
 #define TAG_CH(tag, ch) ((tag) + 0x100u * (uint32_t)(ch))
 
+/* Priority order: the first that can connect a pair is used. */
+static const struct transport* const transports[] = {&transport_shm, &transport_socket};
+#define NTRANSPORTS (int)(sizeof(transports) / sizeof(transports[0]))
 
+#define TRANSPORT_NAME_BYTES 16
+
+/* Receiver -> sender: which transport and the receiver's end. */
 struct conn_info {
-  int32_t type;
+  char name[TRANSPORT_NAME_BYTES];
   int32_t len;
   uint8_t data[TRANSPORT_INFO_BYTES];
 };
 
-/* shm when both ranks share a host (same host hash) and it is not disabled. */
-static int choose_type(struct ncclComm* comm, int peer) {
-  if (comm->shm_disable) return CONN_SOCKET;
-  if (comm->peers[peer].host_hash != comm->peers[comm->rank].host_hash) return CONN_SOCKET;
-  return CONN_SHM;
+/* Sender -> receiver: attached or not, and the sender's end. */
+struct conn_ack {
+  int32_t ok;
+  int32_t len;
+  uint8_t data[TRANSPORT_INFO_BYTES];
+};
+
+/* NCCL_NET names the one network transport to use (NULL: any). */
+static const char* net_wanted(void) {
+  const char* net = param_str(P_NCCL_NET);
+  return net && *net ? net : NULL;
 }
 
-static ncclResult_t ensure_tables(struct ncclComm* comm) {
-  if (comm->send_conns) return ncclSuccess;
-  comm->send_conns = calloc((size_t)comm->nranks * MAX_CHANNELS, sizeof(struct conn*));
-  comm->recv_conns = calloc((size_t)comm->nranks * MAX_CHANNELS, sizeof(struct conn*));
-  if (!comm->send_conns || !comm->recv_conns) return err_set(ncclSystemError, "out of memory for connectors");
-  const char* net = param_str(P_NCCL_NET);
-  if (net && strcasecmp(net, "Socket") != 0)
-    return err_set(ncclInvalidUsage, "NCCL_NET=%s: only the Socket network transport is built so far", net);
+static const struct transport* choose(struct ncclComm* comm, int peer) {
+  const char* net = net_wanted();
+  for (int i = 0; i < NTRANSPORTS; i++) {
+    const struct transport* t = transports[i];
+    if ((t->caps & TRANSPORT_CAP_NET) && net && strcasecmp(net, t->name) != 0) continue;
+    if (t->can_connect(comm, peer)) return t;
+  }
+  return NULL;
+}
+
+static const struct transport* by_name(const char* name) {
+  for (int i = 0; i < NTRANSPORTS; i++)
+    if (strcmp(transports[i]->name, name) == 0) return transports[i];
+  return NULL;
+}
+
+size_t transport_chunk_bytes(struct ncclComm* comm) {
+  if (comm->slot_bytes) return comm->slot_bytes;
   int64_t nslots = param_int(P_COLLIE_NSLOTS, 2, 16);
   int64_t buff = param_int(P_NCCL_BUFFSIZE, 4096 * 2, (int64_t)1 << 30);
   /* Sockets move whole slots per system call: between hosts (or with shared
@@ -47,12 +72,27 @@ static ncclResult_t ensure_tables(struct ncclComm* comm) {
   if (!getenv("NCCL_BUFFSIZE") && (comm->nhosts > 1 || comm->shm_disable)) buff = 4 << 20;
   comm->nslots = (int)nslots;
   comm->slot_bytes = ((size_t)buff / (size_t)nslots) & ~(size_t)63;
+  return comm->slot_bytes;
+}
+
+static ncclResult_t ensure_tables(struct ncclComm* comm) {
+  if (comm->send_conns) return ncclSuccess;
+  comm->send_conns = calloc((size_t)comm->nranks * MAX_CHANNELS, sizeof(struct conn*));
+  comm->recv_conns = calloc((size_t)comm->nranks * MAX_CHANNELS, sizeof(struct conn*));
+  if (!comm->send_conns || !comm->recv_conns) return err_set(ncclSystemError, "out of memory for connectors");
+  const char* net = net_wanted();
+  int found = 0;
+  for (int i = 0; net && i < NTRANSPORTS; i++)
+    found |= (transports[i]->caps & TRANSPORT_CAP_NET) && strcasecmp(net, transports[i]->name) == 0;
+  if (net && !found)
+    return err_set(ncclInvalidUsage, "NCCL_NET=%s: no network transport of that name is built in (Socket is)", net);
+  transport_chunk_bytes(comm);
   return ncclSuccess;
 }
 
 static void conn_free(struct conn* c) {
   if (!c) return;
-  if (c->ops) c->ops->close(c);
+  if (c->tp) (c->is_send ? c->tp->send.free : c->tp->recv.free)(c);
   free(c);
 }
 
@@ -91,12 +131,16 @@ ncclResult_t transport_connect_ch(struct ncclComm* comm, int ch, const int* send
   for (int i = 0; i < nrecv; i++) {
     int p = recv_peers[i];
     if (recv_tab[p]) continue;
+    const struct transport* t = choose(comm, p);
+    if (!t) return err_set(ncclSystemError, "rank %d: no transport can connect it with rank %d", comm->rank, p);
     struct conn* c = conn_new(comm, ch, p, 0);
     if (!c) return err_set(ncclSystemError, "out of memory for a connector");
-    c->type = choose_type(comm, p);
-    struct conn_info info = {.type = c->type};
+    c->tp = t;
+    struct conn_info info;
+    memset(&info, 0, sizeof(info));
+    snprintf(info.name, sizeof(info.name), "%s", t->name);
     size_t len = 0;
-    res = c->type == CONN_SHM ? shm_recv_setup(c, info.data, &len) : sock_recv_setup(c, info.data, &len);
+    res = t->recv.setup ? t->recv.setup(c, info.data, &len) : ncclSuccess;
     if (res != ncclSuccess) {
       conn_free(c);
       return res;
@@ -106,43 +150,49 @@ ncclResult_t transport_connect_ch(struct ncclComm* comm, int ch, const int* send
     c->opseq = (uint64_t)-1; /* marks "not acknowledged yet" */
     NCCLCHECK(bootstrap_send(comm->bs, p, TAG_CH(TAG_CONN_INFO, ch), &info, sizeof(info)));
   }
-  /* 2. Sending ends: attach and acknowledge. */
+  /* 2. Sending ends: attach and acknowledge (with this end's description). */
   for (int i = 0; i < nsend; i++) {
     int p = send_peers[i];
     if (send_tab[p]) continue;
     struct conn_info info;
     NCCLCHECK(bootstrap_recv(comm->bs, p, TAG_CH(TAG_CONN_INFO, ch), &info, sizeof(info)));
+    info.name[TRANSPORT_NAME_BYTES - 1] = 0;
     struct conn* c = conn_new(comm, ch, p, 1);
     if (!c) return err_set(ncclSystemError, "out of memory for a connector");
-    c->type = info.type;
-    if (info.len < 0 || info.len > TRANSPORT_INFO_BYTES) res = err_set(ncclInternalError, "bad connector info");
-    else if (info.type == CONN_SHM) res = shm_send_connect(c, info.data, (size_t)info.len);
-    else if (info.type == CONN_SOCKET) res = sock_send_connect(c, info.data, (size_t)info.len);
-    else res = err_set(ncclInternalError, "rank %d offered unknown transport %d", p, info.type);
-    int32_t ok = res == ncclSuccess;
-    ncclResult_t r2 = bootstrap_send(comm->bs, p, TAG_CH(TAG_CONN_ACK, ch), &ok, sizeof(ok));
+    struct conn_ack ack;
+    memset(&ack, 0, sizeof(ack));
+    size_t len = 0;
+    c->tp = by_name(info.name);
+    if (!c->tp) res = err_set(ncclInternalError, "rank %d offered unknown transport \"%s\"", p, info.name);
+    else if (info.len < 0 || info.len > TRANSPORT_INFO_BYTES) res = err_set(ncclInternalError, "bad connector info");
+    else if (c->tp->send.setup) res = c->tp->send.setup(c, ack.data, &len);
+    if (res == ncclSuccess) res = c->tp->send.connect(c, info.data, (size_t)info.len);
+    ack.ok = res == ncclSuccess;
+    ack.len = (int32_t)len;
+    ncclResult_t r2 = bootstrap_send(comm->bs, p, TAG_CH(TAG_CONN_ACK, ch), &ack, sizeof(ack));
     if (res != ncclSuccess || r2 != ncclSuccess) {
       conn_free(c);
       return res != ncclSuccess ? res : r2;
     }
     send_tab[p] = c;
-    if (c->type == CONN_SOCKET) comm->nsock_sends++;
+    if (conn_caps(c) & TRANSPORT_CAP_FLUSH) comm->nflush_sends++;
     INFO(LOG_INIT | LOG_SHM | LOG_NET, "rank %d -> rank %d channel %d via %s (%d x %zu-byte slots)", comm->rank, p, ch,
-         c->type == CONN_SHM ? "shm" : "socket", c->nslots, c->slot_bytes);
+         c->tp->name, c->nslots, c->slot_bytes);
   }
   /* 3. Receiving ends: finish once the sender is attached. */
   for (int i = 0; i < nrecv; i++) {
     int p = recv_peers[i];
     struct conn* c = recv_tab[p];
     if (c->opseq != (uint64_t)-1) continue;
-    int32_t ok = 0;
-    NCCLCHECK(bootstrap_recv(comm->bs, p, TAG_CH(TAG_CONN_ACK, ch), &ok, sizeof(ok)));
-    if (!ok) {
+    struct conn_ack ack;
+    NCCLCHECK(bootstrap_recv(comm->bs, p, TAG_CH(TAG_CONN_ACK, ch), &ack, sizeof(ack)));
+    if (!ack.ok) {
       recv_tab[p] = NULL;
       conn_free(c);
       return err_set(ncclRemoteError, "rank %d could not attach to rank %d's connector (see its log)", p, comm->rank);
     }
-    res = c->type == CONN_SHM ? shm_recv_connected(c) : sock_recv_connected(c);
+    if (ack.len < 0 || ack.len > TRANSPORT_INFO_BYTES) res = err_set(ncclInternalError, "bad connector acknowledgement");
+    else res = c->tp->recv.connect ? c->tp->recv.connect(c, ack.data, (size_t)ack.len) : ncclSuccess;
     if (res != ncclSuccess) {
       recv_tab[p] = NULL;
       conn_free(c);
@@ -161,19 +211,19 @@ ncclResult_t transport_progress(struct ncclComm* comm, int ch) {
   struct conn** rt = comm->recv_conns + (size_t)ch * comm->nranks;
   for (int i = 0; i < comm->nranks; i++) {
     struct conn* c = st[i];
-    if (c && c->type == CONN_SOCKET) NCCLCHECK(c->ops->progress(c));
+    if (c && (conn_caps(c) & TRANSPORT_CAP_PROGRESS)) NCCLCHECK(c->ops->progress(c));
     c = rt[i];
-    if (c && c->type == CONN_SOCKET && c->opseq != (uint64_t)-1) NCCLCHECK(c->ops->progress(c));
+    if (c && (conn_caps(c) & TRANSPORT_CAP_PROGRESS) && c->opseq != (uint64_t)-1) NCCLCHECK(c->ops->progress(c));
   }
   return ncclSuccess;
 }
 
 ncclResult_t transport_flush(struct ncclComm* comm) {
-  /* Runs after every operation: nothing to scan on shared-memory-only communicators. */
-  if (!comm->nsock_sends) return ncclSuccess;
+  /* Runs after every operation: nothing to scan when no connector can hold bytes back. */
+  if (!comm->nflush_sends) return ncclSuccess;
   for (int i = 0; i < comm->nranks * MAX_CHANNELS; i++) {
     struct conn* c = comm->send_conns[i];
-    if (!c || c->type != CONN_SOCKET) continue;
+    if (!c || !(conn_caps(c) & TRANSPORT_CAP_FLUSH)) continue;
     while (c->ops->pending(c)) {
       /* Keep receiving too: the peer may need our reads to make room. */
       NCCLCHECK(transport_progress(comm, c->channel));
@@ -210,7 +260,7 @@ void transport_poison(struct ncclComm* comm) {
   }
 }
 
-void transport_wait_sockets(struct ncclComm* comm, int ch, int timeout_ms) {
+void transport_wait_fds(struct ncclComm* comm, int ch, int timeout_ms) {
   struct pollfd pfds[257];
   int n = 0;
   /* Readable for good after abort, revoke or a failure found elsewhere: ends the sleep. */
@@ -219,9 +269,9 @@ void transport_wait_sockets(struct ncclComm* comm, int ch, int timeout_ms) {
   struct conn** rt = comm->recv_conns + (size_t)ch * comm->nranks;
   for (int i = 0; i < comm->nranks && n <= 257 - 16; i++) {
     struct conn* c = st[i];
-    if (c && c->type == CONN_SOCKET) n += c->ops->pollfds(c, pfds + n);
+    if (c && (conn_caps(c) & TRANSPORT_CAP_POLLFD)) n += c->ops->pollfds(c, pfds + n);
     c = rt[i];
-    if (c && c->type == CONN_SOCKET && c->opseq != (uint64_t)-1) n += c->ops->pollfds(c, pfds + n);
+    if (c && (conn_caps(c) & TRANSPORT_CAP_POLLFD) && c->opseq != (uint64_t)-1) n += c->ops->pollfds(c, pfds + n);
   }
   poll(pfds, (nfds_t)n, timeout_ms);
 }

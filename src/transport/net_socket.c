@@ -1,4 +1,4 @@
-/* Socket (TCP) connectors, for ranks on different hosts or when shared
+/* The socket transport: TCP connectors, for ranks on different hosts or when shared
  * memory is off. Each side keeps its own ring of slots in local memory; the
  * bytes of a committed slot (header + payload) are written to a socket by
  * progress(), and the receiver's progress() reads them into its free slots.
@@ -18,7 +18,7 @@
 
 #include "../bootstrap/socket.h"
 #include "../comm.h"
-#include "../failures.h"
+#include "../comm_err.h"
 #include "transport.h"
 
 #define SOCK_MAX_CONNS 16
@@ -295,7 +295,7 @@ struct sock_info {
   int32_t nlinks;
 };
 
-ncclResult_t sock_recv_setup(struct conn* c, void* info, size_t* info_len) {
+static ncclResult_t sock_recv_setup(struct conn* c, void* info, size_t* info_len) {
   NCCLCHECK(sock_alloc(c, nsocks_wanted()));
   struct sock_conn* s = c->priv;
   s->readahead = (int)param_int(P_COLLIE_SOCKET_READAHEAD, 0, 1);
@@ -311,7 +311,7 @@ ncclResult_t sock_recv_setup(struct conn* c, void* info, size_t* info_len) {
   return ncclSuccess;
 }
 
-ncclResult_t sock_send_connect(struct conn* c, const void* info, size_t info_len) {
+static ncclResult_t sock_send_connect(struct conn* c, const void* info, size_t info_len) {
   struct sock_info in;
   if (info_len != sizeof(in)) return err_set(ncclInternalError, "socket: bad connection info from rank %d", c->peer);
   memcpy(&in, info, sizeof(in));
@@ -334,7 +334,11 @@ ncclResult_t sock_send_connect(struct conn* c, const void* info, size_t info_len
   return ncclSuccess;
 }
 
-ncclResult_t sock_recv_connected(struct conn* c) {
+/* Accepts the sender's connections (it has connected by the time its
+ * acknowledgement arrived). */
+static ncclResult_t sock_recv_connect(struct conn* c, const void* info, size_t len) {
+  (void)info;
+  (void)len;
   struct sock_conn* s = c->priv;
   int64_t deadline = time_ms() + param_int(P_COLLIE_BOOTSTRAP_TIMEOUT, 1, 86400) * 1000;
   int got = 0;
@@ -366,3 +370,20 @@ ncclResult_t sock_recv_connected(struct conn* c) {
   s->listen_fd = -1;
   return ncclSuccess;
 }
+
+/* The fallback: any two ranks that can reach each other's bootstrap address. */
+static int sock_can_connect(struct ncclComm* comm, int peer) {
+  (void)comm;
+  (void)peer;
+  return 1;
+}
+
+const struct transport transport_socket = {
+    .name = "Socket",
+    .caps = TRANSPORT_CAP_PROGRESS | TRANSPORT_CAP_POLLFD | TRANSPORT_CAP_SYSCALL_DATA | TRANSPORT_CAP_FLUSH |
+            TRANSPORT_CAP_NET,
+    .can_connect = sock_can_connect,
+    .send = {NULL, sock_send_connect, sock_close},
+    .recv = {sock_recv_setup, sock_recv_connect, sock_close},
+    .ops = &sock_ops,
+};

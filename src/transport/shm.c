@@ -1,23 +1,16 @@
-/* Shared-memory connectors: the receiver creates an anonymous memfd holding
- * the control block and the slots; the sender opens it through
+/* The shm transport: the receiver creates an anonymous memfd (shmseg.c)
+ * holding the control block and the slots; the sender opens it through
  * /proc/<pid>/fd/<n> and maps it. Nothing is ever named in /dev/shm, so a
  * crash at any moment leaves nothing behind. Head/tail counters are 32-bit
  * futex words: a waiter spins briefly, then sleeps on the word; the other side
  * wakes it only when it said it was sleeping. */
-#include <errno.h>
-#include <fcntl.h>
-#include <linux/futex.h>
-#include <sched.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
-#include "../comm.h"
-#include "../failures.h"
+#include "../comm_err.h"
+#include "../futex.h"
+#include "shmseg.h"
 #include "transport.h"
 
 #define SHM_MAX_SLOTS 16
@@ -38,9 +31,7 @@ struct shm_ctrl {
 struct shm_conn {
   struct shm_ctrl* ctrl;
   char* data;
-  void* map;
-  size_t map_len;
-  int memfd; /* receiver: open until the sender has mapped it */
+  struct shm_seg seg; /* receiver: its fd stays open until the sender has mapped it */
   uint32_t pos;
 };
 
@@ -51,10 +42,6 @@ struct shm_info {
   int32_t nslots;
   uint64_t slot_bytes;
 };
-
-static long futex(uint32_t* addr, int op, uint32_t val, const struct timespec* ts) {
-  return syscall(SYS_futex, addr, op, val, ts, NULL, 0);
-}
 
 static size_t ctrl_bytes(void) { return (sizeof(struct shm_ctrl) + 4095) & ~(size_t)4095; }
 
@@ -69,7 +56,7 @@ static void wake(uint32_t* word, uint32_t* waiters) {
   /* Pairs with the fence in shm_wait: either the waiter sees the new value
    * before sleeping, or we see its waiter flag here. */
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  if (__atomic_load_n(waiters, __ATOMIC_RELAXED)) futex(word, FUTEX_WAKE, 1, NULL);
+  if (__atomic_load_n(waiters, __ATOMIC_RELAXED)) futex_wake(word, 1, 1);
 }
 
 static ncclResult_t shm_send_commit(struct conn* c, const struct slot_hdr* h) {
@@ -116,10 +103,7 @@ static void shm_wait(struct conn* c, int timeout_ms) {
   /* A stop (abort, revoke, failure) set since the caller's check would be
    * woken only by transport_wake, which may have run already: look again,
    * so only a few instructions are left for a wake to be missed in. */
-  if (!comm_stopping(c->comm) && __atomic_load_n(word, __ATOMIC_ACQUIRE) == seen) {
-    struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
-    futex(word, FUTEX_WAIT, seen, &ts);
-  }
+  if (!comm_stopping(c->comm) && __atomic_load_n(word, __ATOMIC_ACQUIRE) == seen) futex_wait(word, seen, timeout_ms, 1);
   __atomic_store_n(waiters, 0, __ATOMIC_RELAXED);
 }
 
@@ -129,15 +113,15 @@ static void shm_fail(struct conn* c) {
   uint32_t* flag = c->is_send ? &s->ctrl->send_failed : &s->ctrl->recv_failed;
   __atomic_store_n(flag, 1, __ATOMIC_RELEASE);
   /* Wake whoever waits on either counter so it notices. */
-  futex(&s->ctrl->tail, FUTEX_WAKE, 1, NULL);
-  futex(&s->ctrl->head, FUTEX_WAKE, 1, NULL);
+  futex_wake(&s->ctrl->tail, 1, 1);
+  futex_wake(&s->ctrl->head, 1, 1);
 }
 
 static void shm_wake(struct conn* c) {
   struct shm_conn* s = c->priv;
   if (!s || !s->ctrl) return;
-  futex(&s->ctrl->tail, FUTEX_WAKE, 64, NULL);
-  futex(&s->ctrl->head, FUTEX_WAKE, 64, NULL);
+  futex_wake(&s->ctrl->tail, 64, 1);
+  futex_wake(&s->ctrl->head, 64, 1);
 }
 
 static int shm_peer_failed(struct conn* c) {
@@ -148,8 +132,7 @@ static int shm_peer_failed(struct conn* c) {
 static void shm_close(struct conn* c) {
   struct shm_conn* s = c->priv;
   if (!s) return;
-  if (s->map) munmap(s->map, s->map_len);
-  if (s->memfd >= 0) close(s->memfd);
+  shmseg_free(&s->seg);
   free(s);
   c->priv = NULL;
 }
@@ -163,33 +146,28 @@ static const struct conn_ops shm_ops = {shm_send_slot, shm_send_commit, NULL, sh
                                         shm_progress,  shm_wait,        shm_fail,      shm_pending, NULL,
                                         shm_peer_failed, shm_close, shm_wake};
 
-ncclResult_t shm_recv_setup(struct conn* c, void* info, size_t* info_len) {
-  if (c->nslots > SHM_MAX_SLOTS) c->nslots = SHM_MAX_SLOTS;
+static struct shm_conn* shm_alloc(struct conn* c) {
   struct shm_conn* s = calloc(1, sizeof(*s));
-  if (!s) return err_set(ncclSystemError, "shm: out of memory");
-  s->memfd = -1;
+  if (!s) return NULL;
+  s->seg.fd = -1;
   c->priv = s;
   c->ops = &shm_ops;
-  s->map_len = ctrl_bytes() + (size_t)c->nslots * c->slot_bytes;
-  s->memfd = memfd_create("collie-shm", MFD_CLOEXEC);
-  if (s->memfd < 0) return err_set(ncclSystemError, "shm: memfd_create failed: %s", strerror(errno));
-  /* memfds start 0777; only this user's processes (the peer) may open it. */
-  if (fchmod(s->memfd, 0600) != 0) return err_set(ncclSystemError, "shm: fchmod failed: %s", strerror(errno));
-  if (ftruncate(s->memfd, (off_t)s->map_len) != 0)
-    return err_set(ncclSystemError, "shm: cannot size a %zu-byte segment: %s", s->map_len, strerror(errno));
-  s->map = mmap(NULL, s->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, s->memfd, 0);
-  if (s->map == MAP_FAILED) {
-    s->map = NULL;
-    return err_set(ncclSystemError, "shm: mmap of %zu bytes failed: %s", s->map_len, strerror(errno));
-  }
-  s->ctrl = s->map;
-  s->data = (char*)s->map + ctrl_bytes();
+  return s;
+}
+
+static ncclResult_t shm_recv_setup(struct conn* c, void* info, size_t* info_len) {
+  if (c->nslots > SHM_MAX_SLOTS) c->nslots = SHM_MAX_SLOTS;
+  struct shm_conn* s = shm_alloc(c);
+  if (!s) return err_set(ncclSystemError, "shm: out of memory");
+  NCCLCHECK(shmseg_create(ctrl_bytes() + (size_t)c->nslots * c->slot_bytes, "shm connector", &s->seg));
+  s->ctrl = s->seg.base;
+  s->data = (char*)s->seg.base + ctrl_bytes();
   /* Zeroed first: the padding after nslots goes to the peer too. */
   struct shm_info in;
   memset(&in, 0, sizeof(in));
   in.pid = (int32_t)getpid();
-  in.fd = s->memfd;
-  in.map_len = s->map_len;
+  in.fd = s->seg.fd;
+  in.map_len = s->seg.len;
   in.nslots = c->nslots;
   in.slot_bytes = c->slot_bytes;
   memcpy(info, &in, sizeof(in));
@@ -197,40 +175,44 @@ ncclResult_t shm_recv_setup(struct conn* c, void* info, size_t* info_len) {
   return ncclSuccess;
 }
 
-ncclResult_t shm_send_connect(struct conn* c, const void* info, size_t info_len) {
+static ncclResult_t shm_send_connect(struct conn* c, const void* info, size_t info_len) {
   struct shm_info in;
   if (info_len != sizeof(in)) return err_set(ncclInternalError, "shm: bad connection info from rank %d", c->peer);
   memcpy(&in, info, sizeof(in));
-  struct shm_conn* s = calloc(1, sizeof(*s));
+  /* The receiver sized the segment: its numbers must describe it exactly. */
+  if (in.nslots < 1 || in.nslots > SHM_MAX_SLOTS || in.slot_bytes == 0 || in.slot_bytes > ((uint64_t)1 << 31) ||
+      in.map_len != ctrl_bytes() + (uint64_t)in.nslots * in.slot_bytes)
+    return err_set(ncclInternalError, "shm: rank %d described an inconsistent segment (%d slots of %llu bytes, %llu "
+                   "bytes in all)", c->peer, (int)in.nslots, (unsigned long long)in.slot_bytes,
+                   (unsigned long long)in.map_len);
+  struct shm_conn* s = shm_alloc(c);
   if (!s) return err_set(ncclSystemError, "shm: out of memory");
-  s->memfd = -1;
-  c->priv = s;
-  c->ops = &shm_ops;
   c->nslots = in.nslots;
   c->slot_bytes = in.slot_bytes;
-  char path[64];
-  snprintf(path, sizeof(path), "/proc/%d/fd/%d", in.pid, in.fd);
-  int fd = open(path, O_RDWR | O_CLOEXEC);
-  if (fd < 0)
-    return err_set(ncclSystemError,
-                   "shm: cannot open rank %d's segment %s: %s (processes in different containers or users? "
-                   "set NCCL_SHM_DISABLE=1 to use sockets)",
-                   c->peer, path, strerror(errno));
-  s->map_len = in.map_len;
-  s->map = mmap(NULL, s->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (s->map == MAP_FAILED) {
-    s->map = NULL;
-    return err_set(ncclSystemError, "shm: mmap of rank %d's segment failed: %s", c->peer, strerror(errno));
-  }
-  s->ctrl = s->map;
-  s->data = (char*)s->map + ctrl_bytes();
+  NCCLCHECK(shmseg_open(in.pid, in.fd, in.map_len, c->peer, "shm connector", &s->seg));
+  s->ctrl = s->seg.base;
+  s->data = (char*)s->seg.base + ctrl_bytes();
   return ncclSuccess;
 }
 
-ncclResult_t shm_recv_connected(struct conn* c) {
+/* The sender has mapped the segment: the fd is no longer needed. */
+static ncclResult_t shm_recv_connect(struct conn* c, const void* info, size_t len) {
+  (void)info;
+  (void)len;
   struct shm_conn* s = c->priv;
-  if (s->memfd >= 0) close(s->memfd);
-  s->memfd = -1;
+  shmseg_drop_fd(&s->seg);
   return ncclSuccess;
 }
+
+static int shm_can_connect(struct ncclComm* comm, int peer) {
+  return !comm->shm_disable && comm->peers[peer].host_hash == comm->peers[comm->rank].host_hash;
+}
+
+const struct transport transport_shm = {
+    .name = "shm",
+    .caps = 0,
+    .can_connect = shm_can_connect,
+    .send = {NULL, shm_send_connect, shm_close},
+    .recv = {shm_recv_setup, shm_recv_connect, shm_close},
+    .ops = &shm_ops,
+};

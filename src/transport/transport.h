@@ -1,14 +1,15 @@
-/* Connectors: one-directional FIFOs of slots between two ranks, the only
- * thing algorithms (src/coll) see of a transport. A sender acquires a free
- * slot, writes up to slot_bytes into it and commits it with a header; the
- * receiver acquires the oldest filled slot, consumes it and releases it.
- * Where the slots live and who moves the bytes is the transport's business:
- *   shm.c     slots in a POSIX shared-memory segment both processes map;
- *   socket.c  slots in local memory on each side, moved over TCP by
- *             transport_progress (called from every wait).
- * connect.c sets connectors up lazily, through bootstrap messages, and picks
- * the transport per peer pair (shm on the same host unless NCCL_SHM_DISABLE,
- * socket otherwise or with NCCL_NET=Socket / different NCCL_HOSTID). */
+/* Connectors and transports. A connector is a one-directional FIFO of slots
+ * between two ranks, the only thing algorithms (src/coll) see of a
+ * transport: a sender acquires a free slot, writes up to slot_bytes into it
+ * and commits it with a header; the receiver acquires the oldest filled
+ * slot, consumes it and releases it. A transport (struct transport) is one
+ * table of functions that sets connectors up and moves their bytes:
+ *   shm.c        slots in a memfd segment both processes map (same host);
+ *   net_socket.c slots in local memory on each side, moved over TCP.
+ * connect.c keeps the table (priority order), picks the first transport that
+ * can connect a peer pair and sets connectors up lazily through the
+ * bootstrap. Callers outside src/transport ask a connector's capabilities
+ * (conn_caps), never which transport it is. */
 #ifndef COLLIE_TRANSPORT_H
 #define COLLIE_TRANSPORT_H
 
@@ -32,9 +33,8 @@ struct slot_hdr {
 };
 #define SLOT_ERROR 0x1u
 
-enum conn_type { CONN_SHM = 1, CONN_SOCKET = 2 };
-
 struct conn_ops;
+struct transport;
 /* Channels: independent sets of connectors, so several threads of one rank
  * can drive parts of one collective at once (graph/channels.c). */
 #define MAX_CHANNELS 4
@@ -45,7 +45,7 @@ struct conn {
   int channel;
   int peer;
   int is_send;
-  int type;
+  const struct transport* tp; /* the transport that set it up */
   int nslots;
   size_t slot_bytes;
   uint64_t opseq; /* operations started on this connector */
@@ -69,15 +69,15 @@ struct conn_ops {
   void (*recv_post)(struct conn* c, void* dst, size_t bytes);
   /* Receiver: give the slot back to the sender. */
   ncclResult_t (*recv_release)(struct conn* c);
-  /* Moves bytes (socket); returns an error when the link failed. */
+  /* TRANSPORT_CAP_PROGRESS: moves bytes; returns an error when the link failed. */
   ncclResult_t (*progress)(struct conn* c);
   /* Blocks up to timeout_ms until this connector may have changed state. */
   void (*wait)(struct conn* c, int timeout_ms);
   /* Tell the other side this one failed (poison), without blocking. */
   void (*fail)(struct conn* c);
-  /* Slots committed but not yet handed to the peer (socket: not yet written). */
+  /* Slots committed but not yet handed to the peer (TRANSPORT_CAP_FLUSH). */
   int (*pending)(struct conn* c);
-  /* Sockets: fill pollfds (at most 16) with what this connector waits for. */
+  /* TRANSPORT_CAP_POLLFD: fill pollfds (at most 16) with what this connector waits for. */
   int (*pollfds)(struct conn* c, struct pollfd* p);
   /* Has the peer failed/closed? */
   int (*peer_failed)(struct conn* c);
@@ -99,30 +99,82 @@ ncclResult_t transport_connect(struct ncclComm* comm, const int* send_peers, int
 ncclResult_t transport_connect_ch(struct ncclComm* comm, int ch, const int* send_peers, int nsend,
                                   const int* recv_peers, int nrecv, struct conn** sends, struct conn** recvs);
 void transport_close_all(struct ncclComm* comm);
+/* Payload bytes of one connector slot (NCCL_BUFFSIZE / COLLIE_NSLOTS, decided
+ * on first use, the same on every rank): the chunk algorithms move per step. */
+size_t transport_chunk_bytes(struct ncclComm* comm);
 /* The communicator failed part-way through an operation: fail every
  * connector, so that every peer waiting on this rank gets an error. */
 void transport_poison(struct ncclComm* comm);
 /* Wakes every waiter sleeping on a connector of the communicator, from any
  * thread (the failure detector): they notice a recorded error at once. */
 void transport_wake(struct ncclComm* comm);
-/* Progress every socket connector of channel `ch` (pending sends and
- * receives); each channel is driven by one thread at a time. */
+/* Progress every TRANSPORT_CAP_PROGRESS connector of channel `ch` (pending
+ * sends and receives); each channel is driven by one thread at a time. */
 ncclResult_t transport_progress(struct ncclComm* comm, int ch);
-/* Sleeps until a socket of channel `ch` can move bytes we want moved (data
- * to read into a free slot, or room for a pending send), or timeout_ms. */
-void transport_wait_sockets(struct ncclComm* comm, int ch, int timeout_ms);
-/* Waits until every slot committed on a socket connector has left this
- * process: an operation is complete only then (the caller may destroy the
+/* Sleeps until an fd of a TRANSPORT_CAP_POLLFD connector of channel `ch` can
+ * move bytes we want moved (data to read into a free slot, or room for a
+ * pending send), or the communicator stops, or timeout_ms. */
+void transport_wait_fds(struct ncclComm* comm, int ch, int timeout_ms);
+/* Waits until every slot committed on a TRANSPORT_CAP_FLUSH connector has
+ * left this process: an operation is complete only then (the caller may destroy the
  * communicator next, and closing a socket drops what it still holds). */
 ncclResult_t transport_flush(struct ncclComm* comm);
 
-/* Transport constructors (connect.c exchanges `info` blobs through the bootstrap). */
+/* ---- transports */
+
+/* Capability flags: what a caller may rely on, instead of testing names. */
+/* Bytes move only when progress() runs (no helper thread, no shared memory):
+ * waiters must call transport_progress. */
+#define TRANSPORT_CAP_PROGRESS 0x1u
+/* Waiters sleep in poll() on the fds pollfds() returns (transport_wait_fds). */
+#define TRANSPORT_CAP_POLLFD 0x2u
+/* Bytes cross by system call: send_commit_ext / recv_post save a copy. */
+#define TRANSPORT_CAP_SYSCALL_DATA 0x4u
+/* Committed slots may still sit in this process: transport_flush must wait. */
+#define TRANSPORT_CAP_FLUSH 0x8u
+/* Can read a peer process's memory directly (single copy). */
+#define TRANSPORT_CAP_READ_PEER_MEM 0x10u
+/* A network transport: chosen by NCCL_NET=<name>. */
+#define TRANSPORT_CAP_NET 0x20u
+
+/* Opaque blobs exchanged through the bootstrap during setup. */
 #define TRANSPORT_INFO_BYTES 256
-ncclResult_t shm_recv_setup(struct conn* c, void* info, size_t* info_len);
-ncclResult_t shm_send_connect(struct conn* c, const void* info, size_t info_len);
-ncclResult_t shm_recv_connected(struct conn* c); /* sender mapped it: unlink */
-ncclResult_t sock_recv_setup(struct conn* c, void* info, size_t* info_len);
-ncclResult_t sock_send_connect(struct conn* c, const void* info, size_t info_len);
-ncclResult_t sock_recv_connected(struct conn* c); /* accept the sender's connection */
+
+/* One side's setup: the transport fills c->priv and c->ops.
+ *   setup    makes this end and describes it in info (at most
+ *            TRANSPORT_INFO_BYTES; *len 0 if nothing to say);
+ *   connect  attaches to the peer's end from the peer's info;
+ *   free     releases what setup/connect made (c->ops->close does the same
+ *            for a connector in use; free must cope with a half-made one).
+ * The order (connect.c): receiver setup -> info to sender; sender setup and
+ * connect(receiver info) -> acknowledgement with the sender's info; receiver
+ * connect(sender info). Both sides agree on the transport because the
+ * receiver chooses it and names it in its message. */
+struct transport_side {
+  ncclResult_t (*setup)(struct conn* c, void* info, size_t* len);
+  ncclResult_t (*connect)(struct conn* c, const void* peer_info, size_t len);
+  void (*free)(struct conn* c);
+};
+
+/* A transport: how connectors between two ranks are made and run. Kept in
+ * one array in priority order (connect.c); adding a transport is one file
+ * and one entry there. */
+struct transport {
+  const char* name; /* also what NCCL_NET names for a network transport */
+  unsigned caps;    /* TRANSPORT_CAP_* */
+  /* Can this transport connect this rank with `peer` (both sides must answer
+   * alike: only exchanged peer info and shared settings may decide)? */
+  int (*can_connect)(struct ncclComm* comm, int peer);
+  struct transport_side send, recv;
+  const struct conn_ops* ops; /* data operations of its connectors */
+};
+
+extern const struct transport transport_shm;
+extern const struct transport transport_socket;
+
+/* What connector c can do (TRANSPORT_CAP_*). */
+static inline unsigned conn_caps(const struct conn* c) { return c->tp->caps; }
+/* The transport's name, for messages. */
+static inline const char* conn_transport_name(const struct conn* c) { return c->tp->name; }
 
 #endif

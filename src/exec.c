@@ -1,0 +1,146 @@
+/* The executor: runs a communicator's list of calls in order. For each
+ * collective it publishes the call on the call board, asks the tuner for a
+ * plan (graph/tuning.c: a row of the algorithm table, channels, chunk), logs
+ * the call the way NCCL does (NCCL_DEBUG_SUBSYS=COLL) and runs the plan's
+ * row; consecutive sends/receives run as one point-to-point batch (coll/p2p.c).
+ * Device buffers go to the device executor (device/dev_exec.c) instead. Called
+ * by the API front (enqueue.c) and the nonblocking worker (async.c). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm.h"
+#include "device/dev_plan.h"
+#include "device/device.h"
+#include "exec.h"
+#include "failures.h"
+
+/* NCCL's names in its COLL log lines. */
+static const char* log_name(int kind) {
+  static const char* names[] = {"AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter",
+                                "AlltoAll",  "Gather",    "Scatter", "Send",     "Recv"};
+  return kind >= 0 && kind <= COLL_RECV ? names[kind] : "?";
+}
+
+/* One line per call, as NCCL users know it, plus what collie chose. */
+static void log_call(const struct coll_args* a, uint64_t opcount, const struct plan* p) {
+  if (!log_enabled(LOG_INFO, LOG_COLL)) return;
+  const struct ncclComm* comm = a->comm;
+  int root = a->kind == COLL_SEND || a->kind == COLL_RECV ? a->peer : a->root;
+  if (p)
+    INFO(LOG_COLL,
+         "%s: opCount %llx sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm %p [nranks=%d] stream %p "
+         "algorithm %s protocol %s channels %d chunk %zu",
+         log_name(a->kind), (unsigned long long)opcount, a->sendbuff, a->recvbuff, a->count, (int)a->dt, a->redop,
+         root, (const void*)comm, comm->nranks, a->stream, algo_name(p->algo->name), proto_names[p->algo->proto],
+         p->nch, p->chunk);
+  else
+    INFO(LOG_COLL, "%s: opCount %llx sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm %p [nranks=%d] "
+         "stream %p", log_name(a->kind), (unsigned long long)opcount, a->sendbuff, a->recvbuff, a->count, (int)a->dt,
+         a->redop, root, (const void*)comm, comm->nranks, a->stream);
+}
+
+static ncclResult_t exec_coll(struct coll_args* a) {
+  if (a->scalar_ptr) red_op_init_premulsum(&a->op, a->scalar_ptr, a->dt);
+  NCCLCHECK(board_publish(a->comm, coll_token(a, a->count * dtype_size(a->dt)), a->root));
+  struct plan p;
+  NCCLCHECK(tuning_plan(a, &p));
+  log_call(a, a->comm->opcount++, &p);
+  return p.algo->run(a, &p);
+}
+
+
+/* Device buffers in a communicator's task list: the device executor takes the
+ * whole list (a group launches once; with host buffers in it too, the call
+ * waits for it). Host-only lists first wait for device work already queued,
+ * so every rank drives its connectors in call order. */
+static ncclResult_t dev_route(struct task* t, int* routed) {
+  int n = 0, dev = 0, host = 0;
+  for (struct task* u = t; u; u = u->next, n++) {
+    if (u->a.mem & MEM_DEVICE) dev = 1;
+    else host = 1;
+  }
+  *routed = dev;
+  if (!dev) return dev_quiesce(t->a.comm);
+  struct coll_args* arr = malloc(sizeof(*arr) * (size_t)n);
+  if (!arr) return err_set(ncclSystemError, "%s: out of memory", coll_name(t->a.kind));
+  for (int i = 0; i < n; i++, t = t->next) arr[i] = t->a;
+  ncclResult_t res = dev_submit(arr[0].comm, arr, n, host);
+  free(arr);
+  return res;
+}
+
+ncclResult_t enqueue_run_host(struct coll_args* a, int n) {
+  struct task* ts = calloc((size_t)n, sizeof(*ts));
+  if (!ts) return err_set(ncclSystemError, "%s: out of memory", coll_name(a[0].kind));
+  for (int i = 0; i < n; i++) {
+    ts[i].a = a[i];
+    ts[i].a.mem = MEM_HOST; /* staged: host memory now */
+    ts[i].next = i + 1 < n ? &ts[i + 1] : NULL;
+  }
+  ncclResult_t res = exec_run_tasks(ts);
+  free(ts);
+  return res;
+}
+
+/* Runs one communicator's queued tasks in order; consecutive p2p tasks as one batch. */
+ncclResult_t exec_run_tasks(struct task* t) {
+  ncclResult_t res = ncclSuccess;
+  if (!t) return ncclSuccess;
+  int routed = 0;
+  NCCLCHECK(dev_route(t, &routed));
+  if (routed) return ncclSuccess;
+  struct ncclComm* comm = t->a.comm;
+  /* ncclCommAbort from another thread frees nothing while this is non-zero:
+   * the decrement below is this function's last touch of comm. */
+  __atomic_add_fetch(&comm->busy, 1, __ATOMIC_ACQ_REL);
+  int saved = log_get_rank(), myrank = comm->rank;
+  if (saved != myrank) log_set_rank(myrank);
+  while (t && res == ncclSuccess) {
+    if (t->a.kind == COLL_SEND || t->a.kind == COLL_RECV) {
+      int n = 0;
+      for (struct task* u = t; u && (u->a.kind == COLL_SEND || u->a.kind == COLL_RECV); u = u->next) n++;
+      struct p2p_op* ops = calloc((size_t)n, sizeof(*ops));
+      if (!ops) {
+        res = err_set(ncclSystemError, "out of memory for a point-to-point group");
+        break;
+      }
+      for (int i = 0; i < n; i++, t = t->next) {
+        log_call(&t->a, comm->opcount++, NULL);
+        size_t bytes = t->a.count * dtype_size(t->a.dt);
+        ops[i] = (struct p2p_op){.peer = t->a.peer, .is_send = t->a.kind == COLL_SEND,
+                                 .buf = t->a.kind == COLL_SEND ? (char*)t->a.sendbuff : (char*)t->a.recvbuff,
+                                 .bytes = bytes, .token = coll_token(&t->a, bytes)};
+      }
+      res = p2p_run(comm, ops, n, 1);
+      free(ops);
+    } else {
+      res = exec_coll(&t->a);
+      t = t->next;
+    }
+    if (res == ncclSuccess) res = transport_flush(comm);
+    /* Errors found before any data moved (e.g. an unmatched send to self)
+     * leave the communicator usable; anything after that breaks it. */
+    if (res != ncclSuccess && (res != ncclInvalidUsage || comm->broken) && res != ncclInvalidArgument)
+      comm_set_error(comm, res, err_last_thread());
+  }
+  if (saved != myrank) log_set_rank(saved);
+  comm_busy_exit(comm); /* wakes an abort or revoke waiting for it */
+  return res;
+}
+
+ncclResult_t enqueue_run_list(struct task* list) {
+  ncclResult_t res = exec_run_tasks(list);
+  exec_free_tasks(list);
+  return res;
+}
+
+void enqueue_free_list(struct task* list) { exec_free_tasks(list); }
+
+
+void exec_free_tasks(struct task* t) {
+  while (t) {
+    struct task* n = t->next;
+    free(t);
+    t = n;
+  }
+}

@@ -1,0 +1,73 @@
+/* Shared-memory segments (memfd, 0600, mmap, open through /proc): the one
+ * copy of that sequence, see shmseg.h. Talks to nothing but the kernel and
+ * the error helpers of core.h. */
+#include "shmseg.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../core.h"
+
+ncclResult_t shmseg_create(size_t len, const char* what, struct shm_seg* s) {
+  s->base = NULL;
+  s->len = len;
+  s->fd = memfd_create("collie", MFD_CLOEXEC);
+  if (s->fd < 0) return err_set(ncclSystemError, "%s: memfd_create failed: %s", what, strerror(errno));
+  /* memfds start 0777; only this user's processes (the peers) may open it. */
+  if (fchmod(s->fd, 0600) != 0 || ftruncate(s->fd, (off_t)len) != 0) {
+    int e = errno;
+    shmseg_free(s);
+    return err_set(ncclSystemError, "%s: cannot create a %zu-byte segment: %s", what, len, strerror(e));
+  }
+  void* m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
+  if (m == MAP_FAILED) {
+    int e = errno;
+    shmseg_free(s);
+    return err_set(ncclSystemError, "%s: mmap of %zu bytes failed: %s", what, len, strerror(e));
+  }
+  s->base = m;
+  return ncclSuccess;
+}
+
+ncclResult_t shmseg_open(int32_t pid, int32_t fd, size_t len, int peer, const char* what, struct shm_seg* s) {
+  s->base = NULL;
+  s->len = len;
+  s->fd = -1;
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)pid, (int)fd);
+  int f = open(path, O_RDWR | O_CLOEXEC);
+  if (f < 0)
+    return err_set(ncclSystemError,
+                   "%s: cannot open rank %d's segment %s: %s (processes in different containers or users? "
+                   "set NCCL_SHM_DISABLE=1 to use sockets)",
+                   what, peer, path, strerror(errno));
+  /* The peer says how big it is; a smaller file would fault on access. */
+  struct stat st;
+  if (fstat(f, &st) != 0 || (uint64_t)st.st_size < (uint64_t)len) {
+    close(f);
+    return err_set(ncclSystemError, "%s: rank %d's segment %s is smaller than the %zu bytes it announced", what, peer,
+                   path, len);
+  }
+  void* m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+  int e = errno;
+  close(f);
+  if (m == MAP_FAILED) return err_set(ncclSystemError, "%s: mmap of rank %d's segment failed: %s", what, peer, strerror(e));
+  s->base = m;
+  return ncclSuccess;
+}
+
+void shmseg_drop_fd(struct shm_seg* s) {
+  if (s->fd >= 0) close(s->fd);
+  s->fd = -1;
+}
+
+void shmseg_free(struct shm_seg* s) {
+  if (s->base) munmap(s->base, s->len);
+  s->base = NULL;
+  shmseg_drop_fd(s);
+}
