@@ -331,19 +331,27 @@ def test_errors_are_clear(world):
     assert t.item() == dist.get_world_size()
 
 
-def _train(model, group, steps, rank, n):
-    """20 steps of SGD under DDP on `group`; rank r takes its share of one batch."""
-    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.01)
+def _train(model, group, steps, rank, n, hook=None, accumulate=1, **ddp_args):
+    """20 steps of SGD under DDP on `group`; rank r takes its share of one batch.
+    accumulate=k: k-1 of every k backward passes run under no_sync()."""
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.01, **ddp_args)
+    if hook is not None:
+        ddp.register_comm_hook(group if group is not None else dist.group.WORLD, hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     g = torch.Generator().manual_seed(1234)
-    for _ in range(steps):
+    for step in range(steps):
         x = torch.randn(6 * n, *model.in_shape, generator=g)
         y = torch.randn(6 * n, model.out, generator=g)
-        opt.zero_grad()
+        if step % accumulate == 0:
+            opt.zero_grad()
         loss = torch.nn.functional.mse_loss(ddp(x[rank * 6:(rank + 1) * 6]), y[rank * 6:(rank + 1) * 6])
-        loss.backward()
-        opt.step()
-    return [p.detach().clone() for p in model.parameters()]
+        if (step + 1) % accumulate:
+            with ddp.no_sync():
+                loss.backward()
+        else:
+            loss.backward()
+            opt.step()
+    return [p.detach().clone() for p in model.parameters()] + [b.clone() for b in model.buffers()]
 
 
 class MLP(torch.nn.Sequential):
@@ -384,3 +392,41 @@ def test_ddp_matches_gloo(world, make):
     # Training moved the weights (the comparison above is not of two inits).
     torch.manual_seed(7)
     assert any(not torch.equal(p, q) for p, q in zip(wa, make().parameters()))
+
+
+class BNNet(torch.nn.Module):
+    """Batch norm (its buffers are broadcast before every forward) and a
+    branch that is used only on some steps (find_unused_parameters)."""
+    in_shape, out = (1, 8, 8), 2
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 4, 3)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.head = torch.nn.Linear(4 * 6 * 6, 2)
+        self.spare = torch.nn.Linear(4 * 6 * 6, 2)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        h = torch.relu(self.bn(self.conv(x))).flatten(1)
+        return self.head(h) + (self.spare(h) if self.calls % 3 == 0 else 0)
+
+
+def test_ddp_options_match_gloo(world):
+    """DDP's other paths over collie: buffers broadcast every step, unused
+    parameters, gradients as bucket views, no_sync accumulation, and the
+    fp16-compression comm hook (a future chain on an async all_reduce)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    r, n = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    opts = dict(find_unused_parameters=True, gradient_as_bucket_view=True, broadcast_buffers=True)
+    for hook, acc in ((None, 2), (default_hooks.fp16_compress_hook, 1)):
+        torch.manual_seed(3)
+        a = BNNet()
+        torch.manual_seed(3)
+        b = BNNet()
+        wa = _train(a, None, 12, r, n, hook, acc, **opts)
+        wb = _train(b, gloo, 12, r, n, hook, acc, **opts)
+        for pa, pb in zip(wa, wb):
+            assert torch.allclose(pa.float(), pb.float(), rtol=1e-4, atol=1e-5), (hook, (pa - pb).abs().max())
