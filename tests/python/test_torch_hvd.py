@@ -61,9 +61,8 @@ def _launch_torchrun_env(n, args):
 if __name__ == "__main__":
     if len(sys.argv) < 3 or sys.argv[1] != "--torchrun-env":
         sys.exit("usage: %s --torchrun-env N [pytest args]" % sys.argv[0])
-    try:
-        import torch  # noqa: F401
-    except ImportError:
+    import importlib.util
+    if importlib.util.find_spec("torch") is None:
         print("SKIPPED: %s lacks torch (apt-get install python3-torch)" % sys.executable)
         sys.exit(77)
     sys.exit(_launch_torchrun_env(int(sys.argv[2]), sys.argv[3:]))
@@ -132,7 +131,8 @@ def test_shutdown_and_init_again():
         hvd.shutdown()
         assert not hvd.is_initialized()
         hvd.init()
-        assert torch.equal(hvd.allreduce(torch.full((3,), float(k)), op=hvd.Sum), torch.full((3,), float(n * k)))
+        out = hvd.allreduce(torch.full((3,), float(k)), op=hvd.Sum)
+        assert torch.equal(out, torch.full((3,), float(n * k)))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -209,7 +209,8 @@ def test_async_in_a_different_order_on_each_rank():
     hs = {k: hvd.allreduce_async(torch.full((10 + k,), k + r, dtype=torch.int64), op=hvd.Sum,
                                  name="order.%d" % k) for k in order}
     for k in range(10):
-        assert torch.equal(hvd.synchronize(hs[k]), torch.full((10 + k,), n * k + sum(range(n)), dtype=torch.int64))
+        want = torch.full((10 + k,), n * k + sum(range(n)), dtype=torch.int64)
+        assert torch.equal(hvd.synchronize(hs[k]), want)
 
 
 @pytest.mark.parametrize("dtype", ["int32", "bfloat16", "float16", "float32"])

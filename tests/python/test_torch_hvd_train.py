@@ -199,7 +199,7 @@ def test_misuse_is_reported():
 
 
 def test_process_set():
-    r, n = hvd.rank(), hvd.size()
+    r = hvd.rank()
     assert PAIR.process_set_id is not None and PAIR.size() == len(PAIR.ranks)
     if r in PAIR.ranks:
         me, m = PAIR.rank(), PAIR.size()

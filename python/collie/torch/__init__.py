@@ -143,5 +143,6 @@ __all__ = [
     "reducescatter_async", "poll", "synchronize", "join", "barrier", "broadcast_object",
     "allgather_object", "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer",
     "Compression", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
-    "CollieError", "HorovodInternalError", "start_timeline", "stop_timeline", "mpi_threads_supported",
+    "CollieError", "HorovodInternalError", "elastic", "start_timeline", "stop_timeline",
+    "mpi_threads_supported",
 ]

@@ -79,7 +79,8 @@ class _DistributedOptimizer:
                     group = tuple(g)
                     for p in group:
                         if id(p) in self._group_of:
-                            raise ValueError("collie.torch.DistributedOptimizer: a parameter is in two groups")
+                            raise ValueError("collie.torch.DistributedOptimizer: a parameter is in "
+                                             "two groups")
                         self._group_of[id(p)] = (gi, group)
 
         self._requires_update = [p for p in all_params if p.requires_grad]
