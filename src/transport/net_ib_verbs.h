@@ -110,7 +110,10 @@ ncclResult_t ib_qps_connect(struct ib_qps* q, const struct ib_conn_info* peer);
 void ib_qps_close(struct ib_qps* q);
 
 /* Registration cache: page-aligned MRs looked up by address range, least
- * recently used evicted past `capacity` entries (only when not in use). */
+ * recently used evicted past `capacity` entries (only when not in use). Not
+ * thread-safe: one per PD, used by whoever drives that connection. Memory
+ * freed or unmapped behind its back is not noticed: whoever frees registered
+ * memory calls ib_reg_invalidate first (a real HCA keeps the old pages). */
 struct ib_reg;
 struct ib_regcache {
   const struct ib_verbs* v;

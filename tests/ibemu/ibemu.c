@@ -112,6 +112,7 @@ struct wire_req {
   struct wire_hdr h;
   uint64_t seq, raddr, total;
   uint32_t opcode, rkey, imm, nsge, inl, rnr_retry;
+  uint64_t lost_ns; /* the sender's retry budget: 4.096 us x 2^timeout x (retry_cnt + 1) */
 };
 struct wire_sge { uint64_t addr, len; };
 struct wire_ack { struct wire_hdr h; uint64_t seq; uint32_t status, pad; };
@@ -123,6 +124,7 @@ struct inreq {
   struct wire_req r;
   struct wire_sge* sge; /* r.nsge entries, then r.inl inline bytes */
   int rnr_tries;
+  uint64_t hold_deadline; /* waiting for this QP's RTR: give up then */
   uint64_t rnr_deadline;
 };
 struct rbuf { uint8_t* p; size_t len, cap; };
@@ -919,7 +921,13 @@ static void process_inq(struct emu_qp* q) {
   struct inreq* r;
   while ((r = q->inq) != NULL) {
     enum ibv_qp_state st = q->ibv.state;
-    if (st == IBV_QPS_RESET || st == IBV_QPS_INIT) return; /* held until RTR */
+    if (st == IBV_QPS_RESET || st == IBV_QPS_INIT) {
+      /* A real responder drops packets before RTR and the sender retries
+       * until its retry budget is spent; here the request waits that long. */
+      uint64_t now = now_ns();
+      if (r->hold_deadline == 0) r->hold_deadline = now + r->r.lost_ns;
+      if (now < r->hold_deadline) return;
+    }
     uint32_t op = r->r.opcode;
     int is_write = op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
     int has_imm = op == IBV_WR_RDMA_WRITE_WITH_IMM || op == IBV_WR_SEND_WITH_IMM;
@@ -927,7 +935,7 @@ static void process_inq(struct emu_qp* q) {
     enum ibv_wc_status status = IBV_WC_SUCCESS;
     struct iovec dst[MAX_SGE];
     int ndst = 0;
-    if (st == IBV_QPS_ERR || !path_ok(q) || q->in_broken) {
+    if (st == IBV_QPS_ERR || st == IBV_QPS_RESET || st == IBV_QPS_INIT || !path_ok(q) || q->in_broken) {
       status = IBV_WC_RETRY_EXC_ERR; /* a real responder drops what it cannot take */
     } else if (is_write) {
       struct emu_mr* m = mr_find(r->r.rkey, q->ibv.pd);
@@ -1105,6 +1113,7 @@ static void* progress_main(void* arg) {
       for (int k = 0; k < 3; k++)
         if (fds[k] >= 0) { pfd[n] = (struct pollfd){fds[k], ev[k], 0}; ids[n++] = q->id * 4 + (uint64_t)k; }
       if (q->inq && q->inq->rnr_deadline && q->inq->rnr_deadline < next) next = q->inq->rnr_deadline;
+      if (q->inq && q->inq->hold_deadline && q->inq->hold_deadline < next) next = q->inq->hold_deadline;
       if (q->lost && q->lost_deadline < next) next = q->lost_deadline;
     }
     pthread_mutex_unlock(&E.mu);
@@ -1496,6 +1505,7 @@ static int ops_post_send(struct ibv_qp* qp, struct ibv_send_wr* wr, struct ibv_s
     r.nsge = (uint32_t)nsg;
     r.inl = (uint32_t)ilen;
     r.rnr_retry = q->rnr_retry;
+    r.lost_ns = lost_timeout_ns(q);
     if (wire_send(q->ofd, &q->ow, &r, sizeof(r), body, blen) != 0) qp_error(q, IBV_WC_RETRY_EXC_ERR);
   }
   pthread_mutex_unlock(&E.mu);

@@ -727,6 +727,46 @@ static int test_flood(void) {
   return 0;
 }
 
+/* A write that reaches a QP not yet in RTR: it lands once the QP gets there
+ * within the sender's retry budget, and fails with RETRY_EXC_ERR otherwise. */
+static int test_early(void) {
+  struct end a, b;
+  end_open(&a, "mlx5_0", 1, 8192, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  b = a;
+  b.qp = make_qp(&a);
+  qp_init(b.qp, 1);
+  struct info ia = end_info(&a), ib = end_info(&b);
+  struct conn_opts slow = DEFAULT_OPTS;
+  slow.timeout = 18; /* 1.07 s x 8 */
+  CHECK(qp_rtr_rts(b.qp, &a, &ia, slow) == 0);
+  memcpy(a.buf + 8, "early!", 6);
+  post_write(&b, 1, 8, 6, &ia, 4096, 0, 0, 0); /* a.qp is still in INIT */
+  usleep(10000);
+  CHECK(qp_rtr_rts(a.qp, &a, &ib, DEFAULT_OPTS) == 0);
+  struct ibv_wc wc;
+  CHECK(wait_wc(a.cq, &wc, 1) == 1 && wc.wr_id == 1 && wc.status == IBV_WC_SUCCESS);
+  CHECK(!memcmp(a.buf + 4096, "early!", 6));
+  /* Never RTR: the retry budget (4.096 us x 2^8 x 3 = 3 ms) runs out. */
+  struct ibv_qp* c = make_qp(&a);
+  struct ibv_qp* d = make_qp(&a);
+  qp_init(c, 1);
+  qp_init(d, 1);
+  struct info id = ia;
+  id.qpn = d->qp_num;
+  struct conn_opts fast = DEFAULT_OPTS;
+  fast.timeout = 8;
+  fast.retry_cnt = 2;
+  CHECK(qp_rtr_rts(c, &a, &id, fast) == 0);
+  struct ibv_qp* first = b.qp;
+  b.qp = c;
+  post_write(&b, 2, 8, 6, &ia, 0, 0, 0, 0);
+  CHECK(wait_wc(a.cq, &wc, 1) == 1 && wc.wr_id == 2 && wc.status == IBV_WC_RETRY_EXC_ERR);
+  CHECK(qp_state(d) == IBV_QPS_INIT);
+  CHECK(ibv_destroy_qp(c) == 0 && ibv_destroy_qp(d) == 0 && ibv_destroy_qp(first) == 0);
+  end_close(&a);
+  return 0;
+}
+
 /* RTR with an address that is not the peer's: sends fail as retries would. */
 static int test_wrong_address(void) {
   int fds = count_fds();
@@ -799,7 +839,7 @@ static int test_report(void) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s devices|qp_states|wrong_address|events|flood|pair DEV PORT|access bounds|flags|"
+    fprintf(stderr, "usage: %s devices|qp_states|wrong_address|events|flood|early|pair DEV PORT|access bounds|flags|"
                     "rnr exceeded|late|peer_killed|fail drop|corrupt_rkey|kill_qp|report\n", argv[0]);
     return 2;
   }
@@ -811,6 +851,7 @@ int main(int argc, char** argv) {
   else if (!strcmp(t, "wrong_address")) rc = test_wrong_address();
   else if (!strcmp(t, "events")) rc = test_events();
   else if (!strcmp(t, "flood")) rc = test_flood();
+  else if (!strcmp(t, "early")) rc = test_early();
   else if (!strcmp(t, "report")) rc = test_report();
   else if (!strcmp(t, "pair") && argc == 4) rc = run_two(side_pair, args, 0);
   else if (!strcmp(t, "access") && argc == 3) rc = run_two(side_access, args, 0);
