@@ -421,7 +421,9 @@ def test_ddp_options_match_gloo(world):
     r, n = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
     opts = dict(find_unused_parameters=True, gradient_as_bucket_view=True, broadcast_buffers=True)
-    for hook, acc in ((None, 2), (default_hooks.fp16_compress_hook, 1)):
+    # float16 sums round at 1e-3 and the two backends add in different orders:
+    # the hook's tolerance is float16's (a lost rank would be off by far more).
+    for hook, acc, tol in ((None, 2, (1e-4, 1e-5)), (default_hooks.fp16_compress_hook, 1, (1e-2, 2e-3))):
         torch.manual_seed(3)
         a = BNNet()
         torch.manual_seed(3)
@@ -429,4 +431,4 @@ def test_ddp_options_match_gloo(world):
         wa = _train(a, None, 12, r, n, hook, acc, **opts)
         wb = _train(b, gloo, 12, r, n, hook, acc, **opts)
         for pa, pb in zip(wa, wb):
-            assert torch.allclose(pa.float(), pb.float(), rtol=1e-4, atol=1e-5), (hook, (pa - pb).abs().max())
+            assert torch.allclose(pa.float(), pb.float(), rtol=tol[0], atol=tol[1]), (hook, (pa - pb).abs().max())
