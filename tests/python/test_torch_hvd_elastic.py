@@ -99,7 +99,7 @@ def test_worker_killed_mid_training_rejoins_and_training_ends_as_without_failure
         pytest.skip("COLLIE_RUN (the collie-run program) is not set")
     env = dict(os.environ, NCCL_SOCKET_IFNAME="lo",
                COLLIE_PEER_TIMEOUT=os.environ.get("COLLIE_PEER_TIMEOUT", "3"))
-    cmd = [run, "--elastic", "--min", "2", "--max", "3", "-n", "3", "--tag-output",
+    cmd = [run, "--elastic", "--min", "2", "--max", "3", "-n", "3", "--tag-output", "--timeout", "240",
            sys.executable, os.path.abspath(__file__), "worker"]
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
     out = p.stdout.decode("utf-8", "replace")
