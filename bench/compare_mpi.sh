@@ -62,7 +62,9 @@ fi
 export NCCL_SOCKET_IFNAME=lo
 out=$build/$section_name
 rm -rf "$out"
-mkdir -p "$out" "$here/docs/plots"
+plots=$here/docs/plots
+[ "${DOC:-1}" = 1 ] || plots=$out # a trial run leaves docs/ alone
+mkdir -p "$out" "$plots"
 started=$(date -u '+%Y-%m-%d %H:%M UTC')
 t_start=$(date +%s)
 
@@ -214,7 +216,7 @@ misses() {
 if [ $plot = 1 ]; then
   for cfg in "${configs[@]}"; do
     tr=${cfg%%:*}; n=${cfg##*:}
-    png="$here/docs/plots/${section_name}_${tr}_n${n}.png"
+    png="$plots/${section_name}_${tr}_n${n}.png"
     {
       echo "set terminal pngcairo size 960,600 font ',10' noenhanced"
       echo "set output '$png'"
