@@ -788,9 +788,16 @@ static int t_stall(int rank, int n, const ncclUniqueId* ids, int nids, void* arg
     if (step == 1 && rank == missing) break;
     int h = collie_allreduce_async("cached", x, x, 4, ncclFloat32, COLLIE_SUM, 1, 1, COLLIE_WORLD);
     int rc = collie_wait(h);
-    if (step == 0) MP_CHECK(rc == 0, "cached step 0: %s", collie_handle_error(h));
-    else MP_CHECK(rc == COLLIE_ERR_STALLED && strstr(collie_handle_error(h), "cached"), "cached stall -> %d: %s", rc,
-                  collie_handle_error(h));
+    const char* msg = collie_handle_error(h);
+    if (step == 0 && rc == COLLIE_ERR_STALLED) {
+      /* A rank held off the CPU for longer than the stall time (a loaded
+       * machine) fails step 0 on every rank alike: submit it again. */
+      collie_release(h);
+      step--;
+      continue;
+    }
+    if (step == 0) MP_CHECK(rc == 0, "cached step 0: %s", msg);
+    else MP_CHECK(rc == COLLIE_ERR_STALLED && strstr(msg, "cached"), "cached stall -> %d: %s", rc, msg);
     collie_release(h);
   }
   if (stall_sync("sync.2")) return 1;
