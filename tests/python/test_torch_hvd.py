@@ -130,6 +130,9 @@ def test_shutdown_and_init_again():
     for k in range(3):
         hvd.shutdown()
         assert not hvd.is_initialized()
+        with pytest.raises(hvd.CollieError) as e:
+            hvd.allreduce(torch.ones(2))
+        assert e.value.status == "COLLIE_ERR_NOT_INITIALIZED"
         hvd.init()
         out = hvd.allreduce(torch.full((3,), float(k)), op=hvd.Sum)
         assert torch.equal(out, torch.full((3,), float(n * k)))
