@@ -4,25 +4,28 @@
 # how many runs failed. Uses ctest in an existing build folder (see
 # scripts/build.sh); the ranks' last log lines of a failed multi-process test
 # come from tests/mp/harness.h through ctest's --output-on-failure.
-#   scripts/stress.sh N [CTEST_REGEX] [--hog] [--build DIR] [-j JOBS]
+#   scripts/stress.sh N [CTEST_REGEX] [--hog] [--build DIR] [-j JOBS] [-E EXCLUDE]
 #     N            runs of the selection (each a full ctest pass)
 #     CTEST_REGEX  default: ^(engine|failures|elastic|mp|python|launcher)\.
 #     --hog        a busy loop per core (nproc) while the tests run
 #     --build DIR  build folder (default: build/ in the source tree)
 #     -j JOBS      ctest parallelism (default 2, as scripts/test.sh)
+#     -E EXCLUDE   ctest -E: leave out the tests this regex matches
 # Exit status 0 only when every run of every test passed (skips count as passes).
 # Output of the runs that failed stays in the folder printed at the end.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-usage() { sed -n '7,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '7,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 runs="" regex='^(engine|failures|elastic|mp|python|launcher)\.' hog=0 build="$here/build" jobs=2
+exclude=()
 regex_set=0
 while [ $# -gt 0 ]; do
   case $1 in
     --hog) hog=1 ;;
     --build) [ $# -ge 2 ] || usage; build=$2; shift ;;
     -j) [ $# -ge 2 ] || usage; jobs=$2; shift ;;
+    -E) [ $# -ge 2 ] || usage; exclude=(-E "$2"); shift ;;
     -h|--help) usage ;;
     -*) echo "stress.sh: unknown option $1" >&2; usage ;;
     *)
@@ -35,7 +38,7 @@ done
 [[ "$runs" =~ ^[1-9][0-9]*$ ]] || usage
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || usage
 [ -f "$build/CTestTestfile.cmake" ] || { echo "stress.sh: $build is not a build folder (run scripts/build.sh)" >&2; exit 2; }
-if ! ctest --test-dir "$build" -N -R "$regex" | grep -q 'Total Tests: [1-9]'; then
+if ! ctest --test-dir "$build" -N -R "$regex" "${exclude[@]}" | grep -q 'Total Tests: [1-9]'; then
   echo "stress.sh: no test matches '$regex' in $build" >&2; exit 2
 fi
 
@@ -55,10 +58,10 @@ if [ $hog = 1 ]; then
   done
 fi
 
-echo "stress: $runs run(s) of '$regex' in $build, ctest -j$jobs$([ $hog = 1 ] && echo ", $(nproc) busy loop(s) beside")"
+echo "stress: $runs run(s) of '$regex'${exclude[1]:+ except '${exclude[1]}'} in $build, ctest -j$jobs$([ $hog = 1 ] && echo ", $(nproc) busy loop(s) beside")"
 for i in $(seq "$runs"); do
   start=$(date +%s)
-  ctest --test-dir "$build" -R "$regex" -j"$jobs" --output-on-failure \
+  ctest --test-dir "$build" -R "$regex" "${exclude[@]}" -j"$jobs" --output-on-failure \
     --output-junit "$logs/run$i.xml" >"$logs/run$i.log" 2>&1
   rc=$?
   nfail=$(grep -c '<failure' "$logs/run$i.xml" 2>/dev/null)
