@@ -31,8 +31,8 @@ def _free_port():
 
 
 def _launch_torchrun_env(n, args):
-    """Runs pytest on this file as n processes with the variables torchrun sets; the first failure
-    stops the others. Exit status: the first non-zero one, else 0."""
+    """Runs pytest on this file (or on the .py files among args) as n processes with the variables
+    torchrun sets; the first failure stops the others. Exit status: the first non-zero one, else 0."""
     import subprocess
     import time
     port = _free_port()
@@ -43,8 +43,8 @@ def _launch_torchrun_env(n, args):
                    MASTER_PORT=str(port))
         for v in ("COLLIE_RANK", "COLLIE_SIZE", "NCCL_COMM_ID", "OMPI_COMM_WORLD_RANK"):
             env.pop(v, None)
-        procs.append(subprocess.Popen([sys.executable, "-m", "pytest"] + args + [os.path.abspath(__file__)],
-                                      env=env))
+        files = [] if any(a.endswith(".py") for a in args) else [os.path.abspath(__file__)]
+        procs.append(subprocess.Popen([sys.executable, "-m", "pytest"] + args + files, env=env))
     deadline = time.monotonic() + 500
     rc = 0
     while any(p.poll() is None for p in procs):
@@ -60,7 +60,7 @@ def _launch_torchrun_env(n, args):
 
 if __name__ == "__main__":
     if len(sys.argv) < 3 or sys.argv[1] != "--torchrun-env":
-        sys.exit("usage: %s --torchrun-env N [pytest args]" % sys.argv[0])
+        sys.exit("usage: %s --torchrun-env N [pytest args] [test files]" % sys.argv[0])
     import importlib.util
     if importlib.util.find_spec("torch") is None:
         print("SKIPPED: %s lacks torch (apt-get install python3-torch)" % sys.executable)
