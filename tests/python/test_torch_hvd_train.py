@@ -180,6 +180,10 @@ def test_misuse_is_reported():
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     x, y = batch("mlp", 0)
     loss_fn(model, shard(x, r, n), shard(y, r, n)).backward()
+    # backward's hooks have already started every used gradient's allreduce (step() only waits)
+    used = [p for name, p in model.named_parameters() if not name.startswith("unused")]
+    assert all(opt._handles.get(id(p), (None,))[0] is not None for p in used)
+    assert id(model.unused.weight) not in opt._handles
     with pytest.raises(AssertionError, match="zero_grad"):
         opt.zero_grad()
     with pytest.raises(AssertionError, match="backward_passes_per_step=1"):
