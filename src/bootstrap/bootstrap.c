@@ -1,4 +1,5 @@
-/* Rank side of the bootstrap: check-in with the root, the ring, tagged
+/* Rank side of the bootstrap: check-in with the root (with this rank's card),
+ * spreading the root's table of addresses and cards down a tree, tagged
  * point-to-point messages over persistent authenticated connections, and the
  * allgather / barrier / broadcast built on them. Progress is made by whoever
  * is waiting (no extra thread): a send that would block also reads incoming
@@ -929,6 +930,10 @@ ncclResult_t bootstrap_init(const ncclUniqueId* ids, int nids, int rank, int nra
   int card_len = make_card ? make_card(card_arg, &bs->listen_addr, bs->listen_any, card, sizeof(card)) : 0;
   if (card_len < 0) {
     res = ncclSystemError; /* make_card did err_set */
+    goto fail;
+  }
+  if ((size_t)card_len > sizeof(card)) {
+    res = err_set(ncclInternalError, "bootstrap: a card of %d bytes (at most %zu)", card_len, sizeof(card));
     goto fail;
   }
   int64_t deadline = time_ms() + bs->timeout_ms;
