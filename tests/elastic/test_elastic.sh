@@ -88,7 +88,11 @@ join)
   base=$(ELASTIC_STEP_MS=0 timeout 200 "$run" --elastic --min 1 --max 1 -n 1 "${worker[@]}" 2>/dev/null | grep -o "hash=[0-9a-f]*" | sed 's/hash=//')
   [ -n "$base" ] || fail "the one-worker baseline run failed"
   export BASELINE_HASH=$base
-  "$rdzv" --min 2 --max 3 --expect 3 --settle-ms 300 >"$tmp/env" 2>"$tmp/out.store" &
+  # --expect makes the first epoch form as soon as all 3 are there, but with
+  # --min 2 it also forms once registrations have settled: a settle time of
+  # 10 s (not 0.3) keeps a slow-starting third worker in epoch 1 on a loaded
+  # machine; later epochs form at once (the last registration is long past).
+  "$rdzv" --min 2 --max 3 --expect 3 --settle-ms 10000 >"$tmp/env" 2>"$tmp/out.store" &
   store_pid=$!
   for _ in $(seq 600); do grep -q SECRET "$tmp/env" 2>/dev/null && break; sleep 0.1; done
   export $(cat "$tmp/env")
@@ -128,7 +132,8 @@ resetlimit)
   ;;
 die_during_init)
   [ -x "${DIE_IN_INIT:-}" ] || fail "DIE_IN_INIT must name the die_in_init program"
-  "$rdzv" --min 2 --max 4 --expect 3 >"$tmp/env" 2>"$tmp/out.store" &
+  # A 10 s settle time keeps all 3 in epoch 1 however slowly they start (see join).
+  "$rdzv" --min 2 --max 4 --expect 3 --settle-ms 10000 >"$tmp/env" 2>"$tmp/out.store" &
   store_pid=$!
   for _ in $(seq 600); do grep -q SECRET "$tmp/env" 2>/dev/null && break; sleep 0.1; done
   export $(cat "$tmp/env")
