@@ -261,9 +261,21 @@ struct econfig {
   int64_t settle_ms, rdzv_ms;
 };
 
-struct etcd_store {
-  pthread_mutex_t mu;
+/* One HTTP connection with its reply buffer and last error. The heartbeat
+ * thread's lease keepalives have their own, so that a request of the
+ * training thread that is slow (retrying members while etcd elects a
+ * leader) never holds them up past the lease's TTL. */
+struct chan {
   CURL* curl;
+  struct sbuf resp;
+  char err[512];
+};
+
+struct etcd_store {
+  pthread_mutex_t mu;    /* the training thread's requests (main) */
+  pthread_mutex_t ka_mu; /* keepalives (ka) */
+  pthread_mutex_t tok_mu; /* the auth token, shared by both */
+  struct chan main, ka;
   char endpoints[ETCD_MAX_ENDPOINTS][256];
   int nep, cur;
   int tls;
@@ -273,7 +285,6 @@ struct etcd_store {
   int64_t timeout_ms;
   int ttl_s;
   int64_t lease;
-  int lease_lost;
   uint32_t me;
   char slot[EPROTO_MAX_KEY + 1];
   struct econfig cfg;
@@ -282,8 +293,6 @@ struct etcd_store {
   uint32_t seen_next;
   int64_t last_register_ms, round_start_ms, last_scan_ms;
   unsigned seed; /* registration retries back off by different amounts */
-  struct sbuf resp;
-  char err[512];
 };
 
 static size_t on_body(char* data, size_t size, size_t n, void* arg) {
@@ -293,29 +302,32 @@ static size_t on_body(char* data, size_t size, size_t n, void* arg) {
 }
 
 /* One POST to one member. 0: JSON in *out; 1: try another member; -1: a
- * reply that another member would give too (e->err says why); 2: the auth
+ * reply that another member would give too (ch->err says why); 2: the auth
  * token expired. */
-static int post_one(struct etcd_store* e, const char* ep, const char* path, const char* body, int64_t ms,
-                    struct json_object** out) {
+static int post_one(struct etcd_store* e, struct chan* ch, const char* ep, const char* path, const char* body,
+                    int64_t ms, struct json_object** out) {
   char url[512];
   snprintf(url, sizeof(url), "%s://%s%s", e->tls ? "https" : "http", ep, path);
-  CURL* c = e->curl;
+  CURL* c = ch->curl;
   struct curl_slist* hdr = p_curl_slist_append(NULL, "Content-Type: application/json");
-  char auth[600];
-  if (e->token[0]) {
-    snprintf(auth, sizeof(auth), "Authorization: %s", e->token);
+  char auth[600], token[512];
+  pthread_mutex_lock(&e->tok_mu);
+  memcpy(token, e->token, sizeof(token));
+  pthread_mutex_unlock(&e->tok_mu);
+  if (token[0]) {
+    snprintf(auth, sizeof(auth), "Authorization: %s", token);
     struct curl_slist* h2 = p_curl_slist_append(hdr, auth);
     if (h2) hdr = h2;
   }
-  e->resp.len = 0;
-  e->resp.bad = 0;
+  ch->resp.len = 0;
+  ch->resp.bad = 0;
   p_curl_easy_setopt(c, CURLOPT_URL, url);
   p_curl_easy_setopt(c, CURLOPT_POST, 1L);
   p_curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
   p_curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
   p_curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdr);
   p_curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-  p_curl_easy_setopt(c, CURLOPT_WRITEDATA, &e->resp);
+  p_curl_easy_setopt(c, CURLOPT_WRITEDATA, &ch->resp);
   p_curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)ms);
   p_curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)(ms < 2000 ? ms : 2000));
   p_curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
@@ -324,62 +336,76 @@ static int post_one(struct etcd_store* e, const char* ep, const char* path, cons
   p_curl_easy_setopt(c, CURLOPT_HTTPHEADER, NULL);
   p_curl_slist_free_all(hdr);
   if (cc != CURLE_OK) {
-    snprintf(e->err, sizeof(e->err), "%s: %s", ep, p_curl_easy_strerror(cc));
+    snprintf(ch->err, sizeof(ch->err), "%s: %s", ep, p_curl_easy_strerror(cc));
     return 1;
   }
   long code = 0;
   p_curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
-  struct json_object* j = e->resp.len && !e->resp.bad ? p_json_tokener_parse(e->resp.p) : NULL;
+  struct json_object* j = ch->resp.len && !ch->resp.bad ? p_json_tokener_parse(ch->resp.p) : NULL;
   struct json_object* jerr = jget(j, "error");
   if (code != 200 || jerr) {
     const char* msg = jerr ? p_json_object_get_string(jerr) : "";
     int64_t gcode = jint(j, "code");
-    snprintf(e->err, sizeof(e->err), "%s: HTTP %ld%s%s", ep, code, msg[0] ? ": " : "", msg);
+    snprintf(ch->err, sizeof(ch->err), "%s: HTTP %ld%s%s", ep, code, msg[0] ? ": " : "", msg);
     if (j) p_json_object_put(j);
-    if (code == 401 || gcode == 16 || strstr(e->err, "invalid auth token")) return 2;
+    if (code == 401 || gcode == 16 || strstr(ch->err, "invalid auth token")) return 2;
     /* Unavailable, deadline exceeded, no leader, leader changed, server
      * errors: this member cannot answer now, another may. */
-    if (code >= 500 || gcode == 14 || gcode == 4 || strstr(e->err, "leader") || strstr(e->err, "timed out"))
+    if (code >= 500 || gcode == 14 || gcode == 4 || strstr(ch->err, "leader") || strstr(ch->err, "timed out"))
       return 1;
     return -1;
   }
   if (!j) {
-    snprintf(e->err, sizeof(e->err), "%s: reply is not JSON", ep);
+    snprintf(ch->err, sizeof(ch->err), "%s: reply is not JSON", ep);
     return 1;
   }
   *out = j;
   return 0;
 }
 
+static void token_set(struct etcd_store* e, const char* t) {
+  pthread_mutex_lock(&e->tok_mu);
+  snprintf(e->token, sizeof(e->token), "%s", t);
+  pthread_mutex_unlock(&e->tok_mu);
+}
+
+static int token_empty(struct etcd_store* e) {
+  pthread_mutex_lock(&e->tok_mu);
+  int empty = e->token[0] == '\0';
+  pthread_mutex_unlock(&e->tok_mu);
+  return empty;
+}
+
 /* A token for the user: 0; 1: this member cannot answer now; -1: refused
  * (wrong user or password: no other member will say otherwise). */
-static int authenticate(struct etcd_store* e, const char* ep, int64_t ms) {
+static int authenticate(struct etcd_store* e, struct chan* ch, const char* ep, int64_t ms) {
   struct sbuf b = {0};
   sb_str(&b, "{\"name\":");
   sb_json_str(&b, e->user);
   sb_str(&b, ",\"password\":");
   sb_json_str(&b, e->password);
   sb_str(&b, "}");
-  e->token[0] = '\0';
+  token_set(e, "");
   struct json_object* j = NULL;
-  int rc = b.bad ? -1 : post_one(e, ep, "/v3/auth/authenticate", b.p, ms, &j);
+  int rc = b.bad ? -1 : post_one(e, ch, ep, "/v3/auth/authenticate", b.p, ms, &j);
   free(b.p);
   if (rc != 0) {
     if (rc != 1) {
       char why[256];
-      size_t n = strnlen(e->err, sizeof(why) - 1);
-      memcpy(why, e->err, n);
+      size_t n = strnlen(ch->err, sizeof(why) - 1);
+      memcpy(why, ch->err, n);
       why[n] = '\0';
-      snprintf(e->err, sizeof(e->err), "authenticating as etcd user '%s': %s", e->user, why);
+      snprintf(ch->err, sizeof(ch->err), "authenticating as etcd user '%s': %s", e->user, why);
     }
     return rc == 1 ? 1 : -1;
   }
   struct json_object* t = jget(j, "token");
   const char* s = t ? p_json_object_get_string(t) : NULL;
-  if (s) snprintf(e->token, sizeof(e->token), "%s", s);
+  int got = s && s[0] && strlen(s) < sizeof(e->token);
+  if (got) token_set(e, s);
   p_json_object_put(j);
-  if (!e->token[0]) {
-    snprintf(e->err, sizeof(e->err), "%s: authentication gave no token (is auth enabled in etcd?)", ep);
+  if (!got) {
+    snprintf(ch->err, sizeof(ch->err), "%s: authentication gave no token (is auth enabled in etcd?)", ep);
     return -1;
   }
   return 0;
@@ -387,31 +413,31 @@ static int authenticate(struct etcd_store* e, const char* ep, int64_t ms) {
 
 /* POSTs to the members in turn, starting with the one that last answered,
  * until one answers or COLLIE_ETCD_TIMEOUT passes. */
-static ncclResult_t post(struct etcd_store* e, const char* path, const struct sbuf* body, struct json_object** out) {
+static ncclResult_t post_on(struct etcd_store* e, struct chan* ch, const char* path, const struct sbuf* body,
+                            struct json_object** out) {
   *out = NULL;
   if (body->bad) return err_set(ncclInternalError, "elastic: etcd request too large");
   int64_t deadline = time_ms() + e->timeout_ms;
   char errs[1024] = "";
   for (int round = 0;; round++) {
     for (int k = 0; k < e->nep; k++) {
-      int i = (e->cur + k) % e->nep;
+      int i = (__atomic_load_n(&e->cur, __ATOMIC_RELAXED) + k) % e->nep;
       int64_t left = deadline - time_ms();
       if (left <= 0) break;
       int64_t ms = left < ETCD_ATTEMPT_MS ? left : ETCD_ATTEMPT_MS;
-      int rc = e->user[0] && !e->token[0] ? authenticate(e, e->endpoints[i], ms) : 0;
-      if (rc == 0) rc = post_one(e, e->endpoints[i], path, body->p, ms, out);
+      int rc = e->user[0] && token_empty(e) ? authenticate(e, ch, e->endpoints[i], ms) : 0;
+      if (rc == 0) rc = post_one(e, ch, e->endpoints[i], path, body->p, ms, out);
       if (rc == 2 && e->user[0]) { /* the token expired: once more with a new one */
-        e->token[0] = '\0';
-        rc = authenticate(e, e->endpoints[i], ms);
-        if (rc == 0) rc = post_one(e, e->endpoints[i], path, body->p, ms, out);
+        rc = authenticate(e, ch, e->endpoints[i], ms);
+        if (rc == 0) rc = post_one(e, ch, e->endpoints[i], path, body->p, ms, out);
       }
       if (rc == 0) {
-        e->cur = i;
+        __atomic_store_n(&e->cur, i, __ATOMIC_RELAXED);
         return ncclSuccess;
       }
       if (rc == -1 || rc == 2)
-        return err_set(ncclSystemError, "elastic: etcd refused %s: %s", path, e->err);
-      snprintf(errs, sizeof(errs), "%s", e->err);
+        return err_set(ncclSystemError, "elastic: etcd refused %s: %s", path, ch->err);
+      snprintf(errs, sizeof(errs), "%s", ch->err);
     }
     if (time_ms() >= deadline) break;
     sleep_ms(round < 10 ? 50 : 200);
@@ -420,6 +446,11 @@ static ncclResult_t post(struct etcd_store* e, const char* path, const struct sb
                  "elastic: no etcd endpoint answered %s within %lld s (COLLIE_ETCD_TIMEOUT; %d endpoint(s), last "
                  "error: %s)",
                  path, (long long)(e->timeout_ms / 1000), e->nep, errs[0] ? errs : "none");
+}
+
+/* Requests of the training thread (and of a launcher's etcd_peek). */
+static ncclResult_t post(struct etcd_store* e, const char* path, const struct sbuf* body, struct json_object** out) {
+  return post_on(e, &e->main, path, body, out);
 }
 
 static void sb_key(struct sbuf* b, const struct etcd_store* e, const char* suffix) {
@@ -865,7 +896,7 @@ static ncclResult_t scan_job(struct etcd_store* e, struct snap* s, int throttle)
 
 /* A worker whose liveness key is gone counts as dead to the others. */
 static int lost_self(struct etcd_store* e, const struct snap* s, struct ebuf* b) {
-  if (!e->lease_lost && ids_has(&s->alive, e->me)) return 0;
+  if (ids_has(&s->alive, e->me)) return 0;
   char msg[256];
   snprintf(msg, sizeof(msg),
            "worker %" PRIu32 "'s lease in etcd expired (no keepalive within COLLIE_ETCD_TTL=%d s); the job counts "
@@ -1050,14 +1081,14 @@ static ncclResult_t keepalive(struct etcd_store* e) {
   struct sbuf lb = {0};
   sb_printf(&lb, "{\"ID\":\"%" PRId64 "\"}", e->lease);
   struct json_object* j = NULL;
-  ncclResult_t res = post(e, "/v3/lease/keepalive", &lb, &j);
+  ncclResult_t res = post_on(e, &e->ka, "/v3/lease/keepalive", &lb, &j);
   free(lb.p);
   if (res != ncclSuccess) return res;
   struct json_object* r = jget(j, "result");
-  if (jint(r ? r : j, "TTL") <= 0 && !e->lease_lost) {
-    e->lease_lost = 1;
+  /* The job's keys, not this answer, decide (lost_self): the next scan
+   * finds this worker's key gone if the lease really expired. */
+  if (jint(r ? r : j, "TTL") <= 0)
     WARN("elastic (etcd %s): worker %" PRIu32 "'s lease %" PRId64 " expired", e->prefix, e->me, e->lease);
-  }
   p_json_object_put(j);
   return ncclSuccess;
 }
@@ -1105,6 +1136,13 @@ ncclResult_t etcd_call(struct etcd_store* e, int type, const uint8_t* req, size_
   ebuf_reader(&in, req, len);
   ebuf_writer(&b, rep, cap);
   ncclResult_t res = ncclSuccess;
+  if (type == EREQ_HEARTBEAT && len == 4 && req[0] == 0 && req[1] == 0 && req[2] == 0 && req[3] == 0) {
+    /* The heartbeat thread: keepalive only, on its own connection. */
+    pthread_mutex_lock(&e->ka_mu);
+    res = do_heartbeat(e, 0, &b);
+    pthread_mutex_unlock(&e->ka_mu);
+    goto done;
+  }
   pthread_mutex_lock(&e->mu);
   switch (type) {
     case EREQ_REGISTER: res = do_register(e, &in, &b); break;
@@ -1128,6 +1166,7 @@ ncclResult_t etcd_call(struct etcd_store* e, int type, const uint8_t* req, size_
     default: res = err_set(ncclInternalError, "elastic: request type %d unknown to the etcd store", type);
   }
   pthread_mutex_unlock(&e->mu);
+done:
   if (res != ncclSuccess) return res;
   if (b.bad) return err_set(ncclInternalError, "elastic: etcd store reply too long");
   *rep_len = b.len;
@@ -1234,6 +1273,8 @@ ncclResult_t etcd_open(struct etcd_store** out, const char* url, const char* sec
   struct etcd_store* e = calloc(1, sizeof(*e));
   if (!e) return err_set(ncclSystemError, "elastic: out of memory");
   pthread_mutex_init(&e->mu, NULL);
+  pthread_mutex_init(&e->ka_mu, NULL);
+  pthread_mutex_init(&e->tok_mu, NULL);
   *out = e;
   NCCLCHECK(parse_url(e, url, secret_hex));
   e->timeout_ms = param_int(P_COLLIE_ETCD_TIMEOUT, 1, 3600) * 1000;
@@ -1250,15 +1291,18 @@ ncclResult_t etcd_open(struct etcd_store** out, const char* url, const char* sec
   e->cfg.reset_limit = param_str(P_COLLIE_ELASTIC_RESET_LIMIT) ? (int)param_int(P_COLLIE_ELASTIC_RESET_LIMIT, 0, 1000000)
                                                                 : -1;
   e->seed = (unsigned)getpid() ^ (unsigned)time_ms();
-  e->curl = p_curl_easy_init();
-  if (!e->curl) return err_set(ncclSystemError, "elastic: curl_easy_init failed");
-  if (e->tls) {
-    const char* ca = param_str(P_COLLIE_ETCD_CACERT);
-    const char* cert = param_str(P_COLLIE_ETCD_CERT);
-    const char* key = param_str(P_COLLIE_ETCD_KEY);
-    if (ca) p_curl_easy_setopt(e->curl, CURLOPT_CAINFO, ca);
-    if (cert) p_curl_easy_setopt(e->curl, CURLOPT_SSLCERT, cert);
-    if (key) p_curl_easy_setopt(e->curl, CURLOPT_SSLKEY, key);
+  struct chan* chans[2] = {&e->main, &e->ka};
+  for (int c = 0; c < 2; c++) {
+    CURL* h = chans[c]->curl = p_curl_easy_init();
+    if (!h) return err_set(ncclSystemError, "elastic: curl_easy_init failed");
+    if (e->tls) {
+      const char* ca = param_str(P_COLLIE_ETCD_CACERT);
+      const char* cert = param_str(P_COLLIE_ETCD_CERT);
+      const char* key = param_str(P_COLLIE_ETCD_KEY);
+      if (ca) p_curl_easy_setopt(h, CURLOPT_CAINFO, ca);
+      if (cert) p_curl_easy_setopt(h, CURLOPT_SSLCERT, cert);
+      if (key) p_curl_easy_setopt(h, CURLOPT_SSLKEY, key);
+    }
   }
   INFO(LOG_INIT, "elastic: state in etcd under %s (%d endpoint(s), %s%s)", e->prefix, e->nep, e->tls ? "TLS" : "plain",
        e->user[0] ? ", with a user" : "");
@@ -1267,19 +1311,23 @@ ncclResult_t etcd_open(struct etcd_store** out, const char* url, const char* sec
 
 void etcd_close(struct etcd_store* e) {
   if (!e) return;
-  if (e->curl && e->lease) {
+  if (e->main.curl && e->lease) {
     /* Gone at once, not after the TTL (LEAVE already said it was no
      * failure). Best effort, one member, and no error record: the error
      * that made the worker close, if any, is the one to report. */
     struct sbuf lb = {0};
     sb_printf(&lb, "{\"ID\":\"%" PRId64 "\"}", e->lease);
     struct json_object* j = NULL;
-    if (!lb.bad && post_one(e, e->endpoints[e->cur], "/v3/lease/revoke", lb.p, 2000, &j) == 0) p_json_object_put(j);
+    if (!lb.bad && post_one(e, &e->main, e->endpoints[e->cur], "/v3/lease/revoke", lb.p, 2000, &j) == 0) p_json_object_put(j);
     free(lb.p);
   }
-  if (e->curl) p_curl_easy_cleanup(e->curl);
-  free(e->resp.p);
+  if (e->main.curl) p_curl_easy_cleanup(e->main.curl);
+  if (e->ka.curl) p_curl_easy_cleanup(e->ka.curl);
+  free(e->main.resp.p);
+  free(e->ka.resp.p);
   pthread_mutex_destroy(&e->mu);
+  pthread_mutex_destroy(&e->ka_mu);
+  pthread_mutex_destroy(&e->tok_mu);
   free(e);
 }
 
