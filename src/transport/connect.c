@@ -22,8 +22,18 @@
 #define TAG_CH(tag, ch) ((tag) + 0x100u * (uint32_t)(ch))
 
 /* Priority order: the first that can connect a pair is used. */
-static const struct transport* const transports[] = {&transport_shm, &transport_socket};
+static const struct transport* const transports[] = {&transport_shm,
+#ifdef COLLIE_HAVE_IBVERBS
+                                                      &transport_ib,
+#endif
+                                                      &transport_socket};
 #define NTRANSPORTS (int)(sizeof(transports) / sizeof(transports[0]))
+
+#ifdef COLLIE_HAVE_IBVERBS
+#define NET_NAMES "IB and Socket are"
+#else
+#define NET_NAMES "Socket is; IB needs a build with infiniband/verbs.h"
+#endif
 
 #define TRANSPORT_NAME_BYTES 16
 
@@ -85,7 +95,8 @@ static ncclResult_t ensure_tables(struct ncclComm* comm) {
   for (int i = 0; net && i < NTRANSPORTS; i++)
     found |= (transports[i]->caps & TRANSPORT_CAP_NET) && strcasecmp(net, transports[i]->name) == 0;
   if (net && !found)
-    return err_set(ncclInvalidUsage, "NCCL_NET=%s: no network transport of that name is built in (Socket is)", net);
+    return err_set(ncclInvalidUsage, "NCCL_NET=%s: no network transport of that name is built in (%s)", net,
+                   NET_NAMES);
   transport_chunk_bytes(comm);
   return ncclSuccess;
 }

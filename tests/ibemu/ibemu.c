@@ -301,6 +301,7 @@ EXPORT __be64 ibv_get_device_guid(struct ibv_device* d) {
 EXPORT int ibv_fork_init(void) { return 0; }
 
 static int ops_post_send(struct ibv_qp* qp, struct ibv_send_wr* wr, struct ibv_send_wr** bad);
+EXPORT const char* ibv_wc_status_str(enum ibv_wc_status s);
 static int ops_post_recv(struct ibv_qp* qp, struct ibv_recv_wr* wr, struct ibv_recv_wr** bad);
 static int ops_poll_cq(struct ibv_cq* cq, int n, struct ibv_wc* wc);
 static int ops_req_notify_cq(struct ibv_cq* cq, int solicited_only);
@@ -811,6 +812,10 @@ static void push_wc(struct ibv_cq* cq, struct emu_qp* q, uint64_t wr_id, enum ib
  * with `first`, every other WR with WR_FLUSH_ERR; requests of the peer still
  * queued here are refused. With E.mu held. */
 static void qp_error(struct emu_qp* q, enum ibv_wc_status first) {
+  if (getenv("COLLIE_IBEMU_DEBUG"))
+    fprintf(stderr, "ibemu[%d]: QP %u -> error (%s): state %d sq %u rq %u no_path %d peer_gone %d ofd %d ifd %d\n",
+            (int)getpid(), q->ibv.qp_num, ibv_wc_status_str(first), q->ibv.state, q->sq_n, q->rq_n, q->no_path,
+            q->peer_gone, q->ofd, q->ifd);
   for (uint32_t i = 0; i < q->sq_n; i++) {
     struct sq_ent* s = &q->sq[(q->sq_head + i) % q->cap.max_send_wr];
     push_wc(q->ibv.send_cq, q, s->wr_id, i == 0 ? first : IBV_WC_WR_FLUSH_ERR, s->op, 0);
@@ -995,6 +1000,10 @@ static void process_inq(struct emu_qp* q) {
       cq_push(q->ibv.recv_cq, &wc);
     }
     if (status != IBV_WC_SUCCESS) q->in_broken = 1;
+    if (status != IBV_WC_SUCCESS && getenv("COLLIE_IBEMU_DEBUG"))
+      fprintf(stderr, "ibemu[%d]: QP %u refuses request %llu of QP %u: %s (state %d path_ok %d hello %d src %u dst %u)\n",
+              (int)getpid(), q->ibv.qp_num, (unsigned long long)r->r.seq, q->hello.src_qpn, ibv_wc_status_str(status),
+              st, path_ok(q), q->have_hello, q->hello.src_qpn, q->hello.dst_qpn);
     wire_ack(q, r->r.seq, status);
     q->inq = r->next;
     if (!q->inq) q->inq_tail = NULL;

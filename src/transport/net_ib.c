@@ -1,0 +1,326 @@
+/* The IB verbs transport: connectors over RC queue pairs (InfiniBand or
+ * RoCE), through the verbs layer in net_ib_verbs.c. Each side keeps nslots
+ * slots (header + payload) in registered memory with the same layout. The
+ * sender RDMA-writes a committed slot (header and payload in one write) into
+ * the receiver's slot of the same index, with the slot sequence number as
+ * immediate data, which consumes a posted receive and tells the receiver the
+ * slot is there. The receiver hands slots back by RDMA-writing its released
+ * count into the sender's control word (the credits), so the FIFO model of
+ * the other transports holds. Progress is made by whoever waits (poll_cq);
+ * NCCL_IB_QPS_PER_CONNECTION QPs carry slots round-robin. Table entry:
+ * connect.c; chosen by NCCL_NET=IB, or by default when an HCA is usable. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../bootstrap/bootstrap.h"
+#include "../comm.h"
+#include "../comm_err.h"
+#include "net_ib_verbs.h"
+#include "transport.h"
+
+#define IB_HDR_BYTES 64 /* a slot's header area (struct slot_hdr, padded) */
+
+/* Written by the peer with RDMA: the receiver's released count (credits)
+ * and its poison flag, in the sender's memory. */
+struct ib_ctrl {
+  volatile uint64_t released;
+  volatile uint64_t poison;
+  uint64_t src; /* receiver: the value being written (source of the RDMA) */
+  uint64_t src_poison;
+};
+
+struct ib_end_info {
+  struct ib_conn_info qp;
+  uint64_t slots_addr, ctrl_addr;
+  uint32_t slots_rkey, ctrl_rkey;
+};
+
+struct ib_conn {
+  struct ib_qps q;
+  struct ibv_mr* slots_mr;
+  struct ibv_mr* ctrl_mr;
+  char* slots;           /* nslots x stride, registered */
+  struct ib_ctrl* ctrl;  /* registered */
+  size_t stride;
+  struct ib_end_info peer;
+  uint8_t* arrived;      /* receiver: slot i's write has landed */
+  uint32_t pos;          /* sender: slots committed; receiver: slots consumed */
+  uint32_t done;         /* sender: writes completed; receiver: slots landed in order */
+  int outstanding;       /* send WRs not completed yet */
+  int failed;
+  char why[160];
+};
+
+static const struct ib_port* ib_chosen(struct ncclComm* comm);
+
+static char* ib_slot(struct conn* c, uint32_t i) {
+  struct ib_conn* s = c->priv;
+  return s->slots + (size_t)(i % (uint32_t)c->nslots) * s->stride;
+}
+
+static ncclResult_t ib_error(struct conn* c, const char* what) {
+  struct ib_conn* s = c->priv;
+  if (!s->failed) snprintf(s->why, sizeof(s->why), "%s", what);
+  s->failed = 1;
+  NCCLCHECK(comm_await_cause(c->comm, CAUSE_WAIT_MS));
+  return err_set(ncclRemoteError, "NET/IB: rank %d: connection with rank %d (%s) failed: %s", c->comm->rank, c->peer,
+                 bootstrap_peer_host(c->comm->bs, c->peer), s->why);
+}
+
+static ncclResult_t ib_post_recv(struct conn* c, struct ibv_qp* qp) {
+  struct ibv_recv_wr wr, *bad = NULL;
+  memset(&wr, 0, sizeof(wr));
+  int rc = ibv_post_recv(qp, &wr, &bad);
+  return rc ? ib_error(c, "ibv_post_recv failed") : ncclSuccess;
+}
+
+/* Reaps completions: sender writes done, receiver slots landed. A sender's
+ * failed write is an error at once (its data is lost). A receiver's failure
+ * (a credit write or a posted receive ends in error: the sender closed its
+ * end or died) only marks the connector: slots already landed stay readable,
+ * and a consumer that waits for more learns it through peer_failed, as with
+ * a socket that reached EOF, since a sender that is done closes when it likes. */
+static ncclResult_t ib_progress(struct conn* c) {
+  struct ib_conn* s = c->priv;
+  if (s->failed) return c->is_send ? ib_error(c, s->why) : ncclSuccess;
+  struct ibv_wc wc[16];
+  int n;
+  while ((n = ibv_poll_cq(s->q.cq, 16, wc)) > 0) {
+    for (int i = 0; i < n; i++) {
+      if (wc[i].status != IBV_WC_SUCCESS) {
+        char why[128];
+        snprintf(why, sizeof(why), "%s completion: %s", wc[i].opcode & IBV_WC_RECV ? "receive" : "send",
+                 s->q.v->wc_status_str(wc[i].status));
+        if (c->is_send) return ib_error(c, why);
+        if (!s->failed) snprintf(s->why, sizeof(s->why), "%s", why);
+        s->failed = 1;
+        continue;
+      }
+      if (wc[i].opcode & IBV_WC_RECV) {
+        uint32_t seq = ntohl(wc[i].imm_data);
+        s->arrived[seq % (uint32_t)c->nslots] = 1;
+        for (int k = 0; k < s->q.nqps; k++)
+          if (s->q.qp[k]->qp_num == wc[i].qp_num) NCCLCHECK(ib_post_recv(c, s->q.qp[k]));
+      } else {
+        s->outstanding--;
+        if (c->is_send) s->done++;
+      }
+    }
+  }
+  if (n < 0) return ib_error(c, "ibv_poll_cq failed");
+  if (!c->is_send)
+    while ((uint32_t)(s->done - s->pos) < (uint32_t)c->nslots && s->arrived[s->done % (uint32_t)c->nslots]) s->done++;
+  if (c->is_send && s->ctrl->poison) return ib_error(c, "the receiver failed");
+  return ncclSuccess;
+}
+
+static ncclResult_t ib_write(struct conn* c, struct ibv_qp* qp, void* src, uint32_t len, uint32_t lkey,
+                             uint64_t raddr, uint32_t rkey, int imm, uint32_t imm_val, int inl) {
+  struct ib_conn* s = c->priv;
+  struct ibv_sge sg = {(uintptr_t)src, len, lkey};
+  struct ibv_send_wr wr, *bad = NULL;
+  memset(&wr, 0, sizeof(wr));
+  wr.sg_list = &sg;
+  wr.num_sge = 1;
+  wr.opcode = imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED | (inl ? IBV_SEND_INLINE : 0);
+  wr.imm_data = htonl(imm_val);
+  wr.wr.rdma.remote_addr = raddr;
+  wr.wr.rdma.rkey = rkey;
+  int rc = ibv_post_send(qp, &wr, &bad);
+  if (rc) return ib_error(c, "ibv_post_send failed");
+  s->outstanding++;
+  return ncclSuccess;
+}
+
+static void* ib_send_slot(struct conn* c) {
+  struct ib_conn* s = c->priv;
+  if ((uint32_t)(s->pos - (uint32_t)s->ctrl->released) >= (uint32_t)c->nslots) return NULL;
+  return ib_slot(c, s->pos) + IB_HDR_BYTES;
+}
+
+static ncclResult_t ib_send_commit(struct conn* c, const struct slot_hdr* h) {
+  struct ib_conn* s = c->priv;
+  char* slot = ib_slot(c, s->pos);
+  memcpy(slot, h, sizeof(*h));
+  uint32_t i = s->pos % (uint32_t)c->nslots;
+  struct ibv_qp* qp = s->q.qp[s->pos % (uint32_t)s->q.nqps];
+  NCCLCHECK(ib_write(c, qp, slot, (uint32_t)(IB_HDR_BYTES + h->bytes), s->slots_mr->lkey,
+                     s->peer.slots_addr + (uint64_t)i * s->stride, s->peer.slots_rkey, 1, s->pos, 0));
+  s->pos++;
+  return ib_progress(c);
+}
+
+static const void* ib_recv_slot(struct conn* c, struct slot_hdr* h) {
+  struct ib_conn* s = c->priv;
+  if (s->done == s->pos) return NULL;
+  const char* slot = ib_slot(c, s->pos);
+  memcpy(h, slot, sizeof(*h));
+  return slot + IB_HDR_BYTES;
+}
+
+/* Hands the oldest slot back: the new released count goes to the sender. */
+static ncclResult_t ib_recv_release(struct conn* c) {
+  struct ib_conn* s = c->priv;
+  s->arrived[s->pos % (uint32_t)c->nslots] = 0;
+  s->pos++;
+  s->ctrl->src = s->pos;
+  NCCLCHECK(ib_write(c, s->q.qp[0], &s->ctrl->src, sizeof(uint64_t), s->ctrl_mr->lkey,
+                     s->peer.ctrl_addr + offsetof(struct ib_ctrl, released), s->peer.ctrl_rkey, 0, 0, 1));
+  return ib_progress(c);
+}
+
+static void ib_wait(struct conn* c, int timeout_ms) {
+  (void)c;
+  if (timeout_ms > 0) usleep(50); /* completions are polled, not signalled */
+}
+
+static void ib_fail(struct conn* c) {
+  struct ib_conn* s = c->priv;
+  if (!s || s->failed || !s->q.nqps) return;
+  s->failed = 1;
+  snprintf(s->why, sizeof(s->why), "failed locally");
+  if (!c->is_send) {
+    /* Best effort: tell the sender through its control word. */
+    s->ctrl->src_poison = 1;
+    struct ibv_sge sg = {(uintptr_t)&s->ctrl->src_poison, sizeof(uint64_t), s->ctrl_mr->lkey};
+    struct ibv_send_wr wr, *bad = NULL;
+    memset(&wr, 0, sizeof(wr));
+    wr.sg_list = &sg;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_INLINE;
+    wr.wr.rdma.remote_addr = s->peer.ctrl_addr + offsetof(struct ib_ctrl, poison);
+    wr.wr.rdma.rkey = s->peer.ctrl_rkey;
+    (void)ibv_post_send(s->q.qp[0], &wr, &bad);
+  }
+}
+
+static int ib_pending(struct conn* c) {
+  struct ib_conn* s = c->priv;
+  return c->is_send && !s->failed && s->done != s->pos;
+}
+
+static int ib_peer_failed(struct conn* c) { return ((struct ib_conn*)c->priv)->failed; }
+
+/* Tears down in the order verbs wants: QPs, MRs, CQ, PD, device. */
+static void ib_close(struct conn* c) {
+  struct ib_conn* s = c->priv;
+  if (!s) return;
+  const struct ib_verbs* v = s->q.v;
+  for (int i = 0; v && i < s->q.nqps; i++)
+    if (s->q.qp[i]) { v->destroy_qp(s->q.qp[i]); s->q.qp[i] = NULL; }
+  s->q.nqps = 0;
+  if (v && s->slots_mr) v->dereg_mr(s->slots_mr);
+  if (v && s->ctrl_mr) v->dereg_mr(s->ctrl_mr);
+  ib_qps_close(&s->q);
+  free(s->slots);
+  free(s->ctrl);
+  free(s->arrived);
+  free(s);
+  c->priv = NULL;
+}
+
+static const struct conn_ops ib_ops = {
+    .send_slot = ib_send_slot,
+    .send_commit = ib_send_commit,
+    .recv_slot = ib_recv_slot,
+    .recv_release = ib_recv_release,
+    .progress = ib_progress,
+    .wait = ib_wait,
+    .fail = ib_fail,
+    .pending = ib_pending,
+    .peer_failed = ib_peer_failed,
+    .close = ib_close,
+};
+
+/* Both sides: the port, QPs, registered slots and control word. */
+static ncclResult_t ib_setup(struct conn* c, void* info, size_t* len) {
+  const struct ib_port* port = ib_chosen(c->comm);
+  if (!port) return err_set(ncclSystemError, "NET/IB: rank %d has no usable HCA port", c->comm->rank);
+  struct ib_conn* s = calloc(1, sizeof(*s));
+  if (!s) return err_set(ncclSystemError, "NET/IB: out of memory");
+  c->priv = s;
+  c->ops = &ib_ops;
+  ncclResult_t res;
+  s->stride = IB_HDR_BYTES + ((c->slot_bytes + 63) & ~(size_t)63);
+  size_t bytes = s->stride * (size_t)c->nslots;
+  int nq = (int)param_int(P_NCCL_IB_QPS_PER_CONNECTION, 1, IB_MAX_QPS);
+  int depth = 2 * c->nslots + 8;
+  NCCLCHECKGOTO(ib_qps_open(&s->q, port, nq, 2 * depth * nq, depth, c->nslots / nq + 2), res, fail);
+  if (posix_memalign((void**)&s->slots, 4096, bytes) != 0 || posix_memalign((void**)&s->ctrl, 4096, 4096) != 0 ||
+      !(s->arrived = calloc((size_t)c->nslots, 1))) {
+    res = err_set(ncclSystemError, "NET/IB: out of memory for %zu bytes of slots", bytes);
+    goto fail;
+  }
+  memset(s->slots, 0, bytes);
+  memset(s->ctrl, 0, 4096);
+  int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  s->slots_mr = s->q.v->reg_mr(s->q.pd, s->slots, bytes, access);
+  s->ctrl_mr = s->q.v->reg_mr(s->q.pd, s->ctrl, 4096, access);
+  if (!s->slots_mr || !s->ctrl_mr) {
+    res = err_set(ncclSystemError, "NET/IB: ibv_reg_mr on %s:%d failed: %s", port->dev_name, port->port, strerror(errno));
+    goto fail;
+  }
+  if (!c->is_send)
+    for (int k = 0; k < s->q.nqps; k++)
+      for (int j = 0; j < c->nslots / s->q.nqps + 1; j++) NCCLCHECKGOTO(ib_post_recv(c, s->q.qp[k]), res, fail);
+  struct ib_end_info me;
+  memset(&me, 0, sizeof(me));
+  ib_qps_info(&s->q, &me.qp);
+  me.slots_addr = (uintptr_t)s->slots;
+  me.slots_rkey = s->slots_mr->rkey;
+  me.ctrl_addr = (uintptr_t)s->ctrl;
+  me.ctrl_rkey = s->ctrl_mr->rkey;
+  memcpy(info, &me, sizeof(me));
+  *len = sizeof(me);
+  return ncclSuccess;
+fail:
+  ib_close(c);
+  return res;
+}
+
+static ncclResult_t ib_connect(struct conn* c, const void* info, size_t len) {
+  struct ib_conn* s = c->priv;
+  if (len != sizeof(s->peer)) return err_set(ncclInternalError, "NET/IB: bad connector info (%zu bytes)", len);
+  memcpy(&s->peer, info, sizeof(s->peer));
+  return ib_qps_connect(&s->q, &s->peer.qp);
+}
+
+/* ---- port choice --------------------------------------------------------- */
+
+static struct ib_port ib_ports[IB_MAX_PORTS];
+static int ib_nports = -1;
+static pthread_mutex_t ib_ports_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The port of this rank: local ranks are dealt round-robin over the usable
+ * ports (discovered once per process). */
+static const struct ib_port* ib_chosen(struct ncclComm* comm) {
+  pthread_mutex_lock(&ib_ports_mu);
+  if (ib_nports < 0 && ib_discover(ib_ports, IB_MAX_PORTS, &ib_nports) != ncclSuccess) ib_nports = 0;
+  int n = ib_nports;
+  pthread_mutex_unlock(&ib_ports_mu);
+  if (n <= 0) return NULL;
+  const struct ib_port* p = &ib_ports[comm->local_rank % n];
+  INFO_ONCE(LOG_NET | LOG_INIT, "NET/IB: using %s:%d (%s)", p->dev_name, p->port,
+            p->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "IB");
+  return p;
+}
+
+static int ib_can_connect(struct ncclComm* comm, int peer) {
+  (void)peer;
+  return ib_chosen(comm) != NULL;
+}
+
+const struct transport transport_ib = {
+    .name = "IB",
+    .caps = TRANSPORT_CAP_PROGRESS | TRANSPORT_CAP_FLUSH | TRANSPORT_CAP_NET,
+    .can_connect = ib_can_connect,
+    .send = {ib_setup, ib_connect, ib_close},
+    .recv = {ib_setup, ib_connect, ib_close},
+    .ops = &ib_ops,
+};
