@@ -93,11 +93,16 @@ def get_unique_id(own_root=False):
     this process, as when NCCL_COMM_ID is unset: for a second communicator in
     such a job (two inits on NCCL_COMM_ID's address at once would collide)."""
     uid = _UniqueId()
-    if own_root and "NCCL_COMM_ID" in os.environ:
-        # The library reads NCCL_COMM_ID at call time (src/param.c), so hide
-        # it for this one call; the lock keeps our own threads from racing.
+    if own_root and os.environ.get("NCCL_COMM_ID"):
+        # The library reads NCCL_COMM_ID at call time and takes an empty value
+        # as unset (src/param.c), so blank it for this one call. Overwriting
+        # an existing variable replaces one pointer in environ (setenv keeps
+        # old strings), so library threads reading the environment meanwhile
+        # see the old or the new value, never a moved array (unsetenv would
+        # shift it). The lock keeps this package's own threads apart.
         with _env_lock:
-            saved = os.environ.pop("NCCL_COMM_ID")
+            saved = os.environ["NCCL_COMM_ID"]
+            os.environ["NCCL_COMM_ID"] = ""
             try:
                 res = _L.ncclGetUniqueId(_c.byref(uid))
             finally:
