@@ -7,8 +7,7 @@
 
 #include "core.h"
 
-ncclResult_t estore_open(struct estore* s, const char* url, const char* secret_hex, int64_t connect_ms,
-                         int64_t io_ms) {
+ncclResult_t estore_open(struct estore* s, const char* url, const char* secret_hex, int64_t connect_ms, int64_t io_ms) {
   memset(s, 0, sizeof(*s));
   if (etcd_url(url)) {
     s->kind = 2;
@@ -20,8 +19,7 @@ ncclResult_t estore_open(struct estore* s, const char* url, const char* secret_h
                    "COLLIE_RENDEZVOUS_SECRET must be set with the embedded store (start the job "
                    "with collie-run --elastic, or start collie-rendezvous and pass on what it prints)");
   if (eproto_parse_secret(secret_hex, secret) != 0)
-    return err_set(ncclInvalidArgument, "COLLIE_RENDEZVOUS_SECRET must be %d hex digits",
-                   2 * EPROTO_SECRET_BYTES);
+    return err_set(ncclInvalidArgument, "COLLIE_RENDEZVOUS_SECRET must be %d hex digits", 2 * EPROTO_SECRET_BYTES);
   s->kind = 1;
   return eclient_open(&s->tcp, url, secret, connect_ms, io_ms);
 }

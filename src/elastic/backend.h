@@ -22,8 +22,7 @@ struct estore {
 /* Opens `url` (COLLIE_RENDEZVOUS): "etcd://..." / "etcds://..." or host:port
  * of the embedded store, which needs the job secret (hex, may be NULL for
  * etcd). estore_close must follow, whatever the result. */
-ncclResult_t estore_open(struct estore* s, const char* url, const char* secret_hex, int64_t connect_ms,
-                         int64_t io_ms);
+ncclResult_t estore_open(struct estore* s, const char* url, const char* secret_hex, int64_t connect_ms, int64_t io_ms);
 /* One request of proto.h; rep gets the reply payload (status first). */
 ncclResult_t estore_call(struct estore* s, int type, const uint8_t* req, size_t len, uint8_t* rep, size_t cap,
                          size_t* rep_len);

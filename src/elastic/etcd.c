@@ -60,9 +60,9 @@ void etcd_close(struct etcd_store* e) { (void)e; }
 #include <json-c/json.h>
 
 #define ETCD_MAX_ENDPOINTS 16
-#define ETCD_ATTEMPT_MS 5000  /* one HTTP request to one member */
+#define ETCD_ATTEMPT_MS 5000 /* one HTTP request to one member */
 #define ETCD_MAX_BODY (16 << 20)
-#define ETCD_SCAN_GAP_MS 50   /* waiting workers poll etcd at most this often */
+#define ETCD_SCAN_GAP_MS 50 /* waiting workers poll etcd at most this often */
 #define ETCD_CAS_TRIES 64
 
 /* ---- libcurl and json-c, opened at run time --------------------------------- */
@@ -101,13 +101,13 @@ static void dl_load(void) {
     return;
   }
   int miss = 0;
-#define SYM(h, f)                                   \
-  do {                                              \
-    *(void**)&p_##f = dlsym(h, #f);                 \
-    if (!p_##f && !miss) {                          \
-      miss = 1;                                     \
+#define SYM(h, f)                                            \
+  do {                                                       \
+    *(void**)&p_##f = dlsym(h, #f);                          \
+    if (!p_##f && !miss) {                                   \
+      miss = 1;                                              \
       snprintf(dl_err, sizeof(dl_err), "%s is missing", #f); \
-    }                                               \
+    }                                                        \
   } while (0)
   SYM(hc, curl_global_init);
   SYM(hc, curl_easy_init);
@@ -272,8 +272,8 @@ struct chan {
 };
 
 struct etcd_store {
-  pthread_mutex_t mu;    /* the training thread's requests (main) */
-  pthread_mutex_t ka_mu; /* keepalives (ka) */
+  pthread_mutex_t mu;     /* the training thread's requests (main) */
+  pthread_mutex_t ka_mu;  /* keepalives (ka) */
   pthread_mutex_t tok_mu; /* the auth token, shared by both */
   struct chan main, ka;
   char endpoints[ETCD_MAX_ENDPOINTS][256];
@@ -351,8 +351,7 @@ static int post_one(struct etcd_store* e, struct chan* ch, const char* ep, const
     if (code == 401 || gcode == 16 || strstr(ch->err, "invalid auth token")) return 2;
     /* Unavailable, deadline exceeded, no leader, leader changed, server
      * errors: this member cannot answer now, another may. */
-    if (code >= 500 || gcode == 14 || gcode == 4 || strstr(ch->err, "leader") || strstr(ch->err, "timed out"))
-      return 1;
+    if (code >= 500 || gcode == 14 || gcode == 4 || strstr(ch->err, "leader") || strstr(ch->err, "timed out")) return 1;
     return -1;
   }
   if (!j) {
@@ -435,8 +434,7 @@ static ncclResult_t post_on(struct etcd_store* e, struct chan* ch, const char* p
         __atomic_store_n(&e->cur, i, __ATOMIC_RELAXED);
         return ncclSuccess;
       }
-      if (rc == -1 || rc == 2)
-        return err_set(ncclSystemError, "elastic: etcd refused %s: %s", path, ch->err);
+      if (rc == -1 || rc == 2) return err_set(ncclSystemError, "elastic: etcd refused %s: %s", path, ch->err);
       snprintf(errs, sizeof(errs), "%s", ch->err);
     }
     if (time_ms() >= deadline) break;
@@ -537,8 +535,8 @@ static int slot_failures(const struct snap* s, const char* slot) {
 static int parse_state(struct snap* s, const char* v) {
   /* "epoch E resets R failed F plan N id... \n<failure message>" */
   int pos = 0, n = 0;
-  if (sscanf(v, "epoch %" SCNu32 " resets %" SCNu32 " failed %" SCNu32 " plan %d%n", &s->epoch, &s->resets,
-             &s->failed, &n, &pos) != 4 ||
+  if (sscanf(v, "epoch %" SCNu32 " resets %" SCNu32 " failed %" SCNu32 " plan %d%n", &s->epoch, &s->resets, &s->failed,
+             &n, &pos) != 4 ||
       n < 0 || n > EPROTO_MAX_WORKERS)
     return -1;
   s->plan = calloc((size_t)(n ? n : 1), sizeof(uint32_t));
@@ -594,8 +592,8 @@ static ncclResult_t scan(struct etcd_store* e, struct snap* s) {
     if (strcmp(k, "state") == 0) {
       s->state_mod = jint(kv, "mod_revision");
       if (parse_state(s, v) != 0)
-        res = err_set(ncclSystemError, "elastic: etcd key %sstate holds no collie state (another program's key?)",
-                      start);
+        res =
+            err_set(ncclSystemError, "elastic: etcd key %sstate holds no collie state (another program's key?)", start);
     } else if (strcmp(k, "next") == 0) {
       s->next = (uint32_t)strtoul(v, NULL, 10);
       s->next_mod = jint(kv, "mod_revision");
@@ -665,7 +663,8 @@ static void txn_begin_cmp_mod(struct txn* t, struct etcd_store* e, const char* k
   sb_str(&t->b, "{\"compare\":[{\"key\":\"");
   sb_key(&t->b, e, key);
   if (mod > 0)
-    sb_printf(&t->b, "\",\"target\":\"MOD\",\"result\":\"EQUAL\",\"mod_revision\":\"%" PRId64 "\"}],\"success\":[", mod);
+    sb_printf(&t->b, "\",\"target\":\"MOD\",\"result\":\"EQUAL\",\"mod_revision\":\"%" PRId64 "\"}],\"success\":[",
+              mod);
   else /* the key must not exist yet */
     sb_str(&t->b, "\",\"target\":\"CREATE\",\"result\":\"EQUAL\",\"create_revision\":\"0\"}],\"success\":[");
 }
@@ -675,10 +674,8 @@ static void txn_put(struct txn* t, struct etcd_store* e, const char* key, const 
   sb_key(&t->b, e, key);
   sb_str(&t->b, "\",\"value\":\"");
   sb_b64(&t->b, val, strlen(val));
-  if (with_lease)
-    sb_printf(&t->b, "\",\"lease\":\"%" PRId64 "\"}}", e->lease);
-  else
-    sb_str(&t->b, "\"}}");
+  if (with_lease) sb_printf(&t->b, "\",\"lease\":\"%" PRId64 "\"}}", e->lease);
+  else sb_str(&t->b, "\"}}");
 }
 
 /* Deletes `key`, or every key under it when `subtree`. */
@@ -715,10 +712,8 @@ static int put_plain(struct etcd_store* e, const char* key, const char* val, int
   sb_key(&b, e, key);
   sb_str(&b, "\",\"value\":\"");
   sb_b64(&b, val, strlen(val));
-  if (with_lease)
-    sb_printf(&b, "\",\"lease\":\"%" PRId64 "\"}", e->lease);
-  else
-    sb_str(&b, "\"}");
+  if (with_lease) sb_printf(&b, "\",\"lease\":\"%" PRId64 "\"}", e->lease);
+  else sb_str(&b, "\"}");
   struct json_object* j = NULL;
   ncclResult_t res = post(e, "/v3/kv/put", &b, &j);
   free(b.p);
@@ -795,10 +790,8 @@ static void try_form(struct etcd_store* e, const struct snap* s, int64_t now) {
   for (int i = 0; i < s->alive.n; i++) {
     uint32_t id = s->alive.v[i];
     if (ids_has(&s->left, id)) continue;
-    if (ids_has(&s->arrived, id))
-      cands[cand++] = id;
-    else
-      stragglers++;
+    if (ids_has(&s->arrived, id)) cands[cand++] = id;
+    else stragglers++;
   }
   if (s->epoch == 0 || members == 0) real = real || cand > 0;
   if (!real) {
@@ -831,7 +824,8 @@ static void try_form(struct etcd_store* e, const struct snap* s, int64_t now) {
   int failed = 0;
   if (c->reset_limit >= 0 && resets > (uint32_t)c->reset_limit) {
     snprintf(msg, sizeof(msg),
-             "reset limit reached: the membership changed %" PRIu32 " times, more than the limit of %d "
+             "reset limit reached: the membership changed %" PRIu32
+             " times, more than the limit of %d "
              "(--reset-limit / COLLIE_ELASTIC_RESET_LIMIT)",
              resets, c->reset_limit);
     failed = 1;
@@ -863,7 +857,8 @@ static void try_form(struct etcd_store* e, const struct snap* s, int64_t now) {
     ids[0] = '\0';
     for (int r = 0; r < n && off < sizeof(ids) - 16; r++)
       off += (size_t)snprintf(ids + off, sizeof(ids) - off, "%s%" PRIu32, r ? "," : "", cands[r]);
-    INFO(LOG_INIT, "elastic (etcd %s): worker %" PRIu32 " formed epoch %" PRIu32 ": %d workers [%s] (reset %" PRIu32 ")",
+    INFO(LOG_INIT,
+         "elastic (etcd %s): worker %" PRIu32 " formed epoch %" PRIu32 ": %d workers [%s] (reset %" PRIu32 ")",
          e->prefix, e->me, epoch, n, ids, resets);
     if (failed) WARN("elastic (etcd %s): job failed: %s", e->prefix, msg);
     e->round_start_ms = 0;
@@ -899,7 +894,8 @@ static int lost_self(struct etcd_store* e, const struct snap* s, struct ebuf* b)
   if (ids_has(&s->alive, e->me)) return 0;
   char msg[256];
   snprintf(msg, sizeof(msg),
-           "worker %" PRIu32 "'s lease in etcd expired (no keepalive within COLLIE_ETCD_TTL=%d s); the job counts "
+           "worker %" PRIu32
+           "'s lease in etcd expired (no keepalive within COLLIE_ETCD_TTL=%d s); the job counts "
            "it as dead",
            e->me, e->ttl_s);
   put_text(b, ESTATUS_FAIL, msg);
@@ -1046,10 +1042,8 @@ static ncclResult_t do_publish(struct etcd_store* e, struct ebuf* in, struct ebu
         snap_free(&s);
         return ncclSystemError;
       }
-      if (won)
-        ebuf_put_u32(b, ESTATUS_OK);
-      else
-        done = 0; /* the state moved: look again */
+      if (won) ebuf_put_u32(b, ESTATUS_OK);
+      else done = 0; /* the state moved: look again */
     }
     snap_free(&s);
     if (done) return ncclSuccess;
@@ -1238,7 +1232,7 @@ static ncclResult_t parse_url(struct etcd_store* e, const char* url, const char*
   if ((!e->user[0] && u && set_str(e->user, sizeof(e->user), u)) ||
       (!e->password[0] && pw && set_str(e->password, sizeof(e->password), pw)))
     return err_set(ncclInvalidArgument, "elastic: COLLIE_ETCD_USER or COLLIE_ETCD_PASSWORD is too long");
-  for (char* save = NULL, *h = strtok_r(hosts, ",", &save); h; h = strtok_r(NULL, ",", &save)) {
+  for (char *save = NULL, *h = strtok_r(hosts, ",", &save); h; h = strtok_r(NULL, ",", &save)) {
     if (e->nep == ETCD_MAX_ENDPOINTS)
       return err_set(ncclInvalidArgument, "elastic: COLLIE_RENDEZVOUS names more than %d etcd endpoints",
                      ETCD_MAX_ENDPOINTS);
@@ -1250,12 +1244,9 @@ static ncclResult_t parse_url(struct etcd_store* e, const char* url, const char*
     return err_set(ncclInvalidArgument, "elastic: COLLIE_RENDEZVOUS=%s names no etcd endpoint (etcd://host:port,...)",
                    url);
   const char* pre = param_str(P_COLLIE_ETCD_PREFIX);
-  if (pre && *pre)
-    snprintf(e->prefix, sizeof(e->prefix), "%s", pre);
-  else if (path && *path)
-    snprintf(e->prefix, sizeof(e->prefix), "/collie/%s", path);
-  else if (secret_hex && *secret_hex)
-    snprintf(e->prefix, sizeof(e->prefix), "/collie/%s", secret_hex);
+  if (pre && *pre) snprintf(e->prefix, sizeof(e->prefix), "%s", pre);
+  else if (path && *path) snprintf(e->prefix, sizeof(e->prefix), "/collie/%s", path);
+  else if (secret_hex && *secret_hex) snprintf(e->prefix, sizeof(e->prefix), "/collie/%s", secret_hex);
   else
     return err_set(ncclInvalidArgument,
                    "elastic: name the job's etcd keys: etcd://host:port/JOB, COLLIE_ETCD_PREFIX or "
@@ -1282,14 +1273,14 @@ ncclResult_t etcd_open(struct etcd_store** out, const char* url, const char* sec
   e->cfg.min = (int)param_int(P_COLLIE_ELASTIC_MIN, 1, EPROTO_MAX_WORKERS);
   e->cfg.max = (int)param_int(P_COLLIE_ELASTIC_MAX, 1, EPROTO_MAX_WORKERS);
   if (e->cfg.max < e->cfg.min)
-    return err_set(ncclInvalidArgument, "elastic: COLLIE_ELASTIC_MAX (%d) is below COLLIE_ELASTIC_MIN (%d)",
-                   e->cfg.max, e->cfg.min);
+    return err_set(ncclInvalidArgument, "elastic: COLLIE_ELASTIC_MAX (%d) is below COLLIE_ELASTIC_MIN (%d)", e->cfg.max,
+                   e->cfg.min);
   e->cfg.expect = (int)param_int(P_COLLIE_ELASTIC_EXPECT, 0, EPROTO_MAX_WORKERS);
   e->cfg.settle_ms = param_int(P_COLLIE_ELASTIC_SETTLE_MS, 0, 3600 * 1000);
   e->cfg.rdzv_ms = param_int(P_COLLIE_ELASTIC_RDZV_TIMEOUT, 1, 7 * 24 * 3600) * 1000;
   e->cfg.slot_fail_limit = (int)param_int(P_COLLIE_ELASTIC_SLOT_FAILURES, 0, 1000000);
-  e->cfg.reset_limit = param_str(P_COLLIE_ELASTIC_RESET_LIMIT) ? (int)param_int(P_COLLIE_ELASTIC_RESET_LIMIT, 0, 1000000)
-                                                                : -1;
+  e->cfg.reset_limit =
+      param_str(P_COLLIE_ELASTIC_RESET_LIMIT) ? (int)param_int(P_COLLIE_ELASTIC_RESET_LIMIT, 0, 1000000) : -1;
   e->seed = (unsigned)getpid() ^ (unsigned)time_ms();
   struct chan* chans[2] = {&e->main, &e->ka};
   for (int c = 0; c < 2; c++) {
@@ -1318,7 +1309,8 @@ void etcd_close(struct etcd_store* e) {
     struct sbuf lb = {0};
     sb_printf(&lb, "{\"ID\":\"%" PRId64 "\"}", e->lease);
     struct json_object* j = NULL;
-    if (!lb.bad && post_one(e, &e->main, e->endpoints[e->cur], "/v3/lease/revoke", lb.p, 2000, &j) == 0) p_json_object_put(j);
+    if (!lb.bad && post_one(e, &e->main, e->endpoints[e->cur], "/v3/lease/revoke", lb.p, 2000, &j) == 0)
+      p_json_object_put(j);
     free(lb.p);
   }
   if (e->main.curl) p_curl_easy_cleanup(e->main.curl);
