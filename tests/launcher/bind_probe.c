@@ -28,8 +28,7 @@ static void* helper(void* arg) {
   pthread_cond_signal(&ready);
   pthread_mutex_unlock(&lock);
   /* Parked until main is done (a compute-pool thread stand-in). */
-  while (read(stop_pipe[0], &c, 1) < 0) {
-  }
+  while (read(stop_pipe[0], &c, 1) < 0) {}
   return NULL;
 }
 

@@ -15,14 +15,14 @@
 
 static int failures;
 
-#define CHECK(cond, ...)                          \
-  do {                                            \
-    if (!(cond)) {                                \
+#define CHECK(cond, ...)                             \
+  do {                                               \
+    if (!(cond)) {                                   \
       printf("not ok: %s:%d: ", __FILE__, __LINE__); \
-      printf(__VA_ARGS__);                        \
-      printf("\n");                               \
-      failures++;                                 \
-    }                                             \
+      printf(__VA_ARGS__);                           \
+      printf("\n");                                  \
+      failures++;                                    \
+    }                                                \
   } while (0)
 
 /* nodes[i] cores on node i, `smt` threads per core. CPU numbering as Linux
@@ -86,8 +86,8 @@ static void check_disjoint(const struct bind_topo* t, enum bind_mode m, int n, i
     cpu_set_t x;
     CPU_AND(&x, &seen, &s);
     CHECK(CPU_COUNT(&x) == 0, "%s n=%d rank %d: %s overlaps %s", bind_mode_name(m), n, r, list(&s), list(&seen));
-    CHECK(want_cpus == 0 || CPU_COUNT(&s) == want_cpus, "%s n=%d rank %d: %s has %d CPUs, want %d",
-          bind_mode_name(m), n, r, list(&s), CPU_COUNT(&s), want_cpus);
+    CHECK(want_cpus == 0 || CPU_COUNT(&s) == want_cpus, "%s n=%d rank %d: %s has %d CPUs, want %d", bind_mode_name(m),
+          n, r, list(&s), CPU_COUNT(&s), want_cpus);
     CHECK(!one_node || node_of(t, &s) == node, "%s n=%d rank %d: %s not inside node %d", bind_mode_name(m), n, r,
           list(&s), node);
     CPU_OR(&seen, &seen, &s);
@@ -99,8 +99,8 @@ static void expect(const struct bind_topo* t, enum bind_mode m, int r, int n, co
   int node;
   char why[128];
   int rc = bind_plan(t, m, r, n, &s, &node, why, sizeof(why));
-  CHECK(rc == 0 && strcmp(list(&s), want) == 0, "%s rank %d of %d: got %s (rc %d %s), want %s", bind_mode_name(m), r,
-        n, rc == 0 ? list(&s) : "-", rc, rc == 0 ? "" : why, want);
+  CHECK(rc == 0 && strcmp(list(&s), want) == 0, "%s rank %d of %d: got %s (rc %d %s), want %s", bind_mode_name(m), r, n,
+        rc == 0 ? list(&s) : "-", rc, rc == 0 ? "" : why, want);
 }
 
 static void expect_refused(const struct bind_topo* t, enum bind_mode m, int n) {
