@@ -4,7 +4,7 @@
  * tuner (graph/tuning.c) and run by the executor (exec.c). */
 #include "coll.h"
 
-const char* const algo_names[ALGO_NNAMES] = {"Ring", "Tree", "Direct", "Hier", "P2P"};
+const char* const algo_names[ALGO_NNAMES] = {"Ring", "Tree", "Direct", "Hier", "P2P", "CMA"};
 const char* const proto_names[PROTO_COUNT] = {"Simple", "LL", "LL128"};
 
 const char* algo_name(int name) { return name >= 0 && name < ALGO_NNAMES ? algo_names[name] : "?"; }
@@ -16,15 +16,16 @@ extern const struct algo algo_ring_reduce, algo_direct_shm_reduce, algo_direct_n
 extern const struct algo algo_ring_allgather, algo_direct_shm_allgather, algo_direct_net_allgather;
 extern const struct algo algo_ring_reducescatter, algo_direct_shm_reducescatter, algo_direct_net_reducescatter;
 extern const struct algo algo_p2p_alltoall, algo_p2p_gather, algo_p2p_scatter;
+extern const struct algo algo_cma_broadcast, algo_cma_allgather;
 
 /* Per collective, the first row must always be eligible: it is the fallback
  * when nothing the user allows fits a call. */
 const struct algo* const algo_table[] = {
     &algo_ring_allreduce,     &algo_tree_allreduce,           &algo_direct_shm_allreduce,
     &algo_direct_net_allreduce, &algo_hier_allreduce,
-    &algo_ring_broadcast,     &algo_direct_shm_broadcast,     &algo_direct_net_broadcast,
+    &algo_ring_broadcast,     &algo_direct_shm_broadcast,     &algo_direct_net_broadcast,   &algo_cma_broadcast,
     &algo_ring_reduce,        &algo_direct_shm_reduce,        &algo_direct_net_reduce,
-    &algo_ring_allgather,     &algo_direct_shm_allgather,     &algo_direct_net_allgather,
+    &algo_ring_allgather,     &algo_direct_shm_allgather,     &algo_direct_net_allgather,   &algo_cma_allgather,
     &algo_ring_reducescatter, &algo_direct_shm_reducescatter, &algo_direct_net_reducescatter,
     &algo_p2p_alltoall,       &algo_p2p_gather,               &algo_p2p_scatter,
 };

@@ -4,6 +4,7 @@
  * order. Messages go slot by slot; an empty message still sends one empty
  * slot so the receiver can check that the sizes agree. */
 #include <sched.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,9 +32,53 @@ static ncclResult_t run_self(struct ncclComm* comm, struct p2p_op* ops, int n) {
   }
 }
 
+/* A single-copy sender waits for its descriptor to be released: only then
+ * has the receiver finished reading its buffer. */
+static int cma_awaiting_release(const struct p2p_op* op) { return op->cma && op->is_send && op->slots_done == 1; }
+
+/* Single copy: the sender commits a descriptor of its buffer and waits until
+ * the receiver, which reads the bytes straight from it, releases the slot. */
+static ncclResult_t step_cma(struct p2p_op* op, int* moved) {
+  struct conn* c = op->link.c;
+  if (op->is_send) {
+    if (op->slots_done == 0) {
+      void* p = c->ops->send_slot(c);
+      if (!p) return ncclSuccess;
+      struct cma_desc d = {(uint64_t)(uintptr_t)op->buf, op->bytes};
+      memcpy(p, &d, sizeof(d));
+      struct slot_hdr h = {op->link.opseq, op->link.total, (uint32_t)sizeof(d), SLOT_CMA};
+      NCCLCHECK(c->ops->send_commit(c, &h));
+      op->slots_done = 1;
+      *moved = 1;
+    }
+    if (op->slots_done == 1 && c->ops->unreleased(c) == 0) {
+      op->slots_done = 2;
+      op->done = op->bytes;
+      *moved = 1;
+    }
+    return ncclSuccess;
+  }
+  struct slot_hdr h;
+  if (!c->ops->recv_slot(c, &h)) return ncclSuccess;
+  const void* data;
+  NCCLCHECK(prim_recv_slot(&op->link, sizeof(struct cma_desc), &data)); /* checks the header: same call, sizes */
+  struct cma_desc d;
+  memcpy(&d, data, sizeof(d));
+  if (!(h.flags & SLOT_CMA) || d.bytes != op->bytes)
+    return err_set(ncclInvalidUsage, "rank %d: rank %d's single-copy message (%llu bytes) does not match this receive of "
+                   "%zu bytes", c->comm->rank, c->peer, (unsigned long long)d.bytes, op->bytes);
+  NCCLCHECK(c->ops->read_peer(c, op->buf, d.addr, op->bytes));
+  NCCLCHECK(prim_recv_release(&op->link));
+  op->slots_done = 1;
+  op->done = op->bytes;
+  *moved = 1;
+  return ncclSuccess;
+}
+
 /* Advances one op as far as its connector allows; returns 1 if it moved. */
 static ncclResult_t step(struct p2p_op* op, size_t slot, int* moved) {
   struct conn* c = op->link.c;
+  if (op->cma) return step_cma(op, moved);
   while (op->slots_done < op->nslots) {
     size_t len = COLLIE_MIN(slot, op->bytes - op->done);
     if (op->is_send) {
@@ -91,7 +136,9 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     prim_begin(&op->link, c, op->token);
     op->done = 0;
     op->slots_done = 0;
-    op->nslots = nslots_for(op->bytes, comm->slot_bytes);
+    /* Both sides decide alike: same caps (agreed at init), same size (or the token differs). */
+    op->cma = (conn_caps(c) & TRANSPORT_CAP_READ_PEER_MEM) && op->bytes >= comm->cma_min_bytes && op->bytes > 0;
+    op->nslots = op->cma ? (op->is_send ? 2 : 1) : nslots_for(op->bytes, comm->slot_bytes);
     active++;
   }
   int idle = 0, yields = 0;
@@ -103,6 +150,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     active = 0;
     memset(seen, 0, (size_t)comm->nranks * 2);
     struct conn* blocked = NULL;
+    struct p2p_op* blocked_op = NULL;
     for (int i = 0; i < n && res == ncclSuccess; i++) {
       struct p2p_op* op = &ops[i];
       if (op->peer == comm->rank || op->slots_done == op->nslots) continue;
@@ -113,6 +161,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
       res = step(op, comm->slot_bytes, &moved);
       if (op->slots_done < op->nslots) {
         blocked = op->link.c;
+        blocked_op = op;
         if (blocked->ops->peer_failed(blocked) && (res = comm_await_cause(comm, CAUSE_WAIT_MS)) == ncclSuccess)
           res = err_set(ncclRemoteError, "rank %d: rank %d (%s) failed or left during a point-to-point group",
                         comm->rank, op->peer, bootstrap_peer_host(comm->bs, op->peer));
@@ -143,14 +192,16 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     }
     if ((res = prim_sleep_checks(comm, -1, &deadline, !p2p_only)) != ncclSuccess) break;
     /* Several connectors may be pending: sleep briefly on one of them. */
+    int releasing = blocked_op && cma_awaiting_release(blocked_op);
     if (blocked && health_peer_left(comm, blocked->peer)) {
-      if (!prim_conn_ready(blocked)) {
+      if (releasing ? blocked->ops->unreleased(blocked) != 0 : !prim_conn_ready(blocked)) {
         res = comm_left_error(comm, blocked->peer);
         break;
       }
       continue;
     }
-    if (blocked) blocked->ops->wait(blocked, 1);
+    if (blocked && releasing) blocked->ops->wait_released(blocked, 1);
+    else if (blocked) blocked->ops->wait(blocked, 1);
   }
   if (res != ncclSuccess) transport_poison(comm);
 out:

@@ -70,7 +70,7 @@ ncclResult_t tuning_init(struct ncclComm* comm) {
   int nonly = (int)(sizeof(nccl_only_algos) / sizeof(nccl_only_algos[0]));
   if (parse_list(s, algo_names, ALGO_NNAMES, nccl_only_algos, nonly, &algos, &ignored) != 0)
     return err_set(ncclInvalidArgument,
-                   "NCCL_ALGO=\"%s\": expected a list of Ring, Tree, Direct, Hier, P2P (optionally ^-prefixed)", s);
+                   "NCCL_ALGO=\"%s\": expected a list of Ring, Tree, Direct, Hier, P2P, CMA (optionally ^-prefixed)", s);
   if (ignored)
     INFO(LOG_TUNING | LOG_ENV, "NCCL_ALGO=%s: NVLS, NVLSTree, CollNetDirect, CollNetChain and PAT are NCCL GPU "
          "algorithms collie does not have; ignored", s);
@@ -86,6 +86,8 @@ ncclResult_t tuning_init(struct ncclComm* comm) {
   algos &= with_proto;
   comm->algo_mask = algos;
   comm->proto_mask = pmask;
+  /* Whether single copy works between this host's ranks decides which rows are eligible. */
+  NCCLCHECK(transport_cma_init(comm));
   /* Channel bounds: environment first, then the communicator's config. */
   int64_t lo = param_int(P_NCCL_MIN_CTAS, 0, 1 << 20), hi = param_int(P_NCCL_MAX_CTAS, 0, 1 << 20);
   if (!lo && comm->config.minCTAs != NCCL_CONFIG_UNDEF_INT) lo = comm->config.minCTAs;

@@ -147,6 +147,7 @@ ncclResult_t transport_connect_ch(struct ncclComm* comm, int ch, const int* send
     struct conn* c = conn_new(comm, ch, p, 0);
     if (!c) return err_set(ncclSystemError, "out of memory for a connector");
     c->tp = t;
+    c->caps = t->caps;
     struct conn_info info;
     memset(&info, 0, sizeof(info));
     snprintf(info.name, sizeof(info.name), "%s", t->name);
@@ -174,6 +175,7 @@ ncclResult_t transport_connect_ch(struct ncclComm* comm, int ch, const int* send
     memset(&ack, 0, sizeof(ack));
     size_t len = 0;
     c->tp = by_name(info.name);
+    if (c->tp) c->caps = c->tp->caps;
     if (!c->tp) res = err_set(ncclInternalError, "rank %d offered unknown transport \"%s\"", p, info.name);
     else if (info.len < 0 || info.len > TRANSPORT_INFO_BYTES) res = err_set(ncclInternalError, "bad connector info");
     else if (c->tp->send.setup) res = c->tp->send.setup(c, ack.data, &len);

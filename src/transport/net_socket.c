@@ -263,7 +263,7 @@ static void sock_close(struct conn* c) {
 
 static const struct conn_ops sock_ops = {sock_send_slot, sock_send_commit, sock_send_commit_ext, sock_recv_slot, sock_recv_post, sock_recv_release,
                                          sock_progress,  sock_wait,        sock_fail,      sock_pending, sock_pollfds,
-                                         sock_peer_failed, sock_close, NULL};
+                                         sock_peer_failed, sock_close, NULL, NULL, NULL, NULL};
 
 static int nsocks_wanted(void) {
   int64_t per = param_int(P_NCCL_NSOCKS_PERTHREAD, 1, SOCK_MAX_CONNS);

@@ -6,6 +6,7 @@
  * wakes it only when it said it was sleeping. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include "../comm_err.h"
@@ -142,9 +143,37 @@ static int shm_pending(struct conn* c) {
   return 0; /* a committed slot is already in the peer's memory */
 }
 
-static const struct conn_ops shm_ops = {shm_send_slot, shm_send_commit, NULL, shm_recv_slot, NULL, shm_recv_release,
-                                        shm_progress,  shm_wait,        shm_fail,      shm_pending, NULL,
-                                        shm_peer_failed, shm_close, shm_wake};
+/* Single copy: read the sender's buffer (cma.c does the system calls). */
+static ncclResult_t shm_read_peer(struct conn* c, void* dst, uint64_t addr, size_t bytes) {
+  int err = 0;
+  if (cma_read((int)c->comm->peers[c->peer].pid, dst, addr, bytes, &err) == ncclSuccess) return ncclSuccess;
+  /* The peer died (ESRCH) or passed a range that is not its memory. */
+  NCCLCHECK(comm_await_cause(c->comm, CAUSE_WAIT_MS));
+  return err_set(ncclRemoteError, "rank %d: single-copy read of %zu bytes from rank %d failed: %s", c->comm->rank,
+                 bytes, c->peer, strerror(err));
+}
+
+static int shm_unreleased(struct conn* c) {
+  struct shm_conn* s = c->priv;
+  return (int)(s->pos - __atomic_load_n(&s->ctrl->head, __ATOMIC_ACQUIRE));
+}
+
+/* Sender: sleeps until the receiver has released every committed slot. */
+static void shm_wait_released(struct conn* c, int timeout_ms) {
+  struct shm_conn* s = c->priv;
+  uint32_t seen = __atomic_load_n(&s->ctrl->head, __ATOMIC_ACQUIRE);
+  if (seen == s->pos) return;
+  __atomic_store_n(&s->ctrl->head_waiters, 1, __ATOMIC_RELAXED);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (!comm_stopping(c->comm) && __atomic_load_n(&s->ctrl->head, __ATOMIC_ACQUIRE) == seen)
+    futex_wait(&s->ctrl->head, seen, timeout_ms, 1);
+  __atomic_store_n(&s->ctrl->head_waiters, 0, __ATOMIC_RELAXED);
+}
+
+static const struct conn_ops shm_ops = {shm_send_slot,   shm_send_commit, NULL,        shm_recv_slot,  NULL,
+                                        shm_recv_release, shm_progress,   shm_wait,    shm_fail,       shm_pending,
+                                        NULL,            shm_peer_failed, shm_close,   shm_wake,       shm_read_peer,
+                                        shm_unreleased,  shm_wait_released};
 
 static struct shm_conn* shm_alloc(struct conn* c) {
   struct shm_conn* s = calloc(1, sizeof(*s));
@@ -152,6 +181,8 @@ static struct shm_conn* shm_alloc(struct conn* c) {
   s->seg.fd = -1;
   c->priv = s;
   c->ops = &shm_ops;
+  /* Every rank agreed at init that it can read every other's memory. */
+  if (c->comm->cma) c->caps |= TRANSPORT_CAP_READ_PEER_MEM;
   return s;
 }
 

@@ -32,6 +32,13 @@ struct slot_hdr {
   uint32_t flags;  /* SLOT_ERROR: the sender failed; no payload */
 };
 #define SLOT_ERROR 0x1u
+/* The payload is a single-copy descriptor (struct cma_desc): the receiver
+ * reads the data from the sender's memory and then releases the slot. */
+#define SLOT_CMA 0x2u
+struct cma_desc {
+  uint64_t addr;
+  uint64_t bytes;
+};
 
 struct conn_ops;
 struct transport;
@@ -46,6 +53,7 @@ struct conn {
   int peer;
   int is_send;
   const struct transport* tp; /* the transport that set it up */
+  unsigned caps;              /* TRANSPORT_CAP_*: the transport's, plus what this pair supports */
   int nslots;
   size_t slot_bytes;
   uint64_t opseq; /* operations started on this connector */
@@ -85,6 +93,15 @@ struct conn_ops {
   /* Optional: wake a waiter of this connector sleeping in wait() (it then
    * re-checks the communicator's state); changes nothing else. */
   void (*wake)(struct conn* c);
+  /* TRANSPORT_CAP_READ_PEER_MEM: copies `bytes` from the peer's address
+   * `addr` into dst (single copy); an error if the peer is gone or the range
+   * is not its memory. */
+  ncclResult_t (*read_peer)(struct conn* c, void* dst, uint64_t addr, size_t bytes);
+  /* Sender, TRANSPORT_CAP_READ_PEER_MEM: committed slots the receiver has not
+   * released yet (a single-copy sender waits for 0 before its buffer is free). */
+  int (*unreleased)(struct conn* c);
+  /* Sender: sleeps up to timeout_ms until the receiver releases a slot. */
+  void (*wait_released)(struct conn* c, int timeout_ms);
 };
 
 /* Gets (setting up on first use) the connectors with the given peers.
@@ -99,6 +116,12 @@ ncclResult_t transport_connect(struct ncclComm* comm, const int* send_peers, int
 ncclResult_t transport_connect_ch(struct ncclComm* comm, int ch, const int* send_peers, int nsend,
                                   const int* recv_peers, int nrecv, struct conn** sends, struct conn** recvs);
 void transport_close_all(struct ncclComm* comm);
+/* Collective at init (every rank calls it at the same point): probes
+ * cross-memory attach between all ranks of a single-host communicator per
+ * COLLIE_CMA and sets comm->cma / cma_min_bytes alike on every rank. */
+ncclResult_t transport_cma_init(struct ncclComm* comm);
+/* Reads bytes at addr in process pid into dst (cma.c); *err: errno on failure. */
+ncclResult_t cma_read(int pid, void* dst, uint64_t addr, size_t bytes, int* err);
 /* Payload bytes of one connector slot (NCCL_BUFFSIZE / COLLIE_NSLOTS, decided
  * on first use, the same on every rank): the chunk algorithms move per step. */
 size_t transport_chunk_bytes(struct ncclComm* comm);
@@ -132,7 +155,9 @@ ncclResult_t transport_flush(struct ncclComm* comm);
 #define TRANSPORT_CAP_SYSCALL_DATA 0x4u
 /* Committed slots may still sit in this process: transport_flush must wait. */
 #define TRANSPORT_CAP_FLUSH 0x8u
-/* Can read a peer process's memory directly (single copy). */
+/* Can read a peer process's memory directly (single copy: read_peer,
+ * unreleased, wait_released); set per connector when the communicator's
+ * probe succeeded (transport_cma_init). */
 #define TRANSPORT_CAP_READ_PEER_MEM 0x10u
 /* A network transport: chosen by NCCL_NET=<name>. */
 #define TRANSPORT_CAP_NET 0x20u
@@ -171,11 +196,9 @@ struct transport {
 
 extern const struct transport transport_shm;
 extern const struct transport transport_socket;
-/* net_ib.c: built when infiniband/verbs.h was found (COLLIE_HAVE_IBVERBS). */
-extern const struct transport transport_ib;
 
 /* What connector c can do (TRANSPORT_CAP_*). */
-static inline unsigned conn_caps(const struct conn* c) { return c->tp->caps; }
+static inline unsigned conn_caps(const struct conn* c) { return c->caps; }
 /* The transport's name, for messages. */
 static inline const char* conn_transport_name(const struct conn* c) { return c->tp->name; }
 

@@ -1,0 +1,55 @@
+/* Single-copy allgather on one host: every rank reads each peer's block
+ * straight from the peer's send buffer (cross-memory attach, through the p2p
+ * batch's single-copy messages): one copy per byte received instead of the
+ * ring's two per hop. Eligible when the communicator's probe found
+ * cross-memory attach working (transport/cma.c). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll.h"
+
+/* Below this per-rank size the ring (or the direct mailboxes) wins here. */
+#define CMA_ALLGATHER_MIN_BYTES ((size_t)256 << 10)
+
+static int eligible(const struct coll_args* a) {
+  const struct ncclComm* comm = a->comm;
+  size_t bytes = a->count * dtype_size(a->dt);
+  return comm->cma && coll_shm_only(comm) && comm->nranks > 1 &&
+         bytes >= (comm->cma_min_bytes > 1 ? COLLIE_MAX(comm->cma_min_bytes, CMA_ALLGATHER_MIN_BYTES) : 1);
+}
+
+/* Every rank reads n-1 blocks once; n ranks share the host's CPUs. */
+static double estimate(const struct coll_args* a, const struct tune_cost* c) {
+  const struct ncclComm* comm = a->comm;
+  int n = comm->nranks;
+  double bytes = (double)a->count * (double)dtype_size(a->dt);
+  double cpus = COLLIE_MAX(1.0, comm->cpus_per_rank * n);
+  double crowd = (double)n / COLLIE_MIN((double)n, cpus);
+  return 2.0 * c->link.alpha_us + 2.0 + crowd * (n - 1) * bytes / (2.0 * c->link.bw);
+}
+
+static ncclResult_t run(struct coll_args* a, const struct plan* p) {
+  (void)p;
+  struct ncclComm* comm = a->comm;
+  int n = comm->nranks, r = comm->rank;
+  size_t bytes = a->count * dtype_size(a->dt);
+  if (bytes == 0) return ncclSuccess;
+  struct p2p_op* ops = calloc((size_t)(2 * n), sizeof(*ops));
+  if (!ops) return err_set(ncclSystemError, "out of memory in a single-copy allgather");
+  int k = 0;
+  uint64_t tok = coll_token(a, bytes);
+  /* Start with the next rank and go around, so ranks do not all read the same peer first. */
+  for (int i = 1; i < n; i++) {
+    int to = (r + i) % n, from = (r - i + n) % n;
+    ops[k++] = (struct p2p_op){.peer = to, .is_send = 1, .buf = (char*)a->sendbuff, .bytes = bytes, .token = tok};
+    ops[k++] = (struct p2p_op){.peer = from, .is_send = 0, .buf = (char*)a->recvbuff + (size_t)from * bytes,
+                               .bytes = bytes, .token = tok};
+  }
+  char* mine = (char*)a->recvbuff + (size_t)r * bytes;
+  if (mine != a->sendbuff) memmove(mine, a->sendbuff, bytes);
+  ncclResult_t res = p2p_run(comm, ops, k, 0);
+  free(ops);
+  return res;
+}
+
+const struct algo algo_cma_allgather = {COLL_ALLGATHER, ALGO_CMA, PROTO_SIMPLE, 0, eligible, estimate, run};

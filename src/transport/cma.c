@@ -1,0 +1,112 @@
+/* Cross-memory attach (process_vm_readv) between the ranks of one host: the
+ * probe that decides, once per communicator and alike on every rank, whether
+ * single copy is used (COLLIE_CMA), and the copy itself for the shm
+ * transport's read_peer op (shm.c). Talks to the bootstrap (two allgathers at
+ * init) and the error record; nothing above. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "../comm.h"
+#include "../comm_err.h"
+#include "transport.h"
+
+/* Messages below this use the FIFO when COLLIE_CMA=auto: a single-copy
+ * message costs a descriptor slot, a system call and a wait for the
+ * receiver's release, which the FIFO's pipelining beats for small sizes. */
+#define CMA_MIN_BYTES_AUTO ((size_t)64 << 10)
+
+#define CMA_PROBE_MAGIC 0x636f6c6c69654d41ULL /* "collieMA" */
+/* Always mapped and never written: what peers read to prove they can. */
+static volatile const uint64_t cma_probe_word = CMA_PROBE_MAGIC;
+
+struct cma_probe {
+  int32_t pid;
+  int32_t pad;
+  uint64_t addr;
+};
+
+ncclResult_t cma_read(int pid, void* dst, uint64_t addr, size_t bytes, int* err) {
+  size_t done = 0;
+  while (done < bytes) {
+    /* At most 1 GiB per call: partial transfers come back as shorter counts. */
+    size_t len = COLLIE_MIN(bytes - done, (size_t)1 << 30);
+    struct iovec l = {(char*)dst + done, len};
+    struct iovec r = {(void*)(uintptr_t)(addr + done), len};
+    ssize_t n = process_vm_readv(pid, &l, 1, &r, 1, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      *err = n < 0 ? errno : EFAULT;
+      return ncclSystemError;
+    }
+    done += (size_t)n;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t transport_cma_init(struct ncclComm* comm) {
+  comm->cma = 0;
+  comm->cma_min_bytes = CMA_MIN_BYTES_AUTO;
+  const char* mode = param_str(P_COLLIE_CMA);
+  int forced = 0;
+  if (mode && (strcmp(mode, "0") == 0 || strcasecmp(mode, "off") == 0)) return ncclSuccess;
+  if (mode && (strcmp(mode, "1") == 0 || strcasecmp(mode, "on") == 0)) forced = 1;
+  else if (mode && *mode && strcasecmp(mode, "auto") != 0)
+    return err_set(ncclInvalidArgument, "COLLIE_CMA=\"%s\": expected auto, 0 or 1", mode);
+  /* One host whose ranks share memory: every rank knows this alike. */
+  if (comm->nranks == 1 || comm->nhosts != 1 || comm->shm_disable) {
+    if (forced && comm->nranks > 1)
+      INFO(LOG_INIT | LOG_SHM, "COLLIE_CMA=1: ranks span hosts or shared memory is off; single copy is not used");
+    return ncclSuccess;
+  }
+  int n = comm->nranks;
+  struct cma_probe* all = calloc((size_t)n, sizeof(*all));
+  int32_t* ok = calloc((size_t)n, sizeof(*ok));
+  ncclResult_t res = ncclSuccess;
+  if (!all || !ok) {
+    res = err_set(ncclSystemError, "out of memory probing cross-memory attach");
+    goto out;
+  }
+  all[comm->rank] = (struct cma_probe){(int32_t)getpid(), 0, (uint64_t)(uintptr_t)&cma_probe_word};
+  NCCLCHECKGOTO(bootstrap_allgather(comm->bs, all, sizeof(*all)), res, out);
+  /* A real read from every peer: a different pid namespace reads the wrong
+   * process (or none), ptrace rules or seccomp refuse it. */
+  int mine = 1, why = 0, whom = -1;
+  for (int i = 0; i < n && mine; i++) {
+    if (i == comm->rank) continue;
+    uint64_t v = 0;
+    int err = 0;
+    if (cma_read(all[i].pid, &v, all[i].addr, sizeof(v), &err) != ncclSuccess || v != CMA_PROBE_MAGIC) {
+      mine = 0;
+      why = err;
+      whom = i;
+    }
+  }
+  ok[comm->rank] = mine;
+  NCCLCHECKGOTO(bootstrap_allgather(comm->bs, ok, sizeof(*ok)), res, out);
+  int agreed = 1;
+  for (int i = 0; i < n; i++) agreed &= ok[i] != 0;
+  if (!agreed && forced) {
+    res = err_set(ncclSystemError,
+                  "COLLIE_CMA=1 but cross-memory attach does not work between this host's ranks (rank %d %s%s%s); "
+                  "set COLLIE_CMA=auto or 0",
+                  comm->rank, mine ? "can read its peers; another rank cannot" : "cannot read rank ",
+                  mine ? "" : (whom >= 0 ? "a peer: " : ""), mine ? "" : (why ? strerror(why) : "wrong data"));
+    goto out;
+  }
+  comm->cma = agreed;
+  if (forced) comm->cma_min_bytes = 1;
+  if (agreed)
+    INFO(LOG_INIT | LOG_SHM, "single copy (cross-memory attach) between this host's %d ranks: on, messages >= %zu bytes",
+         n, comm->cma_min_bytes);
+  else
+    INFO(LOG_INIT | LOG_SHM, "single copy (cross-memory attach): off, %s (ptrace rules or a container); FIFO only",
+         mine ? "a peer cannot read this rank's memory" : why ? strerror(why) : "a peer's memory reads back wrong");
+out:
+  free(all);
+  free(ok);
+  return res;
+}
