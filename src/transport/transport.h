@@ -196,6 +196,8 @@ struct transport {
 
 extern const struct transport transport_shm;
 extern const struct transport transport_socket;
+/* net_ib.c: built when infiniband/verbs.h was found (COLLIE_HAVE_IBVERBS). */
+extern const struct transport transport_ib;
 
 /* What connector c can do (TRANSPORT_CAP_*). */
 static inline unsigned conn_caps(const struct conn* c) { return c->caps; }
