@@ -13,10 +13,15 @@
 
 /* ---- keep-alive ring (health.c) */
 
-/* Collective over the communicator (after the bootstrap allgather): connects
- * each rank to its ring neighbours and starts the watchdog thread. Reads
+/* Collective over the communicator (after the bootstrap): connects each
+ * rank to its ring neighbours and starts the watchdog thread. Reads
  * COLLIE_PEER_TIMEOUT. No-op for one rank. */
-ncclResult_t health_init(struct ncclComm* comm);
+ncclResult_t health_init(struct ncclComm* comm, int lfd, const union sock_addr* prev_addr);
+/* The keep-alive listener (on `near`'s interface, any port), opened before
+ * the bootstrap so that its address reaches the ring neighbours in this
+ * rank's bootstrap card (init.c); health_init takes it over (`lfd`, closed on
+ * every path) with the predecessor's address from its card. */
+ncclResult_t health_listen(const union sock_addr* near, int listen_any, int* fd, union sock_addr* addr);
 /* `peer` left the communicator on purpose (destroy, or an idle abort): a
  * shared-memory waiter for it that still finds nothing fails with
  * comm_left_error (comm_err.h) instead of waiting forever. Socket waiters need no such

@@ -8,7 +8,7 @@
  * checks it before it sleeps), the bootstrap stops waiting for that rank, and
  * a notice travels both ways around the ring so every survivor learns it
  * within the timeout, even ranks that never talk to the dead one.
- * Talks to init.c (started after the bootstrap allgather, stopped by
+ * Talks to init.c (started after the bootstrap, stopped by
  * destroy/abort) and bootstrap/ (address exchange, peer_failed marks). */
 #include <errno.h>
 #include <poll.h>
@@ -22,7 +22,6 @@
 #include "bootstrap/socket.h"
 #include "failures.h"
 
-#define TAG_HEALTH_ADDR 0x7c000001u
 #define HMSG_MAGIC 0x484c4f43u  /* "COLH" */
 #define HELLO_MAGIC 0x4f4c4548u /* "HELO" */
 
@@ -311,16 +310,28 @@ static ncclResult_t accept_from(struct ncclComm* comm, int lfd, int want, int64_
   }
 }
 
-ncclResult_t health_init(struct ncclComm* comm) {
+ncclResult_t health_listen(const union sock_addr* near, int listen_any, int* fd, union sock_addr* addr) {
+  *addr = *near;
+  if (addr->sa.sa_family == AF_INET) addr->sin.sin_port = 0;
+  else addr->sin6.sin6_port = 0;
+  return sock_listen_on(addr, listen_any, fd);
+}
+
+ncclResult_t health_init(struct ncclComm* comm, int lfd, const union sock_addr* prev_addr) {
   int n = comm->nranks, r = comm->rank;
-  if (n < 2) return ncclSuccess;
+  if (n < 2) {
+    if (lfd >= 0) close(lfd);
+    return ncclSuccess;
+  }
   struct health* h = calloc(1, sizeof(*h));
-  if (!h) return err_set(ncclSystemError, "out of memory for the keep-alive ring");
+  if (!h) {
+    close(lfd);
+    return err_set(ncclSystemError, "out of memory for the keep-alive ring");
+  }
   h->comm = comm;
   h->wake_fd = -1;
   h->link[0].fd = h->link[1].fd = -1;
   ncclResult_t res = ncclSuccess;
-  int lfd = -1;
   h->dead = calloc((size_t)n, 1);
   h->left = calloc((size_t)n, 1);
   if (!h->dead || !h->left) {
@@ -332,13 +343,9 @@ ncclResult_t health_init(struct ncclComm* comm) {
    * and wake-ups even with many ranks on few cores. */
   h->period_ms = h->timeout_ms > 0 ? COLLIE_MAX(COLLIE_MIN(h->timeout_ms / 4, 1000), 50) : 1000;
   int prev = (r + n - 1) % n, next = (r + 1) % n;
-  /* Listen where the bootstrap listens (same interface), any port. */
-  union sock_addr addr = *bootstrap_peer_addr(comm->bs, r), paddr;
-  if (addr.sa.sa_family == AF_INET) addr.sin.sin_port = 0;
-  else addr.sin6.sin6_port = 0;
-  NCCLCHECKGOTO(sock_listen_on(&addr, bootstrap_listen_any(comm->bs), &lfd), res, fail);
-  NCCLCHECKGOTO(bootstrap_send(comm->bs, next, TAG_HEALTH_ADDR, &addr, sizeof(addr)), res, fail);
-  NCCLCHECKGOTO(bootstrap_recv(comm->bs, prev, TAG_HEALTH_ADDR, &paddr, sizeof(paddr)), res, fail);
+  /* The predecessor's listener has been open since before its check-in (its
+   * address came in its bootstrap card), so this connect never waits for it. */
+  union sock_addr paddr = *prev_addr;
   int64_t deadline = time_ms() + param_int(P_COLLIE_BOOTSTRAP_TIMEOUT, 1, 86400) * 1000;
   /* Everyone dials its predecessor first (the listen backlog completes the
    * connection), then accepts its successor's: no rank waits on another. */

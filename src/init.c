@@ -169,28 +169,47 @@ static int peer_unpack(const uint8_t* p, size_t n, collie_peer_info_t* out) {
   return o == n ? 0 : -1;
 }
 
-/* bootstrap_init's card: this rank's packed peer info. */
+/* bootstrap_init's card: this rank's keep-alive listener address (zero for
+ * a one-rank communicator), then its packed peer info. The listener is opened
+ * here, before the check-in, so that neighbours can dial it as soon as they
+ * have the table: no exchange of keep-alive addresses at init. */
+struct setup_card {
+  ncclComm_t comm;
+  int health_fd; /* the keep-alive listener until health_init takes it; -1 */
+  union sock_addr health_addr;
+};
+
 static int make_card(void* arg, const union sock_addr* listen_addr, int listen_any, uint8_t* card, size_t cap) {
-  ncclComm_t comm = arg;
-  (void)listen_addr;
-  (void)listen_any;
-  _Static_assert(PEER_WIRE_MAX <= CHECKIN_CARD_MAX, "peer info must fit a bootstrap card");
-  if (cap < PEER_WIRE_MAX) {
+  struct setup_card* sc = arg;
+  ncclComm_t comm = sc->comm;
+  size_t a = sizeof(union sock_addr);
+  _Static_assert(sizeof(union sock_addr) + PEER_WIRE_MAX <= CHECKIN_CARD_MAX, "peer info must fit a bootstrap card");
+  if (cap < a + PEER_WIRE_MAX) {
     err_set(ncclInternalError, "bootstrap card of %zu bytes cannot hold the peer info", cap);
     return -1;
   }
-  return (int)peer_pack(&comm->peers[comm->rank], card);
+  memset(&sc->health_addr, 0, a);
+  if (comm->nranks > 1 && health_listen(listen_addr, listen_any, &sc->health_fd, &sc->health_addr) != ncclSuccess)
+    return -1;
+  memcpy(card, &sc->health_addr, a);
+  return (int)(a + peer_pack(&comm->peers[comm->rank], card + a));
 }
 
-/* Every rank's peer info, from the cards that came with the bootstrap table. */
-static ncclResult_t read_peer_info(ncclComm_t comm, const char* fn) {
+/* Every rank's peer info, from the cards that came with the bootstrap table,
+ * and the predecessor's keep-alive address. */
+static ncclResult_t read_cards(ncclComm_t comm, const char* fn, union sock_addr* prev_health) {
+  size_t a = sizeof(union sock_addr);
+  int prev = (comm->rank + comm->nranks - 1) % comm->nranks;
   for (int i = 0; i < comm->nranks; i++) {
     uint32_t len;
     const uint8_t* card = bootstrap_card(comm->bs, i, &len);
-    if (!card || peer_unpack(card, len, &comm->peers[i]) != 0 || comm->peers[i].rank != i)
+    if (!card || len < a || peer_unpack(card + a, len - a, &comm->peers[i]) != 0 || comm->peers[i].rank != i)
       return err_set(ncclInternalError, "%s: peer info from rank %d is malformed or inconsistent (%u bytes, rank field %d)",
                      fn, i, len, comm->peers[i].rank);
+    if (i == prev) memcpy(prev_health, card, a);
   }
+  if (comm->nranks > 1 && !sock_addr_valid(prev_health))
+    return err_set(ncclInternalError, "%s: rank %d sent no keep-alive address", fn, prev);
   return ncclSuccess;
 }
 
@@ -272,15 +291,18 @@ static void print_version(void) {
 static ncclResult_t comm_setup(ncclComm_t comm, int nids, const ncclUniqueId* ids, const char* fn) {
   int rank = comm->rank, nranks = comm->nranks;
   int64_t t0 = time_ns();
+  ncclResult_t res = ncclSuccess;
+  struct setup_card sc = {comm, -1, {{0}}};
+  union sock_addr prev_health;
   fill_local_info(comm, &comm->peers[rank]);
-  NCCLCHECK(bootstrap_init(ids, nids, rank, nranks, &comm->abort_flag, make_card, comm, &comm->bs));
+  NCCLCHECKGOTO(bootstrap_init(ids, nids, rank, nranks, &comm->abort_flag, make_card, &sc, &comm->bs), res, out);
   int64_t t_bs = time_ns();
   /* Lazy connector setup waits in the bootstrap: revoke and failures end it too. */
   bootstrap_set_watch(comm->bs, comm_stop_check_cb, comm, comm->stop_fd);
-  NCCLCHECK(read_peer_info(comm, fn));
+  NCCLCHECKGOTO(read_cards(comm, fn, &prev_health), res, out);
   int64_t t_info = time_ns();
   for (int i = 0; i < nranks; i++) bootstrap_set_peer_host(comm->bs, i, comm->peers[i].hostname);
-  NCCLCHECK(compute_locality(comm));
+  NCCLCHECKGOTO(compute_locality(comm), res, out);
   bind_comm(comm); /* before any helper thread starts: they inherit the mask */
   {
     /* Waiters poll before sleeping only while every local rank can have a CPU
@@ -294,10 +316,12 @@ static ncclResult_t comm_setup(ncclComm_t comm, int nids, const ncclUniqueId* id
   comm->comm_hash = bootstrap_nonce(comm->bs) ^ 0x636f6c6c6965ULL;
   comm->shm_disable = (int)param_int(P_NCCL_SHM_DISABLE, 0, 1);
   comm->timeout_s = param_int(P_COLLIE_TIMEOUT, 0, 86400 * 365);
-  NCCLCHECK(rings_init(comm));
-  NCCLCHECK(tuning_init(comm));
+  NCCLCHECKGOTO(rings_init(comm), res, out);
+  NCCLCHECKGOTO(tuning_init(comm), res, out);
   int64_t t_setup = time_ns();
-  NCCLCHECK(health_init(comm));
+  int hfd = sc.health_fd;
+  sc.health_fd = -1; /* health_init closes it, whatever happens */
+  NCCLCHECKGOTO(health_init(comm, hfd, &prev_health), res, out);
   int64_t t_end = time_ns();
   INFO(LOG_INIT, "comm %p rank %d nranks %d hosts %d local %d/%d cudaDev %d commHash 0x%llx%s - Init COMPLETE (%.3f ms)",
        (void*)comm, rank, nranks, comm->nhosts, comm->local_rank, comm->local_size, comm->cuda_dev,
@@ -308,7 +332,9 @@ static ncclResult_t comm_setup(ncclComm_t comm, int nids, const ncclUniqueId* id
   INFO(LOG_INIT, "init phases ms: checkin %.3f table %.3f peerinfo %.3f setup %.3f keepalive %.3f total %.3f",
        checkin_ms, table_ms, (t_info - t_bs) / 1e6, (t_setup - t_info) / 1e6, (t_end - t_setup) / 1e6,
        (t_end - t0) / 1e6);
-  return ncclSuccess;
+out:
+  if (sc.health_fd >= 0) close(sc.health_fd);
+  return res;
 }
 
 struct async_init {
