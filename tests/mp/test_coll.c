@@ -244,8 +244,17 @@ static int rank_mismatch(int rank, int nranks, const ncclUniqueId* ids, int nids
   float* send = calloc(cap + 1024, sizeof(float));
   float* recv = calloc(count + 1024, sizeof(float));
   for (size_t i = count; i < count + 1024; i++) recv[i] = 12345.f;
-  ncclResult_t r = ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, NULL);
-  MP_CHECK(r != ncclSuccess, "mismatched allreduce (%zu vs %zu) succeeded", counts[0], counts[1]);
+  ncclResult_t r;
+  if (getenv("COLLIE_TEST_MISMATCH_P2P")) {
+    /* Two ranks: rank 0 sends its count to rank 1, which receives its own
+     * (single copy when COLLIE_CMA=1: the receiver must refuse the
+     * descriptor, the sender must not wait forever for it). */
+    MP_CHECK(nranks == 2, "the point-to-point mismatch runs on 2 ranks");
+    r = rank == 0 ? ncclSend(send, count, ncclFloat, 1, comm, NULL) : ncclRecv(recv, count, ncclFloat, 0, comm, NULL);
+  } else {
+    r = ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, NULL);
+  }
+  MP_CHECK(r != ncclSuccess, "mismatched call (%zu vs %zu) succeeded", counts[0], counts[1]);
   for (size_t i = count; i < count + 1024; i++) MP_CHECK(recv[i] == 12345.f, "write past the buffer at %zu", i);
   fprintf(stderr, "rank %d: %s: %s\n", rank, ncclGetErrorString(r), ncclGetLastError(NULL));
   ncclResult_t async;
