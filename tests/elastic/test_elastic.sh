@@ -37,7 +37,10 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-export NCCL_SOCKET_IFNAME=lo COLLIE_PEER_TIMEOUT=${COLLIE_PEER_TIMEOUT:-3}
+# A killed worker shows as a closed connection at once; the silence check (peer
+# timeout) only has to be long enough that a starved live worker is not
+# taken for dead on a loaded machine.
+export NCCL_SOCKET_IFNAME=lo COLLIE_PEER_TIMEOUT=${COLLIE_PEER_TIMEOUT:-30}
 export ELASTIC_STEPS=${ELASTIC_STEPS:-40}
 
 # On failure: the last 30 lines of every output (collie-run's, each worker's,
