@@ -307,7 +307,7 @@ static ncclResult_t comm_setup(ncclComm_t comm, int nids, const ncclUniqueId* id
   {
     /* Waiters poll before sleeping only while every local rank can have a CPU
      * (a rank-local choice: it changes timing, never what is computed). */
-    long ncpu = cpulist_count(comm->peers[comm->rank].cpuset);
+    long ncpu = bind_host_cpus(comm, comm->peers[comm->rank].host_hash);
     if (ncpu <= 0) ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int64_t spin_us = param_str(P_COLLIE_SPIN) ? param_int(P_COLLIE_SPIN, 0, 60 * 1000 * 1000)
                                                : (comm->local_size <= ncpu ? 2000 : 0);

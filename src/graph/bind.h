@@ -8,6 +8,7 @@
 
 #include <sched.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "nccl.h"
 
@@ -62,6 +63,11 @@ int bind_apply(const cpu_set_t* from, const cpu_set_t* set);
 void bind_cpulist(const cpu_set_t* set, char* out, size_t n);
 /* Parses such a list. Returns 0, or -1 when it is not one. */
 int bind_cpulist_parse(const char* s, cpu_set_t* out);
+
+/* How many CPUs the ranks on host `host_hash` may use between them: the union
+ * of their CPU lists from the peer info. Bound ranks each list a few CPUs, so
+ * one rank's list says nothing about crowding; the union does. 0 if unknown. */
+int bind_host_cpus(ncclComm_t comm, uint64_t host_hash);
 
 /* COLLIE_BIND at init: when this process's ranks run unbound, give each local
  * rank its share of the cores (see docs/ARCHITECTURE.md, Placement). Never

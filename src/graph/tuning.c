@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "../coll/coll.h"
+#include "bind.h"
 
 /* NCCL algorithm names collie does not implement: accepted and ignored, so a
  * setting meant for NCCL on GPUs does not stop a job. */
@@ -102,7 +103,7 @@ ncclResult_t tuning_init(struct ncclComm* comm) {
   comm->cpus_per_rank = 1e9;
   for (int i = 0; i < comm->nranks; i++) {
     if (comm->peers[i].local_rank != 0) continue;
-    int ncpu = cpulist_count(comm->peers[i].cpuset);
+    int ncpu = bind_host_cpus(comm, comm->peers[i].host_hash);
     double o = ncpu > 0 ? (double)comm->peers[i].local_size / ncpu : 1.0;
     if (o > comm->oversub) comm->oversub = o;
     if (1.0 / o < comm->cpus_per_rank) comm->cpus_per_rank = 1.0 / o;
