@@ -8,7 +8,9 @@
 
 #include "coll.h"
 
-/* Below this per-rank size the ring (or the direct mailboxes) wins here. */
+/* Smallest size for the row once the tuner may use single copy on its own
+ * (COLLIE_CMA=auto uses it for none yet: transport/cma.c); COLLIE_CMA=1
+ * allows every size. */
 #define CMA_ALLGATHER_MIN_BYTES ((size_t)256 << 10)
 
 static int eligible(const struct coll_args* a) {

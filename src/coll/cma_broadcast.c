@@ -8,8 +8,9 @@
 
 #include "coll.h"
 
-/* Below this the pipelined ring (or the direct mailboxes) wins here: the
- * descriptor round trip and the system call cost a few microseconds. */
+/* Smallest size for the row once the tuner may use single copy on its own
+ * (COLLIE_CMA=auto uses it for none yet: transport/cma.c); COLLIE_CMA=1
+ * allows every size. */
 #define CMA_BCAST_MIN_BYTES ((size_t)256 << 10)
 
 static int eligible(const struct coll_args* a) {
