@@ -60,9 +60,20 @@ ncclResult_t transport_cma_init(struct ncclComm* comm) {
   if (mode && (strcmp(mode, "1") == 0 || strcasecmp(mode, "on") == 0)) forced = 1;
   else if (mode && *mode && strcasecmp(mode, "auto") != 0)
     return err_set(ncclInvalidArgument, "COLLIE_CMA=\"%s\": expected auto, 0 or 1", mode);
+  /* auto uses single copy for no size yet (CMA_MIN_BYTES_AUTO), so it does
+   * not probe either: the probe reads every peer from every rank, n^2 reads
+   * per host, 6 s of init at 1024 ranks (docs/BENCHMARKS.md, Init scaling).
+   * When calibration gives auto a threshold, probe the peers lazily, on the
+   * first message that would use it. */
+  if (!forced) {
+    if (comm->nranks > 1 && comm->nhosts == 1 && !comm->shm_disable)
+      INFO(LOG_INIT | LOG_SHM, "single copy (cross-memory attach): not used (COLLIE_CMA=auto: the FIFO measured "
+           "as fast or faster here; COLLIE_CMA=1 forces it)");
+    return ncclSuccess;
+  }
   /* One host whose ranks share memory: every rank knows this alike. */
   if (comm->nranks == 1 || comm->nhosts != 1 || comm->shm_disable) {
-    if (forced && comm->nranks > 1)
+    if (comm->nranks > 1)
       INFO(LOG_INIT | LOG_SHM, "COLLIE_CMA=1: ranks span hosts or shared memory is off; single copy is not used");
     return ncclSuccess;
   }
@@ -93,7 +104,7 @@ ncclResult_t transport_cma_init(struct ncclComm* comm) {
   NCCLCHECKGOTO(bootstrap_allgather(comm->bs, ok, sizeof(*ok)), res, out);
   int agreed = 1;
   for (int i = 0; i < n; i++) agreed &= ok[i] != 0;
-  if (!agreed && forced) {
+  if (!agreed) {
     res = err_set(ncclSystemError,
                   "COLLIE_CMA=1 but cross-memory attach does not work between this host's ranks (rank %d %s%s%s); "
                   "set COLLIE_CMA=auto or 0",
@@ -101,16 +112,9 @@ ncclResult_t transport_cma_init(struct ncclComm* comm) {
                   mine ? "" : (whom >= 0 ? "a peer: " : ""), mine ? "" : (why ? strerror(why) : "wrong data"));
     goto out;
   }
-  comm->cma = agreed;
-  if (forced) comm->cma_min_bytes = 1;
-  if (agreed && forced)
-    INFO(LOG_INIT | LOG_SHM, "single copy (cross-memory attach) between this host's %d ranks: on for every message", n);
-  else if (agreed)
-    INFO(LOG_INIT | LOG_SHM, "single copy (cross-memory attach) between this host's %d ranks: available, not used "
-         "(measured slower than the FIFO here; COLLIE_CMA=1 forces it)", n);
-  else
-    INFO(LOG_INIT | LOG_SHM, "single copy (cross-memory attach): off, %s (ptrace rules or a container); FIFO only",
-         mine ? "a peer cannot read this rank's memory" : why ? strerror(why) : "a peer's memory reads back wrong");
+  comm->cma = 1;
+  comm->cma_min_bytes = 1;
+  INFO(LOG_INIT | LOG_SHM, "single copy (cross-memory attach) between this host's %d ranks: on for every message", n);
 out:
   free(all);
   free(ok);
