@@ -14,6 +14,7 @@
 
 #include "../comm.h"
 #include "../comm_err.h"
+#include "net_plugin.h"
 #include "transport.h"
 
 /* Setup messages carry the channel in their tag. */
@@ -22,7 +23,7 @@
 #define TAG_CH(tag, ch) ((tag) + 0x100u * (uint32_t)(ch))
 
 /* Priority order: the first that can connect a pair is used. */
-static const struct transport* const transports[] = {&transport_shm,
+static const struct transport* const transports[] = {&transport_shm, &transport_netplugin,
 #ifdef COLLIE_HAVE_IBVERBS
                                                       &transport_ib,
 #endif
@@ -90,13 +91,15 @@ static ncclResult_t ensure_tables(struct ncclComm* comm) {
   comm->send_conns = calloc((size_t)comm->nranks * MAX_CHANNELS, sizeof(struct conn*));
   comm->recv_conns = calloc((size_t)comm->nranks * MAX_CHANNELS, sizeof(struct conn*));
   if (!comm->send_conns || !comm->recv_conns) return err_set(ncclSystemError, "out of memory for connectors");
+  net_plugin_load(); /* once per process: NCCL_NET_PLUGIN, before NCCL_NET is matched */
   const char* net = net_wanted();
   int found = 0;
   for (int i = 0; net && i < NTRANSPORTS; i++)
     found |= (transports[i]->caps & TRANSPORT_CAP_NET) && strcasecmp(net, transports[i]->name) == 0;
   if (net && !found)
-    return err_set(ncclInvalidUsage, "NCCL_NET=%s: no network transport of that name is built in (%s)", net,
-                   NET_NAMES);
+    return err_set(ncclInvalidUsage, "NCCL_NET=%s: no network transport of that name is built in (%s)%s%s%s", net,
+                   NET_NAMES, *net_plugin_name() ? "; the net plugin loaded is " : " and no net plugin is loaded",
+                   net_plugin_name(), *net_plugin_name() ? "" : " (NCCL_NET_PLUGIN)");
   transport_chunk_bytes(comm);
   return ncclSuccess;
 }
