@@ -4,7 +4,8 @@
  * again; isend/irecv are non-blocking and may return no request; test()
  * completes a request and gives its size; tags are ignored). It proves
  * collie's loader and plugin transport (src/transport/net_plugin.c) end to
- * end. COLLIE_TESTNET_FAIL=init makes init fail; a process exiting with
+ * end (built with TN_V10 it also exports ncclNetPlugin_v10).
+ * COLLIE_TESTNET_FAIL=init makes init fail; a process exiting with
  * comms or registrations still open prints "collietest-net: leaked" (to
  * COLLIE_TESTNET_LEAKFILE if set). */
 #define _GNU_SOURCE
@@ -389,6 +390,81 @@ __attribute__((visibility("default"))) const ncclNet_v8_t ncclNetPlugin_v8 = {
     .getDeviceMr = tn_get_device_mr,
     .irecvConsumed = tn_irecv_consumed,
 };
+
+#ifdef TN_V10
+/* Built a second time as libnccl-net-collietest10.so: the v10 table too (the
+ * loader must take it over v8), its calls adapted to the v8 ones above. */
+static ncclResult_t tn_init10(ncclDebugLogger_t log, ncclProfilerCallback_t prof) {
+  (void)prof;
+  return tn_init(log);
+}
+
+static ncclResult_t tn_props10(int dev, ncclNetProperties_v10_t* p) {
+  ncclNetProperties_v8_t p8;
+  ncclResult_t r = tn_props(dev, &p8);
+  if (r != ncclSuccess) return r;
+  memset(p, 0, sizeof(*p));
+  p->name = p8.name;
+  p->guid = p8.guid;
+  p->ptrSupport = p8.ptrSupport;
+  p->speed = p8.speed;
+  p->port = p8.port;
+  p->maxComms = p8.maxComms;
+  p->maxRecvs = p8.maxRecvs;
+  p->vProps.ndevs = 1;
+  p->maxP2pBytes = p->maxCollBytes = (size_t)1 << 30;
+  return ncclSuccess;
+}
+
+static ncclResult_t tn_connect10(int dev, ncclNetCommConfig_v10_t* cfg, void* handle, void** send_comm,
+                                 ncclNetDeviceHandle_v10_t** dev_comm) {
+  (void)cfg;
+  return tn_connect(dev, handle, send_comm, dev_comm);
+}
+
+static ncclResult_t tn_isend10(void* send_comm, void* data, size_t size, int tag, void* mhandle, void* phandle,
+                               void** request) {
+  (void)phandle;
+  if (size > (size_t)1 << 30) return ncclInternalError;
+  return tn_isend(send_comm, data, (int)size, tag, mhandle, request);
+}
+
+static ncclResult_t tn_irecv10(void* recv_comm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
+                               void** phandles, void** request) {
+  (void)phandles;
+  if (n != 1 || sizes[0] > (size_t)1 << 30) return ncclInternalError;
+  int size = (int)sizes[0];
+  return tn_irecv(recv_comm, n, data, &size, tags, mhandles, request);
+}
+
+static ncclResult_t tn_make_vdevice(int* d, ncclNetVDeviceProps_v10_t* props) {
+  (void)d, (void)props;
+  return ncclInternalError;
+}
+
+__attribute__((visibility("default"))) const ncclNet_v10_t ncclNetPlugin_v10 = {
+    .name = "CollieTest",
+    .init = tn_init10,
+    .devices = tn_devices,
+    .getProperties = tn_props10,
+    .listen = tn_listen,
+    .connect = tn_connect10,
+    .accept = tn_accept,
+    .regMr = tn_reg,
+    .regMrDmaBuf = tn_reg_dmabuf,
+    .deregMr = tn_dereg,
+    .isend = tn_isend10,
+    .irecv = tn_irecv10,
+    .iflush = tn_iflush,
+    .test = tn_test,
+    .closeSend = tn_close,
+    .closeRecv = tn_close,
+    .closeListen = tn_close,
+    .getDeviceMr = tn_get_device_mr,
+    .irecvConsumed = tn_irecv_consumed,
+    .makeVDevice = tn_make_vdevice,
+};
+#endif
 
 /* What was not closed when the process ends (after a clean destroy: nothing). */
 __attribute__((destructor)) static void tn_report(void) {
