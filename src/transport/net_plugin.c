@@ -61,20 +61,22 @@ static void np_load_once(void) {
   }
   char path[512];
   void* dl = NULL;
-  const char* err = "";
+  char err[256] = "";
   if (!explicit) snprintf(path, sizeof(path), "libnccl-net.so");
   else if (strchr(want, '/')) snprintf(path, sizeof(path), "%s", want);
   else snprintf(path, sizeof(path), "libnccl-net-%s.so", want);
   dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!dl) err = dlerror();
+  if (!dl) {
+    const char* e = dlerror(); /* copied: a second dlopen may replace it */
+    snprintf(err, sizeof(err), "%s", e ? e : "?");
+  }
   if (!dl && explicit && !strchr(want, '/')) { /* NCCL also takes the name as a file name */
     snprintf(path, sizeof(path), "%s", want);
     dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   }
   if (!dl) {
     if (explicit)
-      WARN("NET/Plugin: cannot load NCCL_NET_PLUGIN=%s (%s); using collie's own network transports", want,
-           err ? err : "?");
+      WARN("NET/Plugin: cannot load NCCL_NET_PLUGIN=%s (%s); using collie's own network transports", want, err);
     else
       INFO(LOG_INIT | LOG_NET, "NET/Plugin: no libnccl-net.so found, using collie's own network transports");
     return;
