@@ -24,7 +24,7 @@
 #include "net_plugin.h"
 #include "transport.h"
 
-#define NP_HDR_BYTES 64 /* a slot's header area (struct slot_hdr, padded) */
+#define NP_HDR_BYTES 64   /* a slot's header area (struct slot_hdr, padded) */
 #define NP_TAG 0x636f6c6c /* one tag for every message: slots of a connector are in order */
 
 /* ---- the loaded plugin ---------------------------------------------------- */
@@ -77,12 +77,13 @@ static void np_load_once(void) {
   if (!dl) {
     if (explicit)
       WARN("NET/Plugin: cannot load NCCL_NET_PLUGIN=%s (%s); using collie's own network transports", want, err);
-    else
-      INFO(LOG_INIT | LOG_NET, "NET/Plugin: no libnccl-net.so found, using collie's own network transports");
+    else INFO(LOG_INIT | LOG_NET, "NET/Plugin: no libnccl-net.so found, using collie's own network transports");
     return;
   }
-  static const struct { const char* sym; int version; } syms[] = {
-      {"ncclNetPlugin_v10", 10}, {"ncclNetPlugin_v9", 9}, {"ncclNetPlugin_v8", 8}};
+  static const struct {
+    const char* sym;
+    int version;
+  } syms[] = {{"ncclNetPlugin_v10", 10}, {"ncclNetPlugin_v9", 9}, {"ncclNetPlugin_v8", 8}};
   for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]) && !np_table; i++) {
     np_table = dlsym(dl, syms[i].sym);
     if (np_table) np_version = syms[i].version;
@@ -91,10 +92,10 @@ static void np_load_once(void) {
     WARN("NET/Plugin: %s exports none of ncclNetPlugin_v10, _v9, _v8; using collie's own network transports", path);
     goto fail;
   }
-  ncclResult_t r = np_version == 10 ? ((const ncclNet_v10_t*)np_table)->init(np_logger, NULL)
-                                    : NP(init)(np_logger);
+  ncclResult_t r = np_version == 10 ? ((const ncclNet_v10_t*)np_table)->init(np_logger, NULL) : NP(init)(np_logger);
   if (r != ncclSuccess) {
-    WARN("NET/Plugin: %s (v%d) init failed (error %d); using collie's own network transports", path, np_version, (int)r);
+    WARN("NET/Plugin: %s (v%d) init failed (error %d); using collie's own network transports", path, np_version,
+         (int)r);
     goto fail;
   }
   if (NP(devices)(&np_ndev) != ncclSuccess || np_ndev <= 0) {
@@ -120,20 +121,20 @@ const char* net_plugin_name(void) { return np_name; }
 /* ---- connectors ------------------------------------------------------------ */
 
 struct np_conn {
-  pthread_mutex_t mu;      /* plugin calls: progress vs fail from another thread */
-  void* listen_comm;       /* receiver, until accepted */
-  void* net_comm;          /* the plugin's send or receive comm; NULL until established */
+  pthread_mutex_t mu; /* plugin calls: progress vs fail from another thread */
+  void* listen_comm;  /* receiver, until accepted */
+  void* net_comm;     /* the plugin's send or receive comm; NULL until established */
   int dev;
   char handle[NCCL_NET_HANDLE_MAXSIZE]; /* sender: the receiver's handle (connect retries) */
-  void* mh;                /* the slots' registration */
-  char* slots;             /* nslots x stride */
+  void* mh;                             /* the slots' registration */
+  char* slots;                          /* nslots x stride */
   size_t stride;
-  void** req;              /* per slot: its outstanding request */
-  int* got;                /* receiver: bytes landed in slot i */
-  uint32_t pos;            /* sender: slots committed; receiver: slots consumed */
-  uint32_t posted;         /* isends / irecvs handed to the plugin */
-  uint32_t done;           /* requests completed, in order */
-  int64_t deadline_ms;     /* connection must be established by then */
+  void** req;          /* per slot: its outstanding request */
+  int* got;            /* receiver: bytes landed in slot i */
+  uint32_t pos;        /* sender: slots committed; receiver: slots consumed */
+  uint32_t posted;     /* isends / irecvs handed to the plugin */
+  uint32_t done;       /* requests completed, in order */
+  int64_t deadline_ms; /* connection must be established by then */
   int failed;
   char why[160];
 };
@@ -196,8 +197,8 @@ static ncclResult_t np_establish(struct conn* c) {
     s->mh = NULL;
     return np_error(c, "regMr of the slots failed");
   }
-  INFO(LOG_NET, "NET/%s: rank %d %s rank %d established (device %d)", np_name, c->comm->rank,
-       c->is_send ? "->" : "<-", c->peer, s->dev);
+  INFO(LOG_NET, "NET/%s: rank %d %s rank %d established (device %d)", np_name, c->comm->rank, c->is_send ? "->" : "<-",
+       c->peer, s->dev);
   return ncclSuccess;
 }
 

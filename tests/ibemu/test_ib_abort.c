@@ -18,8 +18,8 @@ static int counts_zero(const char* when) {
   struct ibemu_counts k;
   ibemu_get_counts(&k);
   MP_CHECK(!k.contexts && !k.pds && !k.mrs && !k.cqs && !k.qps && !k.channels,
-           "%s: live verbs objects: %d contexts, %d PDs, %d MRs, %d CQs, %d QPs, %d channels", when, k.contexts,
-           k.pds, k.mrs, k.cqs, k.qps, k.channels);
+           "%s: live verbs objects: %d contexts, %d PDs, %d MRs, %d CQs, %d QPs, %d channels", when, k.contexts, k.pds,
+           k.mrs, k.cqs, k.qps, k.channels);
   return 0;
 }
 

@@ -48,10 +48,10 @@ struct tn_req {
   struct tn_comm* comm;
   struct tn_req* next;
   char* data;
-  size_t cap;      /* receive: the buffer's size */
-  uint64_t len;    /* bytes of the message */
-  size_t hdr_off;  /* bytes of the 8-byte length moved */
-  size_t off;      /* bytes of the payload moved */
+  size_t cap;     /* receive: the buffer's size */
+  uint64_t len;   /* bytes of the message */
+  size_t hdr_off; /* bytes of the 8-byte length moved */
+  size_t off;     /* bytes of the payload moved */
   int done;
 };
 
@@ -63,8 +63,10 @@ struct tn_mr {
 static ncclDebugLogger_t tn_log;
 static int tn_live_comms, tn_live_mrs;
 
-#define TN_WARN(...) \
-  do { if (tn_log) tn_log(2, ~0ul, __FILE__, __LINE__, __VA_ARGS__); } while (0)
+#define TN_WARN(...)                                              \
+  do {                                                            \
+    if (tn_log) tn_log(2, ~0ul, __FILE__, __LINE__, __VA_ARGS__); \
+  } while (0)
 
 static ncclResult_t tn_init(ncclDebugLogger_t log) {
   tn_log = log;
@@ -471,7 +473,7 @@ __attribute__((destructor)) static void tn_report(void) {
   if (!tn_live_comms && !tn_live_mrs) return;
   const char* path = getenv("COLLIE_TESTNET_LEAKFILE");
   FILE* f = path && *path ? fopen(path, "a") : NULL;
-  fprintf(f ? f : stderr, "collietest-net: leaked %d comms and %d registrations (pid %d)\n", tn_live_comms,
-          tn_live_mrs, (int)getpid());
+  fprintf(f ? f : stderr, "collietest-net: leaked %d comms and %d registrations (pid %d)\n", tn_live_comms, tn_live_mrs,
+          (int)getpid());
   if (f) fclose(f);
 }
