@@ -3,9 +3,12 @@
  * and raises a flag; every rank then reads what it needs straight from the
  * peers' mailboxes. One exchange of flags instead of 2(n-1) ring steps.
  * Reductions combine the mailboxes in rank order on every rank, so all ranks
- * get bitwise identical results. Mailboxes are double-buffered by call
- * parity; a rank reuses a buffer only after every peer has finished reading
- * it (their `done` counters), so no call overwrites data still being read.
+ * get bitwise identical results. Each rank's mailbox is a ring of NSLOTS
+ * small slots (a cache line with the flag, token and up to INLINE_BYTES of
+ * data, plus SMALL_BYTES of payload) and two large buffers used alternately,
+ * so a rank that waits for nobody (a broadcast root, a reduce non-root) runs
+ * up to NSLOTS calls ahead of its readers; it reuses a slot or buffer only
+ * after every peer has finished reading it (their `done` counters).
  * The segments are memfds mapped through /proc/<pid>/fd (nothing in /dev/shm). */
 #include <sched.h>
 #include <stdio.h>
@@ -18,11 +21,17 @@
 #include "../futex.h"
 #include "../transport/shmseg.h"
 
-#define MB_CTRL_BYTES 4096
+#define MB_CTRL_BYTES 8192
 #define TAG_DIRECT_SETUP 0x7f000010u
 #define TAG_DIRECT_DONE 0x7f000011u
 
 #define INLINE_BYTES 40
+/* How many calls a rank may run ahead of its slowest reader, and the payload
+ * of one small slot (messages above it use the two large buffers). */
+#define NSLOTS 64
+#define SMALL_BYTES 4096
+/* Calls published on the call board that peers can still look up. */
+#define BOARD_DEPTH 64
 
 /* One cache line per call parity: the ready flag, the call's arguments and,
  * for payloads up to INLINE_BYTES, the data itself, so a peer gets all of it
@@ -36,32 +45,47 @@ struct mb_line {
   char data[INLINE_BYTES];
 };
 
+/* One call-board entry (a seqlock: readers ignore it while seq is 0 or
+ * changes under them). */
+struct board_entry {
+  uint32_t seq;
+  int32_t root;
+  uint64_t token;
+};
+
 struct mb_ctrl {
-  struct mb_line line[2];
-  /* The call board: every collective publishes its sequence number and
-   * arguments here, so a rank that has waited a while can tell a peer that is
-   * merely slow from one that called something else (which would otherwise
-   * hang both when their calls picked different algorithms). */
-  uint32_t call_seq;
-  int32_t call_root;
-  uint64_t call_token;
-  char pad0[48];
+  struct mb_line line[NSLOTS];
   uint32_t done; /* seq of the last direct call whose peers' data this rank has finished reading */
   uint32_t done_waiters;
   char pad1[56];
+  /* The call board: every collective publishes its sequence number and
+   * arguments here (entry seq % BOARD_DEPTH), so a rank that has waited a
+   * while can tell a peer that is merely slow from one that called something
+   * else (which would otherwise hang both when their calls picked different
+   * algorithms), also when that peer has already run a few calls ahead. */
+  struct board_entry board[BOARD_DEPTH];
 };
 _Static_assert(sizeof(struct mb_line) == 64, "one cache line");
-_Static_assert(sizeof(struct mb_ctrl) == 256, "four cache lines");
+_Static_assert(sizeof(struct mb_ctrl) <= MB_CTRL_BYTES, "control fits its page");
 
 struct direct_state {
   int n;
   uint32_t call_seq;
   uint64_t call_token;
   int32_t call_root;
-  size_t cap; /* bytes per mailbox buffer */
+  size_t cap; /* bytes per large mailbox buffer */
   uint32_t seq;
   int last_symmetric; /* the previous direct call had every rank wait for every other */
+  /* Where this call's payload lives (the same on every rank that agrees on
+   * the call): inline in the slot's line, the slot's small buffer, or large
+   * buffer `big`; and the direct seq that last used each large buffer. */
+  int where; /* 0 inline, 1 small, 2 large */
+  int big;
+  uint32_t nbig;
+  uint32_t big_used[2];
+  uint32_t* peer_done; /* by rank: the last value read of its done counter */
   struct mb_ctrl** ctrl; /* by rank */
+  char** small;          /* by rank: NSLOTS buffers of SMALL_BYTES */
   char** data;           /* by rank: 2 buffers of cap bytes */
   struct shm_seg* segs;  /* by rank: the mappings */
   size_t map_len;
@@ -116,6 +140,8 @@ void direct_free(struct ncclComm* comm) {
   if (!d) return;
   for (int i = 0; d->segs && i < d->n; i++) shmseg_free(&d->segs[i]);
   free(d->ctrl);
+  free(d->small);
+  free(d->peer_done);
   free(d->data);
   free(d->segs);
   free(d);
@@ -135,13 +161,15 @@ static ncclResult_t direct_setup(struct ncclComm* comm) {
   comm->direct = d;
   d->n = n;
   d->cap = direct_max_bytes();
-  d->map_len = MB_CTRL_BYTES + 2 * d->cap;
+  d->map_len = MB_CTRL_BYTES + NSLOTS * SMALL_BYTES + 2 * d->cap;
   d->ctrl = calloc((size_t)n, sizeof(*d->ctrl));
+  d->small = calloc((size_t)n, sizeof(*d->small));
+  d->peer_done = calloc((size_t)n, sizeof(*d->peer_done));
   d->data = calloc((size_t)n, sizeof(*d->data));
   d->segs = calloc((size_t)n, sizeof(*d->segs));
   struct mb_info* all = calloc((size_t)n, sizeof(*all));
   ncclResult_t res = ncclSuccess;
-  if (!d->ctrl || !d->data || !d->segs || !all) {
+  if (!d->ctrl || !d->small || !d->peer_done || !d->data || !d->segs || !all) {
     res = err_set(ncclSystemError, "out of memory for the direct algorithm");
     goto out;
   }
@@ -154,7 +182,8 @@ static ncclResult_t direct_setup(struct ncclComm* comm) {
                                ncclSuccess)
       break;
     d->ctrl[i] = d->segs[i].base;
-    d->data[i] = (char*)d->segs[i].base + MB_CTRL_BYTES;
+    d->small[i] = (char*)d->segs[i].base + MB_CTRL_BYTES;
+    d->data[i] = d->small[i] + NSLOTS * SMALL_BYTES;
   }
   /* Everybody mapped everything before anyone drops its fd. */
   ncclResult_t r2 = bootstrap_barrier(comm->bs);
@@ -166,23 +195,49 @@ out:
   return res;
 }
 
+/* Where rank i keeps the current call's payload. */
+static char* place(struct direct_state* d, int i) {
+  unsigned k = d->seq % NSLOTS;
+  if (d->where == 0) return d->ctrl[i]->line[k].data;
+  if (d->where == 1) return d->small[i] + (size_t)k * SMALL_BYTES;
+  return d->data[i] + (size_t)d->big * d->cap;
+}
+
 /* Starts a call whose payload is `bytes` (per rank): returns where to put it
- * (the inline part of my line, or my mailbox), once no peer can still be
- * reading what the same buffer held two calls ago. After a symmetric call
- * (everybody waited for everybody) that is already certain: each peer
- * published that call only after finishing the one before. */
+ * (the inline part of this call's slot, its small buffer, or a large buffer),
+ * once no peer can still be reading what that place held before: slot
+ * seq % NSLOTS was last used by call seq - NSLOTS, a large buffer by
+ * big_used[]. Peers' done counters are read only when the last values seen
+ * do not already show that, so a rank running ahead touches no peer's memory
+ * on most calls. After a symmetric call (everybody waited for everybody)
+ * every peer has finished call seq - 2: each published that call only after
+ * finishing the one before. */
 static ncclResult_t direct_begin(struct ncclComm* comm, size_t bytes, char** mine) {
   NCCLCHECK(direct_setup(comm));
   struct direct_state* d = comm->direct;
   uint32_t seq = ++d->seq;
-  if (!d->last_symmetric && seq >= 3) {
+  /* Compared as signed differences throughout, so the first calls (need
+   * "before" 0) and the wrap of seq need no special case. */
+  uint32_t need = seq - NSLOTS;
+  /* A large buffer last used before `need` is covered by it; moving the
+   * record forward keeps it within a signed difference of seq forever. */
+  for (int b = 0; b < 2; b++)
+    if ((int32_t)(need - d->big_used[b]) > 0) d->big_used[b] = need;
+  d->where = bytes <= INLINE_BYTES ? 0 : bytes <= SMALL_BYTES ? 1 : 2;
+  if (d->where == 2) {
+    d->big = (int)(d->nbig++ & 1);
+    if ((int32_t)(d->big_used[d->big] - need) > 0) need = d->big_used[d->big];
+    d->big_used[d->big] = seq;
+  }
+  if (!(d->last_symmetric && (int32_t)(seq - 2 - need) >= 0)) {
     for (int i = 0; i < d->n; i++) {
-      if (i == comm->rank) continue;
-      NCCLCHECK(wait_seq(comm, &d->ctrl[i]->done, &d->ctrl[i]->done_waiters, seq - 2, i));
+      if (i == comm->rank || (int32_t)(d->peer_done[i] - need) >= 0) continue;
+      struct mb_ctrl* c = d->ctrl[i];
+      NCCLCHECK(wait_seq(comm, &c->done, &c->done_waiters, need, i));
+      d->peer_done[i] = __atomic_load_n(&c->done, __ATOMIC_ACQUIRE);
     }
   }
-  struct mb_line* l = &d->ctrl[comm->rank]->line[seq & 1];
-  *mine = bytes <= INLINE_BYTES ? l->data : d->data[comm->rank] + (seq & 1) * d->cap;
+  *mine = place(d, comm->rank);
   return ncclSuccess;
 }
 
@@ -195,15 +250,24 @@ static ncclResult_t direct_post(struct ncclComm* comm, const void* src, size_t b
 }
 
 static const char* peer_data(struct direct_state* d, int i, size_t bytes) {
-  return bytes <= INLINE_BYTES ? d->ctrl[i]->line[d->seq & 1].data : d->data[i] + (d->seq & 1) * d->cap;
+  (void)bytes; /* the place was chosen from it in direct_begin */
+  return place(d, i);
 }
 
 static void publish_ready(struct ncclComm* comm) {
   struct direct_state* d = comm->direct;
-  struct mb_line* l = &d->ctrl[comm->rank]->line[d->seq & 1];
+  struct mb_line* l = &d->ctrl[comm->rank]->line[d->seq % NSLOTS];
   l->token = d->call_token;
   l->root = d->call_root;
   publish(&l->seq, &l->waiters, d->seq);
+}
+
+static void describe_token(uint64_t t, char* buf, size_t n) {
+  static const char* kinds[] = {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
+                                "alltoall", "gather", "scatter", "send/recv", "send/recv"};
+  unsigned kind = (unsigned)(t >> 48) & 0xf;
+  snprintf(buf, n, "%s of %llu bytes of %s", kind < 10 ? kinds[kind] : "?",
+           (unsigned long long)(t & 0xffffffffffffULL), dtype_name((ncclDataType_t)((t >> 52) & 0xf)));
 }
 
 /* Publishes my line and waits for peer `src`'s (every peer's if src < 0);
@@ -214,9 +278,22 @@ static ncclResult_t direct_exchange(struct ncclComm* comm, int src) {
   ncclResult_t res = ncclSuccess;
   for (int i = 0; i < d->n && res == ncclSuccess; i++) {
     if (i == comm->rank || (src >= 0 && i != src)) continue;
-    struct mb_line* l = &d->ctrl[i]->line[d->seq & 1];
+    struct mb_line* l = &d->ctrl[i]->line[d->seq % NSLOTS];
     res = wait_seq(comm, &l->seq, &l->waiters, d->seq, i);
-    if (res == ncclSuccess && (l->token != d->call_token || l->root != d->call_root)) res = board_check(comm);
+    if (res == ncclSuccess && (l->token != d->call_token || l->root != d->call_root)) {
+      /* The board names both calls when it still holds the peer's entry; the
+       * line's token decides in any case: never read a disagreeing payload. */
+      res = board_check(comm);
+      if (res == ncclSuccess) {
+        char mine[128], theirs[128];
+        describe_token(d->call_token, mine, sizeof(mine));
+        describe_token(l->token, theirs, sizeof(theirs));
+        res = err_set(ncclInvalidUsage,
+                      "rank %d: one-shot call #%u does not match across ranks: this rank called %s (root %d), rank %d "
+                      "called %s (root %d)",
+                      comm->rank, d->seq, mine, (int)d->call_root, i, theirs, (int)l->root);
+      }
+    }
   }
   if (res != ncclSuccess) {
     transport_poison(comm);
@@ -238,25 +315,17 @@ ncclResult_t board_publish(struct ncclComm* comm, uint64_t token, int root) {
   if (comm->nhosts != 1 || comm->nranks == 1 || comm->shm_disable) return ncclSuccess;
   NCCLCHECK(direct_setup(comm));
   struct direct_state* d = comm->direct;
-  struct mb_ctrl* me = d->ctrl[comm->rank];
   d->call_seq++;
   d->call_token = token;
   d->call_root = root;
-  /* A seqlock: readers ignore the entry while call_seq is 0 or changes under them. */
-  __atomic_store_n(&me->call_seq, 0, __ATOMIC_RELAXED);
+  struct board_entry* e = &d->ctrl[comm->rank]->board[d->call_seq % BOARD_DEPTH];
+  /* A seqlock: readers ignore the entry while seq is 0 or changes under them. */
+  __atomic_store_n(&e->seq, 0, __ATOMIC_RELAXED);
   __atomic_thread_fence(__ATOMIC_RELEASE);
-  __atomic_store_n(&me->call_token, token, __ATOMIC_RELAXED);
-  __atomic_store_n(&me->call_root, root, __ATOMIC_RELAXED);
-  __atomic_store_n(&me->call_seq, d->call_seq, __ATOMIC_RELEASE);
+  __atomic_store_n(&e->token, token, __ATOMIC_RELAXED);
+  __atomic_store_n(&e->root, root, __ATOMIC_RELAXED);
+  __atomic_store_n(&e->seq, d->call_seq, __ATOMIC_RELEASE);
   return ncclSuccess;
-}
-
-static void describe_token(uint64_t t, char* buf, size_t n) {
-  static const char* kinds[] = {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
-                                "alltoall", "gather", "scatter", "send/recv", "send/recv"};
-  unsigned kind = (unsigned)(t >> 48) & 0xf;
-  snprintf(buf, n, "%s of %llu bytes of %s", kind < 10 ? kinds[kind] : "?",
-           (unsigned long long)(t & 0xffffffffffffULL), dtype_name((ncclDataType_t)((t >> 52) & 0xf)));
 }
 
 ncclResult_t board_check(struct ncclComm* comm) {
@@ -264,13 +333,16 @@ ncclResult_t board_check(struct ncclComm* comm) {
   if (!d || !d->call_seq) return ncclSuccess;
   for (int i = 0; i < d->n; i++) {
     if (i == comm->rank) continue;
-    uint32_t seq = __atomic_load_n(&d->ctrl[i]->call_seq, __ATOMIC_ACQUIRE);
+    /* The peer's entry for this rank's current call, if it has got that far
+     * and not yet BOARD_DEPTH calls further. */
+    struct board_entry* e = &d->ctrl[i]->board[d->call_seq % BOARD_DEPTH];
+    uint32_t seq = __atomic_load_n(&e->seq, __ATOMIC_ACQUIRE);
     if (seq != d->call_seq) continue;
-    uint64_t tok = __atomic_load_n(&d->ctrl[i]->call_token, __ATOMIC_RELAXED);
-    int32_t root = __atomic_load_n(&d->ctrl[i]->call_root, __ATOMIC_RELAXED);
+    uint64_t tok = __atomic_load_n(&e->token, __ATOMIC_RELAXED);
+    int32_t root = __atomic_load_n(&e->root, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    /* The peer may be moving to its next call: only a stable entry counts. */
-    if (__atomic_load_n(&d->ctrl[i]->call_seq, __ATOMIC_RELAXED) != seq) continue;
+    /* The peer may be reusing the entry: only a stable entry counts. */
+    if (__atomic_load_n(&e->seq, __ATOMIC_RELAXED) != seq) continue;
     if (tok == d->call_token && root == d->call_root) continue;
     char mine[128], theirs[128];
     describe_token(d->call_token, mine, sizeof(mine));

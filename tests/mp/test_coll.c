@@ -4,7 +4,8 @@
  * integers so that sums, products, max and min are exact in every type
  * (fp8 included); ncclAvg and PreMulSum are checked with a tolerance from
  * the type's precision. Usage: test_coll NRANKS [quick]; the environment picks
- * the transport (NCCL_HOSTID per rank via COLLIE_TEST_HOSTID=1 forces sockets). */
+ * the transport (NCCL_HOSTID per rank via COLLIE_TEST_HOSTID=1 forces sockets).
+ * test_coll burst NRANKS: back-to-back small broadcasts/reduces, every result checked. */
 #include <math.h>
 #include <stdint.h>
 
@@ -266,6 +267,64 @@ static int rank_mismatch(int rank, int nranks, const ncclUniqueId* ids, int nids
   return 0;
 }
 
+/* Back-to-back small broadcasts and reduces with changing roots and sizes:
+ * a root (broadcast) or non-root (reduce) returns as soon as its data sits in
+ * a mailbox slot and may run many calls ahead of its readers, rewriting its
+ * send buffer at once. Every result is checked, every call. Sizes cross the
+ * inline, small-slot, large-buffer and ring (> 256 KiB) limits. */
+#define BURST_ITERS 3000
+static float burst_val(int it, int r, size_t i) { return (float)((it * 31 + r * 7 + (int)(i % 97)) % 50); }
+
+static int rank_burst(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  static const size_t counts[] = {1, 3, 10, 11, 300, 1024, 1100, 20000, 70000, 100000};
+  size_t ncounts = sizeof(counts) / sizeof(counts[0]), cap = 100000;
+  float* send = malloc(cap * sizeof(float));
+  float* recv = malloc(cap * sizeof(float));
+  MP_CHECK(send && recv, "out of memory");
+  for (int it = 0; it < BURST_ITERS; it++) {
+    /* Mostly small counts; the large ones now and then. */
+    size_t count = counts[(size_t)(it * 5 + it / 7) % (it % 11 == 0 ? ncounts : 6)];
+    /* Blocks of 150 calls: broadcasts from one root, reduces to one root,
+     * then both alternating with roots changing every call; an allreduce
+     * every 500 calls. Within a block the writers run ahead, and a reader
+     * that pauses makes them fill every slot and wait. */
+    int block = it / 150, kind = block % 3;
+    int root = kind == 2 ? (it / 2 + it % 3) % nranks : block % nranks;
+    if (kind == 2) kind = it % 2;
+    if (it % 500 == 499) kind = 2; /* 0 broadcast, 1 reduce, 2 allreduce */
+    if (it % 150 == 20 && rank == (block + 1) % nranks) usleep(2000);
+    for (size_t i = 0; i < count; i++) send[i] = burst_val(it, rank, i);
+    for (size_t i = 0; i < count; i++) recv[i] = -1.f;
+    if (kind == 0) {
+      MP_NCCL(ncclBroadcast(send, recv, count, ncclFloat, root, comm, NULL));
+      for (size_t i = 0; i < count; i++)
+        MP_CHECK(recv[i] == burst_val(it, root, i), "call %d broadcast count %zu root %d: element %zu is %g", it, count,
+                 root, i, recv[i]);
+    } else {
+      if (kind == 1) MP_NCCL(ncclReduce(send, recv, count, ncclFloat, ncclSum, root, comm, NULL));
+      else MP_NCCL(ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, NULL));
+      if (kind == 2 || rank == root) {
+        for (size_t i = 0; i < count; i++) {
+          float want = 0;
+          for (int r = 0; r < nranks; r++) want += burst_val(it, r, i);
+          MP_CHECK(recv[i] == want, "call %d %s count %zu root %d: element %zu is %g, want %g", it,
+                   kind == 1 ? "reduce" : "allreduce", count, root, i, recv[i], want);
+        }
+      }
+    }
+    /* The send buffer is the caller's again: scribble on it at once. */
+    for (size_t i = 0; i < count; i++) send[i] = -7.f;
+  }
+  free(send);
+  free(recv);
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "mismatch") == 0) {
     int n = argc > 2 ? atoi(argv[2]) : 3;
@@ -283,6 +342,14 @@ int main(int argc, char** argv) {
       rc = mp_run(n, rank_mismatch, cases[k], 120);
       fprintf(stderr, "%s mismatch case %zu vs %zu\n", rc ? "FAILED" : "passed", cases[k][0], cases[k][1]);
     }
+    return rc;
+  }
+  if (argc > 1 && strcmp(argv[1], "burst") == 0) {
+    int n = argc > 2 ? atoi(argv[2]) : 4;
+    double t0 = mp_now();
+    int rc = mp_run(n, rank_burst, NULL, 600);
+    fprintf(stderr, "%s burst of %d small broadcasts/reduces, %d ranks, in %.1f s\n", rc ? "FAILED" : "passed",
+            BURST_ITERS, n, mp_now() - t0);
     return rc;
   }
   int n = argc > 1 ? atoi(argv[1]) : 2;
