@@ -16,7 +16,7 @@
 ncclResult_t shmseg_create(size_t len, const char* what, struct shm_seg* s) {
   s->base = NULL;
   s->len = len;
-  s->fd = memfd_create("collie", MFD_CLOEXEC);
+  s->fd = memfd_create("collie-shm", MFD_CLOEXEC); /* the name /proc/PID/maps shows (security.shm) */
   if (s->fd < 0) return err_set(ncclSystemError, "%s: memfd_create failed: %s", what, strerror(errno));
   /* memfds start 0777; only this user's processes (the peers) may open it. */
   if (fchmod(s->fd, 0600) != 0 || ftruncate(s->fd, (off_t)len) != 0) {
