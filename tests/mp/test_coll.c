@@ -252,6 +252,16 @@ static int rank_mismatch(int rank, int nranks, const ncclUniqueId* ids, int nids
      * descriptor, the sender must not wait forever for it). */
     MP_CHECK(nranks == 2, "the point-to-point mismatch runs on 2 ranks");
     r = rank == 0 ? ncclSend(send, count, ncclFloat, 1, comm, NULL) : ncclRecv(recv, count, ncclFloat, 0, comm, NULL);
+  } else if (getenv("COLLIE_TEST_MISMATCH_BCAST")) {
+    /* Broadcasts from rank 0, which waits for nobody and runs ahead of its
+     * readers, then one that rank 1 calls with its own count, then an
+     * allreduce: the root cannot know at its broadcast, so every rank must
+     * fail in one of the two mismatched-or-later calls, none may read a
+     * payload of the wrong size. */
+    float one = 1.f;
+    for (int k = 0; k < 40; k++) MP_NCCL(ncclBroadcast(send, send, 1 + k % 11, ncclFloat, 0, comm, NULL));
+    r = ncclBroadcast(rank == 0 ? send : recv, recv, count, ncclFloat, 0, comm, NULL);
+    if (r == ncclSuccess) r = ncclAllReduce(&one, &one, 1, ncclFloat, ncclSum, comm, NULL);
   } else {
     r = ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, NULL);
   }
