@@ -9,6 +9,7 @@
 
 #include "bootstrap/bootstrap.h"
 #include "core.h"
+#include "graph/calib.h"
 #include "transport/transport.h"
 
 #define COMM_MAGIC 0x436f6c6c6965436dULL /* "CollieCm" */
@@ -54,6 +55,8 @@ struct ncclComm {
   uint64_t opcount; /* calls run so far (NCCL_DEBUG_SUBSYS=COLL logs it) */
   double oversub;       /* ranks per CPU on the most crowded host, at least 1 */
   double cpus_per_rank; /* CPUs per rank on the most crowded host */
+  int max_local;        /* ranks on the most crowded host */
+  struct tune_table tune; /* rank 0's tuning table (graph/calib.c): the same on every rank */
   struct ch_pool* chpool; /* channel helper threads (coll/channels.c) */
   int min_ch, max_ch;     /* NCCL_MIN_CTAS / NCCL_MAX_CTAS or the config, clamped to 1..MAX_CHANNELS */
   struct direct_state* direct; /* coll/direct_shm.c mailboxes, set up on first use */

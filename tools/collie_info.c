@@ -1,15 +1,18 @@
-/* collie-info: prints the library version, build features and the table of
- * environment variables (as text, or as docs/ENV.md with --env-markdown). */
+/* collie-info: prints the library version, build features, the table of
+ * environment variables (as text, or as docs/ENV.md with --env-markdown) and
+ * the tuner's table and choices (--tuning, graph/tuning.c and graph/calib.c). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "coll/coll.h"
 #include "collie.h"
 #include "device/device.h"
 #include "graph/topo.h"
 #include "param.h"
 
 static void usage(FILE* f) {
-  fprintf(f, "usage: collie-info [--env | --env-markdown | --version]\n");
+  fprintf(f, "usage: collie-info [--env | --env-markdown | --version | --tuning [--nranks N]]\n");
 }
 
 int main(int argc, char** argv) {
@@ -20,6 +23,26 @@ int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "--version") == 0) {
     printf("collie %d.%d.%d (NCCL API %d.%d.%d)\n", COLLIE_VERSION_MAJOR, COLLIE_VERSION_MINOR, COLLIE_VERSION_PATCH,
            NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+    return 0;
+  }
+  if (argc > 1 && strcmp(argv[1], "--tuning") == 0) {
+    int nranks = 2;
+    if (argc == 4 && strcmp(argv[2], "--nranks") == 0) {
+      char* end;
+      long n = strtol(argv[3], &end, 10);
+      if (*end || n < 1 || n > 1 << 20) {
+        fprintf(stderr, "collie-info: --nranks wants a number from 1 to %d\n", 1 << 20);
+        return 2;
+      }
+      nranks = (int)n;
+    } else if (argc != 2) {
+      usage(stderr);
+      return 2;
+    }
+    if (tuning_report(stdout, nranks) != ncclSuccess) {
+      fprintf(stderr, "collie-info: %s\n", ncclGetLastError(NULL));
+      return 1;
+    }
     return 0;
   }
   if (argc > 1 && strcmp(argv[1], "--env") == 0) {

@@ -63,6 +63,7 @@ struct link_cost {
 };
 struct tune_cost {
   struct link_cost link, local;
+  double cma_bw; /* single copy (process_vm_readv) rate on this host */
 };
 
 struct algo;
@@ -157,5 +158,11 @@ int cpulist_count(const char* list);
 ncclResult_t tuning_plan(const struct coll_args* a, struct plan* p);
 /* Predicted time of a call with the row the tuner would pick, microseconds. */
 double coll_estimate_us(const struct coll_args* a);
+/* The row (index in algo_table) the tuner picks for a call under table t
+ * (NULL: the communicator's), and its predicted time; -1 if none. Tests and
+ * collie-info use it. */
+int tuning_choose(const struct coll_args* a, const struct tune_table* t, double* est_us);
+/* collie-info --tuning: the table and every collective's choice per size at nranks ranks on this host. */
+ncclResult_t tuning_report(FILE* f, int nranks);
 
 #endif

@@ -2,11 +2,14 @@
  * (coll/algo_table.c) and, per call, picks the cheapest eligible row the user
  * allows (NCCL_ALGO, NCCL_PROTO) by the rows' own estimate() under this
  * communicator's link costs; logs the choice under NCCL_DEBUG_SUBSYS=TUNING.
- * The constants are this machine's rough figures (docs/BENCHMARKS.md); the
- * same model answers ncclGroupSimulateEnd. Called by the executor (exec.c). */
+ * The link costs come from rank 0's tuning table (graph/calib.c: measured on
+ * this machine, cached, or built-in); the same model answers
+ * ncclGroupSimulateEnd. Called by the executor (exec.c) and collie-info. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
 #include <string.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include "../coll/coll.h"
@@ -65,7 +68,28 @@ int cpulist_count(const char* s) {
   return n;
 }
 
-ncclResult_t tuning_init(struct ncclComm* comm) {
+/* The tuning table every rank uses: rank 0's, broadcast through the
+ * bootstrap, so ranks whose cache files differ (or that calibrated to
+ * different figures) still choose alike. One rank per host (local rank 0)
+ * calibrates when its host has no cached table; the others only read the file. */
+static ncclResult_t tuning_agree(struct ncclComm* comm) {
+  struct tune_table own;
+  tune_table_local(&own, comm->rank == 0 || comm->local_rank == 0, 0);
+  comm->tune = own;
+  if (comm->nranks > 1) NCCLCHECK(bootstrap_bcast(comm->bs, 0, &comm->tune, sizeof(comm->tune)));
+  const struct tune_table* t = &comm->tune;
+  if (comm->rank != 0 && memcmp(&own, t, sizeof(own)) != 0)
+    INFO(LOG_TUNING, "this rank's tuning table (%s) differs from rank 0's: using rank 0's", tune_source_name(own.source));
+  INFO(LOG_TUNING | LOG_INIT,
+       "tuning table (rank 0's, %s): shm %.2f us/step, copy %.1f GB/s in cache, %.1f GB/s streaming, single copy %.1f "
+       "GB/s, cache %.0f KiB; sockets %.1f us/step, %.1f GB/s",
+       tune_source_name(t->source), t->shm_alpha_us, t->copy_cache_bw / 1e3, t->copy_stream_bw / 1e3, t->cma_bw / 1e3,
+       t->cache_bytes / 1024, t->net_alpha_us, t->net_bw / 1e3);
+  return ncclSuccess;
+}
+
+/* NCCL_ALGO / NCCL_PROTO into comm->algo_mask / proto_mask. */
+static ncclResult_t tuning_masks(struct ncclComm* comm) {
   int algos = (1 << ALGO_NNAMES) - 1, ignored = 0;
   const char* s = param_str(P_NCCL_ALGO);
   int nonly = (int)(sizeof(nccl_only_algos) / sizeof(nccl_only_algos[0]));
@@ -87,27 +111,40 @@ ncclResult_t tuning_init(struct ncclComm* comm) {
   algos &= with_proto;
   comm->algo_mask = algos;
   comm->proto_mask = pmask;
-  /* Whether single copy works between this host's ranks decides which rows are eligible. */
-  NCCLCHECK(transport_cma_init(comm));
-  /* Channel bounds: environment first, then the communicator's config. */
+  return ncclSuccess;
+}
+
+/* Channel bounds: environment first, then the communicator's config. */
+static void tuning_ch_bounds(struct ncclComm* comm) {
   int64_t lo = param_int(P_NCCL_MIN_CTAS, 0, 1 << 20), hi = param_int(P_NCCL_MAX_CTAS, 0, 1 << 20);
   if (!lo && comm->config.minCTAs != NCCL_CONFIG_UNDEF_INT) lo = comm->config.minCTAs;
   if (!hi && comm->config.maxCTAs != NCCL_CONFIG_UNDEF_INT) hi = comm->config.maxCTAs;
   comm->min_ch = (int)(lo < 1 ? 1 : lo > MAX_CHANNELS ? MAX_CHANNELS : lo);
   comm->max_ch = (int)(hi < 1 ? MAX_CHANNELS : hi > MAX_CHANNELS ? MAX_CHANNELS : hi);
   if (comm->max_ch < comm->min_ch) comm->max_ch = comm->min_ch;
+}
+
+ncclResult_t tuning_init(struct ncclComm* comm) {
+  NCCLCHECK(tuning_masks(comm));
+  int algos = comm->algo_mask;
+  /* Whether single copy works between this host's ranks decides which rows are eligible. */
+  NCCLCHECK(transport_cma_init(comm));
+  tuning_ch_bounds(comm);
   /* Every rank must reach the same decisions, so this uses only what all
    * ranks know alike: the most crowded host (ranks per CPU of its ranks'
    * CPU sets, from the exchanged peer info). */
   comm->oversub = 1.0;
   comm->cpus_per_rank = 1e9;
+  comm->max_local = 1;
   for (int i = 0; i < comm->nranks; i++) {
     if (comm->peers[i].local_rank != 0) continue;
     int ncpu = bind_host_cpus(comm, comm->peers[i].host_hash);
     double o = ncpu > 0 ? (double)comm->peers[i].local_size / ncpu : 1.0;
     if (o > comm->oversub) comm->oversub = o;
     if (1.0 / o < comm->cpus_per_rank) comm->cpus_per_rank = 1.0 / o;
+    if (comm->peers[i].local_size > comm->max_local) comm->max_local = comm->peers[i].local_size;
   }
+  NCCLCHECK(tuning_agree(comm));
   if (log_enabled(LOG_INFO, LOG_TUNING | LOG_ENV)) {
     char list[128] = "";
     for (int i = 0; i < ALGO_NNAMES; i++)
@@ -117,20 +154,24 @@ ncclResult_t tuning_init(struct ncclComm* comm) {
   return ncclSuccess;
 }
 
-/* Constants fitted to collie-perf runs on the development machine (2 cores):
- * a shared-memory step costs ~0.3 us when every rank has a CPU and ~3 us at
- * 2 ranks per CPU; sockets ~10 us per step and ~2 GB/s on loopback. `local`
- * is shared memory on one host with a CPU per rank. */
-static struct tune_cost cost_for(const struct ncclComm* comm) {
+/* Link costs for a call moving `bytes` per rank under table t. Shared memory
+ * moves data at the copy rate: the cache-resident one while the host's
+ * ranks' buffers (send and receive, every rank of the most crowded host) fit
+ * in the last-level cache, the streaming one beyond. An oversubscribed host
+ * (ranks waiting for a CPU) pays per step and shares the rate. */
+static struct tune_cost cost_for(const struct ncclComm* comm, const struct tune_table* t, double bytes) {
   struct tune_cost c;
-  c.local.alpha_us = 0.3;
-  c.local.bw = 12.0e3;
+  int cached = 2.0 * bytes * comm->max_local <= t->cache_bytes;
+  double shm_bw = cached ? t->copy_cache_bw : t->copy_stream_bw;
+  c.local.alpha_us = t->shm_alpha_us;
+  c.local.bw = shm_bw;
+  c.cma_bw = t->cma_bw / comm->oversub;
   if (coll_shm_only(comm)) {
-    c.link.alpha_us = 0.3 + (comm->oversub > 1 ? 1.5 * comm->oversub : 0);
-    c.link.bw = 12.0e3 / comm->oversub;
+    c.link.alpha_us = t->shm_alpha_us + (comm->oversub > 1 ? t->oversub_alpha_us * comm->oversub : 0);
+    c.link.bw = shm_bw / comm->oversub;
   } else {
-    c.link.alpha_us = 10.0 * comm->oversub;
-    c.link.bw = 2.0e3 / comm->oversub;
+    c.link.alpha_us = t->net_alpha_us * comm->oversub;
+    c.link.bw = t->net_bw / comm->oversub;
   }
   return c;
 }
@@ -157,9 +198,9 @@ static double row_estimate(const struct coll_args* a, const struct algo* al, con
 }
 
 /* Index of the row to run, or -1 if the table has none for this collective. */
-static int choose(const struct coll_args* a, double* est) {
+static int choose(const struct coll_args* a, const struct tune_table* tab, double* est) {
   const struct ncclComm* comm = a->comm;
-  struct tune_cost c = cost_for(comm);
+  struct tune_cost c = cost_for(comm, tab ? tab : &comm->tune, (double)a->count * (double)dtype_size(a->dt));
   int best = -1, fallback = -1;
   double best_t = 0;
   for (int i = 0; i < algo_table_len; i++) {
@@ -192,10 +233,10 @@ ncclResult_t tuning_plan(const struct coll_args* a, struct plan* p) {
     idx = m->algo;
   } else {
     double t = 0;
-    idx = choose(a, &t);
+    idx = choose(a, NULL, &t);
     if (idx < 0) return err_set(ncclInternalError, "no algorithm in the table runs %s", coll_name(a->kind));
     if (m) *m = (struct tune_memo){1, idx, a->dt, a->count};
-    TRACE(LOG_TUNING, "%s %zu x %s on %d ranks: %s/%s (%.1f us predicted)", coll_name(a->kind), a->count,
+    INFO(LOG_TUNING, "%s %zu x %s on %d ranks: %s/%s (%.1f us predicted)", coll_name(a->kind), a->count,
           dtype_name(a->dt), comm->nranks, algo_name(algo_table[idx]->name), proto_names[algo_table[idx]->proto], t);
   }
   p->algo = algo_table[idx];
@@ -207,5 +248,85 @@ ncclResult_t tuning_plan(const struct coll_args* a, struct plan* p) {
 
 double coll_estimate_us(const struct coll_args* a) {
   double t = 0;
-  return choose(a, &t) < 0 ? 0 : t;
+  return choose(a, NULL, &t) < 0 ? 0 : t;
+}
+
+int tuning_choose(const struct coll_args* a, const struct tune_table* t, double* est_us) {
+  double e = 0;
+  int idx = choose(a, t, &e);
+  if (est_us) *est_us = e;
+  return idx;
+}
+
+
+/* collie-info --tuning: a communicator of nranks ranks on this host, as far
+ * as the tuner sees one (no connections), this process's table, and the
+ * plan for each collective and size. */
+ncclResult_t tuning_report(FILE* f, int nranks) {
+  struct ncclComm* comm = calloc(1, sizeof(*comm));
+  if (!comm) return err_set(ncclSystemError, "out of memory");
+  ncclResult_t res = ncclSuccess;
+  comm->nranks = nranks;
+  comm->nhosts = comm->nleaders = 1;
+  comm->local_size = comm->nlocal = comm->max_local = nranks;
+  comm->config.minCTAs = comm->config.maxCTAs = NCCL_CONFIG_UNDEF_INT;
+  NCCLCHECKGOTO(tuning_masks(comm), res, out);
+  tuning_ch_bounds(comm);
+  comm->shm_disable = param_int(P_NCCL_SHM_DISABLE, 0, 1) == 1;
+  const char* cma = param_str(P_COLLIE_CMA);
+  comm->cma = cma && strcmp(cma, "1") == 0;
+  comm->cma_min_bytes = 1;
+  cpu_set_t set;
+  int ncpu = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  if (ncpu < 1) ncpu = 1;
+  comm->oversub = nranks > ncpu ? (double)nranks / ncpu : 1.0;
+  comm->cpus_per_rank = (double)ncpu / nranks;
+  tune_table_local(&comm->tune, 1, 0);
+  const struct tune_table* t = &comm->tune;
+  char path[4352] = "(no cache directory)";
+  tune_cache_path(path, sizeof(path));
+  const char* m = (t->source == TUNE_SRC_BUILTIN) ? "built-in" : "measured";
+  fprintf(f, "tuning table: %s%s%s\n", tune_source_name(t->source), t->source == TUNE_SRC_BUILTIN ? "" : ", ",
+          t->source == TUNE_SRC_BUILTIN ? "" : path);
+  fprintf(f, "  %-18s %12.2f us   built-in\n", "shm step", t->shm_alpha_us);
+  fprintf(f, "  %-18s %12.2f us   built-in (per rank per CPU when oversubscribed)\n", "oversubscribed step",
+          t->oversub_alpha_us);
+  fprintf(f, "  %-18s %12.2f GB/s %s (memcpy, 1-4 MiB)\n", "copy in cache", t->copy_cache_bw / 1e3,
+          t->measured & 1 ? m : "built-in");
+  fprintf(f, "  %-18s %12.2f GB/s %s (memcpy, 2x last-level cache)\n", "copy streaming", t->copy_stream_bw / 1e3,
+          t->measured & 2 ? m : "built-in");
+  fprintf(f, "  %-18s %12.2f GB/s %s (process_vm_readv)\n", "single copy", t->cma_bw / 1e3,
+          t->measured & 4 ? m : "built-in");
+  fprintf(f, "  %-18s %12.0f KiB  %s (last-level cache)\n", "cache", t->cache_bytes / 1024,
+          t->measured & 8 ? m : "built-in");
+  fprintf(f, "  %-18s %12.2f us   built-in\n", "socket step", t->net_alpha_us);
+  fprintf(f, "  %-18s %12.2f GB/s built-in\n", "socket rate", t->net_bw / 1e3);
+  fprintf(f, "choices at %d ranks on one host (%d CPUs), float32, sum; bytes per rank:\n", nranks, ncpu);
+  fprintf(f, "%-14s %12s %-10s %-8s %8s %10s %14s\n", "collective", "bytes", "algorithm", "protocol", "channels",
+          "chunk", "predicted_us");
+  static const int kinds[] = {COLL_ALLREDUCE,     COLL_BROADCAST, COLL_REDUCE, COLL_ALLGATHER,
+                              COLL_REDUCESCATTER, COLL_ALLTOALL,  COLL_GATHER, COLL_SCATTER};
+  for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+    for (size_t bytes = 8; bytes <= ((size_t)256 << 20); bytes *= 4) {
+      struct coll_args a;
+      memset(&a, 0, sizeof(a));
+      a.comm = comm;
+      a.kind = kinds[k];
+      a.count = bytes / 4;
+      a.dt = ncclFloat32;
+      a.redop = ncclSum;
+      double est = 0;
+      int idx = choose(&a, NULL, &est);
+      if (idx < 0) {
+        fprintf(f, "%-14s %12zu (no row)\n", coll_name(a.kind), bytes);
+        continue;
+      }
+      const struct algo* al = algo_table[idx];
+      fprintf(f, "%-14s %12zu %-10s %-8s %8d %10zu %14.1f\n", coll_name(a.kind), bytes, algo_name(al->name),
+              proto_names[al->proto], channels_for(&a, al), transport_chunk_bytes(comm), est);
+    }
+  }
+out:
+  free(comm);
+  return res;
 }

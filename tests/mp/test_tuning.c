@@ -1,0 +1,220 @@
+/* The tuner's calibration cache (src/graph/calib.c) and its agreement across
+ * ranks (src/graph/tuning.c). "agree N": every rank has its own
+ * XDG_CACHE_HOME holding a different tuning table, yet all ranks use rank 0's
+ * and choose the same row for every collective and size, and the results are
+ * right. "cache": a corrupted file and a file from another CPU are each
+ * ignored with one warning and rewritten; an unwritable directory still
+ * gives a calibrated table. */
+#include <math.h>
+#include <stdint.h>
+#include <sys/stat.h>
+
+#include "coll/coll.h"
+#include "comm.h"
+#include "harness.h"
+
+static const int kinds[] = {COLL_ALLREDUCE, COLL_BROADCAST, COLL_REDUCE, COLL_ALLGATHER,
+                            COLL_REDUCESCATTER, COLL_ALLTOALL, COLL_GATHER, COLL_SCATTER};
+#define NKINDS ((int)(sizeof(kinds) / sizeof(kinds[0])))
+#define NSIZES 13 /* 8 B .. 128 MiB by 4 */
+#define NCHOICES (NKINDS * NSIZES)
+
+/* Two tables far apart: A makes every step expensive and copies cheap (few
+ * steps win), B the opposite (bandwidth-optimal rows win). */
+static void table_for(int rank, struct tune_table* t) {
+  tune_table_builtin(t);
+  t->shm_alpha_us = rank == 0 ? 40.0 : 0.01;
+  t->copy_cache_bw = t->copy_stream_bw = rank == 0 ? 2.0e5 : 150.0;
+  t->cma_bw = rank == 0 ? 3.0e5 : 120.0;
+  t->cache_bytes = rank == 0 ? 1 << 20 : 64 << 20;
+  t->measured = 15;
+}
+
+static void choices(struct ncclComm* comm, const struct tune_table* t, int32_t* out) {
+  for (int k = 0; k < NKINDS; k++) {
+    size_t bytes = 8;
+    for (int s = 0; s < NSIZES; s++, bytes *= 4) {
+      struct coll_args a;
+      memset(&a, 0, sizeof(a));
+      a.comm = comm;
+      a.kind = kinds[k];
+      a.count = bytes / 4;
+      a.dt = ncclFloat32;
+      out[k * NSIZES + s] = tuning_choose(&a, t, NULL);
+    }
+  }
+}
+
+static int rank_agree(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  char dir[512], why[512];
+  snprintf(dir, sizeof(dir), "%s/r%d", (const char*)arg, rank);
+  MP_CHECK(mkdir(dir, 0700) == 0 || errno == EEXIST, "mkdir %s", dir);
+  setenv("XDG_CACHE_HOME", dir, 1);
+  struct tune_table mine, back;
+  table_for(rank, &mine);
+  MP_CHECK(tune_cache_store(&mine, NULL, NULL, why, sizeof(why)) == 0, "store: %s", why);
+  MP_CHECK(tune_cache_load(&back) == TUNE_LOAD_OK, "own file does not load back");
+  MP_CHECK(back.shm_alpha_us == mine.shm_alpha_us && back.copy_stream_bw == mine.copy_stream_bw &&
+               back.cache_bytes == mine.cache_bytes && back.source == TUNE_SRC_CACHE,
+           "file does not round-trip");
+
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  struct tune_table zero;
+  table_for(0, &zero);
+  MP_CHECK(comm->tune.shm_alpha_us == zero.shm_alpha_us && comm->tune.copy_stream_bw == zero.copy_stream_bw &&
+               comm->tune.source == TUNE_SRC_CACHE,
+           "rank %d runs with alpha %g bw %g source %d, not rank 0's table", rank, comm->tune.shm_alpha_us,
+           comm->tune.copy_stream_bw, comm->tune.source);
+
+  int32_t* all = calloc((size_t)nranks * NCHOICES, sizeof(int32_t));
+  int32_t own[NCHOICES];
+  MP_CHECK(all != NULL, "oom");
+  choices(comm, NULL, all + (size_t)rank * NCHOICES);
+  /* What this rank alone would have chosen: the test means something only if that differs. */
+  choices(comm, &back, own);
+  int differ = 0;
+  for (int i = 0; i < NCHOICES; i++) differ += own[i] != all[(size_t)rank * NCHOICES + i];
+  if (rank != 0) MP_CHECK(differ > 0, "tables A and B choose alike everywhere: the test proves nothing");
+  /* The plan the executor gets is that choice. */
+  for (int s = 0; s < NSIZES; s++) {
+    struct coll_args a;
+    memset(&a, 0, sizeof(a));
+    a.comm = comm;
+    a.kind = COLL_ALLREDUCE;
+    a.count = ((size_t)8 << (2 * s)) / 4;
+    a.dt = ncclFloat32;
+    struct plan p;
+    MP_CHECK(tuning_plan(&a, &p) == ncclSuccess, "tuning_plan");
+    MP_CHECK(p.index == all[(size_t)rank * NCHOICES + s], "plan %d vs choice %d", p.index,
+             all[(size_t)rank * NCHOICES + s]);
+  }
+  MP_NCCL(ncclAllGather(all + (size_t)rank * NCHOICES, all, NCHOICES, ncclInt32, comm, NULL));
+  for (int r = 1; r < nranks; r++)
+    for (int i = 0; i < NCHOICES; i++)
+      MP_CHECK(all[(size_t)r * NCHOICES + i] == all[i], "rank %d chose row %d, rank 0 row %d (kind %d, size %d)", r,
+               all[(size_t)r * NCHOICES + i], all[i], kinds[i / NSIZES], i % NSIZES);
+
+  /* Results under the agreed choices: sums of small integers are exact. */
+  size_t counts[] = {1, 7, 1000, 65536 + 3, 1 << 20};
+  for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+    size_t n = counts[c];
+    float* buf = malloc(n * sizeof(float));
+    float* gat = malloc(n * nranks * sizeof(float));
+    MP_CHECK(buf && gat, "oom");
+    for (size_t i = 0; i < n; i++) buf[i] = (float)((rank + 1) * (int)(i % 7));
+    MP_NCCL(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, comm, NULL));
+    float want = (float)(nranks * (nranks + 1) / 2);
+    for (size_t i = 0; i < n; i++) MP_CHECK(buf[i] == want * (float)(i % 7), "allreduce %zu [%zu] = %g", n, i, buf[i]);
+    for (size_t i = 0; i < n; i++) buf[i] = (float)(rank * 3 + (int)(i % 5));
+    MP_NCCL(ncclAllGather(buf, gat, n, ncclFloat32, comm, NULL));
+    for (int r = 0; r < nranks; r++)
+      for (size_t i = 0; i < n; i++)
+        MP_CHECK(gat[(size_t)r * n + i] == (float)(r * 3 + (int)(i % 5)), "allgather %zu from %d [%zu]", n, r, i);
+    MP_NCCL(ncclBroadcast(rank == 0 ? gat : buf, buf, n, ncclFloat32, 0, comm, NULL));
+    for (size_t i = 0; i < n; i++) MP_CHECK(buf[i] == (float)(i % 5), "broadcast %zu [%zu]", n, i);
+    free(buf);
+    free(gat);
+  }
+  free(all);
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
+static int count_in_file(const char* path, const char* what) {
+  FILE* f = fopen(path, "r");
+  if (!f) return 0;
+  char line[2048];
+  int n = 0;
+  while (fgets(line, sizeof(line), f)) n += strstr(line, what) != NULL;
+  fclose(f);
+  return n;
+}
+
+static int write_file(const char* path, const char* text) {
+  FILE* f = fopen(path, "w");
+  if (!f) return -1;
+  fputs(text, f);
+  return fclose(f);
+}
+
+static int test_cache(const char* base) {
+  char log[600], path[4352], why[512], buf[4096];
+  snprintf(log, sizeof(log), "%s/log", base);
+  /* Before the library's first log call: warnings go to this file. */
+  setenv("NCCL_DEBUG", "WARN", 1);
+  setenv("NCCL_DEBUG_FILE", log, 1);
+  setenv("XDG_CACHE_HOME", base, 1);
+  MP_CHECK(tune_cache_path(path, sizeof(path)) == 0, "no cache path");
+  struct tune_table t, u;
+
+  /* No file: calibrated and stored. */
+  tune_table_local(&t, 1, 1);
+  MP_CHECK(t.source == TUNE_SRC_CALIBRATED, "source %d", t.source);
+  MP_CHECK(t.copy_cache_bw > 0 && t.copy_stream_bw > 0 && t.cma_bw > 0 && t.cache_bytes > 0, "non-positive rate");
+  MP_CHECK(tune_cache_load(&u) == TUNE_LOAD_OK && u.copy_stream_bw == t.copy_stream_bw, "stored table not loaded");
+  tune_table_local(&u, 1, 1);
+  MP_CHECK(u.source == TUNE_SRC_CACHE, "second look did not use the cache (source %d)", u.source);
+
+  /* Corrupted: one digit of a rate changed, checksum left alone. */
+  FILE* f = fopen(path, "r");
+  MP_CHECK(f != NULL, "open %s", path);
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  char* p = strstr(buf, "copy_stream_bw ");
+  MP_CHECK(p != NULL, "no copy_stream_bw line");
+  p += strlen("copy_stream_bw ");
+  *p = *p == '9' ? '1' : (char)(*p + 1);
+  MP_CHECK(write_file(path, buf) == 0, "rewrite");
+  MP_CHECK(tune_cache_load(&u) == TUNE_LOAD_BAD, "corrupted file accepted");
+  MP_CHECK(count_in_file(log, "is corrupted") == 1, "expected one corruption warning in %s", log);
+  tune_table_local(&u, 1, 1);
+  MP_CHECK(u.source == TUNE_SRC_CALIBRATED, "corrupted file not replaced by a calibration");
+  MP_CHECK(tune_cache_load(&u) == TUNE_LOAD_OK, "corrupted file not rewritten");
+
+  /* Garbage. */
+  MP_CHECK(write_file(path, "not a tuning table\n") == 0, "write");
+  MP_CHECK(tune_cache_load(&u) == TUNE_LOAD_BAD, "garbage accepted");
+
+  /* Another machine's table (valid checksum, other CPU). */
+  tune_table_builtin(&t);
+  MP_CHECK(tune_cache_store(&t, NULL, "Foreign CPU 9000 @ 9.99GHz", why, sizeof(why)) == 0, "store: %s", why);
+  MP_CHECK(tune_cache_load(&u) == TUNE_LOAD_BAD, "foreign file accepted");
+  MP_CHECK(count_in_file(log, "another machine") == 1, "expected one foreign-file warning in %s", log);
+  tune_table_local(&u, 1, 1);
+  MP_CHECK(u.source == TUNE_SRC_CALIBRATED, "foreign file not replaced by a calibration");
+  MP_CHECK(tune_cache_load(&u) == TUNE_LOAD_OK, "foreign file not rewritten");
+  tune_table_builtin(&t);
+  MP_CHECK(tune_cache_store(&t, "some-other-host", NULL, why, sizeof(why)) == 0, "store: %s", why);
+  MP_CHECK(tune_cache_load(&u) == TUNE_LOAD_BAD, "other host's file accepted");
+
+  /* Unwritable directory: calibrated for this process, nothing stored. */
+  setenv("XDG_CACHE_HOME", "/proc/collie-no-such-dir", 1);
+  MP_CHECK(tune_cache_store(&t, NULL, NULL, why, sizeof(why)) != 0, "stored into /proc");
+  tune_table_local(&u, 1, 1);
+  MP_CHECK(u.source == TUNE_SRC_CALIBRATED, "no calibration without a cache (source %d)", u.source);
+  fprintf(stderr, "passed tuning cache: corrupted, garbage, foreign, unwritable\n");
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  char base[] = "/tmp/collie-tuning-XXXXXX";
+  if (!mkdtemp(base)) return 1;
+  int rc;
+  if (argc > 1 && strcmp(argv[1], "cache") == 0) {
+    rc = test_cache(base);
+  } else if (argc > 2 && strcmp(argv[1], "agree") == 0) {
+    int n = atoi(argv[2]);
+    rc = mp_run(n, rank_agree, base, 300);
+    fprintf(stderr, "%s tuning agreement, %d ranks\n", rc ? "FAILED" : "passed", n);
+  } else {
+    fprintf(stderr, "usage: test_tuning cache | agree NRANKS\n");
+    rc = 2;
+  }
+  char cmd[600];
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", base);
+  if (system(cmd) != 0) rc = rc ? rc : 1;
+  return rc;
+}
