@@ -293,7 +293,7 @@ ncclResult_t tuning_report(FILE* f, int nranks) {
           t->oversub_alpha_us);
   fprintf(f, "  %-18s %12.2f GB/s %s (memcpy, 1-4 MiB)\n", "copy in cache", t->copy_cache_bw / 1e3,
           t->measured & 1 ? m : "built-in");
-  fprintf(f, "  %-18s %12.2f GB/s %s (memcpy, 2x last-level cache)\n", "copy streaming", t->copy_stream_bw / 1e3,
+  fprintf(f, "  %-18s %12.2f GB/s %s (memcpy, LLC-sized block, 8-32 MiB)\n", "copy streaming", t->copy_stream_bw / 1e3,
           t->measured & 2 ? m : "built-in");
   fprintf(f, "  %-18s %12.2f GB/s %s (process_vm_readv)\n", "single copy", t->cma_bw / 1e3,
           t->measured & 4 ? m : "built-in");
