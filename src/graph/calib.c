@@ -271,8 +271,8 @@ int tune_cache_load(struct tune_table* t) {
   tune_cpu_model(cpu, sizeof(cpu));
   if (strcmp(fhost, host) != 0 || strcmp(fcpu, cpu) != 0) {
     char why[700];
-    snprintf(why, sizeof(why), "was measured on another machine (host %s, CPU \"%s\"; this is %s, \"%s\")", fhost,
-             fcpu, host, cpu);
+    snprintf(why, sizeof(why), "was measured on another machine (host %.64s, CPU \"%.96s\"; this is %.64s, \"%.96s\")",
+             fhost, fcpu, host, cpu);
     return load_bad(path, why);
   }
   double pos[] = {r.shm_alpha_us, r.net_alpha_us, r.net_bw, r.copy_cache_bw, r.copy_stream_bw, r.cma_bw, r.cache_bytes};
