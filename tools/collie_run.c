@@ -205,15 +205,18 @@ int main(int argc, char** argv) {
   if (job.pgid == NULL || job.running == NULL || job.pfd == NULL || job.pfd_stream == NULL ||
       (o.tag_output && job.streams == NULL)) {
     fprintf(stderr, "collie-run: out of memory\n");
-    return EXIT_FAILED;
+    job.exit_code = EXIT_FAILED;
+    goto out;
   }
   for (int i = 0; i < job.nstreams; i++)
     job.streams[i] = (struct stream){.fd = -1, .dest = 1 + i % 2, .rank = i / 2, .line_start = true};
 
   job.o = &o;
   job.saved = &saved;
-  if (place_init(&job) != 0) return EXIT_FAILED;
-  if (o.elastic && elastic_start(&job) != 0) return EXIT_FAILED;
+  if (place_init(&job) != 0 || (o.elastic && elastic_start(&job) != 0)) {
+    job.exit_code = EXIT_FAILED;
+    goto out;
+  }
 
   if (o.timeout_s > 0) job.timeout_at_ms = now_ms() + o.timeout_s * 1000;
   launch(&job);
@@ -226,6 +229,7 @@ int main(int argc, char** argv) {
     stream_finish(&job, &job.streams[i]);
   }
 
+out:
   free(job.streams);
   free(job.pfd);
   free(job.pfd_stream);
