@@ -260,8 +260,12 @@ static int rank_mismatch(int rank, int nranks, const ncclUniqueId* ids, int nids
      * payload of the wrong size. */
     float one = 1.f;
     for (int k = 0; k < 40; k++) MP_NCCL(ncclBroadcast(send, send, 1 + k % 11, ncclFloat, 0, comm, NULL));
+    mp_arrive(0);
     r = ncclBroadcast(rank == 0 ? send : recv, recv, count, ncclFloat, 0, comm, NULL);
     if (r == ncclSuccess) r = ncclAllReduce(&one, &one, 1, ncclFloat, ncclSum, comm, NULL);
+    /* A rank that failed leaves (aborts) only once every rank is past the 40
+     * broadcasts: a reader still behind would otherwise see it die there. */
+    MP_CHECK(mp_await(0, nranks, 300) == 0, "a rank never finished the 40 broadcasts");
   } else {
     r = ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, NULL);
   }
