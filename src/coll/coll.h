@@ -152,7 +152,6 @@ ncclResult_t board_check(struct ncclComm* comm);
 /* ---- tuning (graph/tuning.c): the cost model and the choice of a row */
 
 ncclResult_t tuning_init(struct ncclComm* comm); /* reads NCCL_ALGO / NCCL_PROTO */
-int cpulist_count(const char* list);
 /* The plan for a call: the cheapest eligible row the user allows
  * (memoised per call shape). */
 ncclResult_t tuning_plan(const struct coll_args* a, struct plan* p);

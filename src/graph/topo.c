@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "../core.h"
+#include "bind.h"
 
 #ifdef COLLIE_HAVE_HWLOC
 #include <hwloc.h>
@@ -37,23 +38,6 @@ uint64_t topo_host_hash(char* name, size_t name_len) {
     fclose(f);
   }
   return hash_str(hash_str(0xcbf29ce484222325ULL, host), boot);
-}
-
-/* Writes a CPU list such as "0-3,8" for the set bits of `set`. */
-static void cpu_list(const cpu_set_t* set, char* out, size_t n) {
-  size_t o = 0;
-  out[0] = '\0';
-  for (int c = 0; c < CPU_SETSIZE && o < n; c++) {
-    if (!CPU_ISSET(c, set)) continue;
-    int e = c;
-    while (e + 1 < CPU_SETSIZE && CPU_ISSET(e + 1, set)) e++;
-    int w = e > c ? snprintf(out + o, n - o, "%s%d-%d", o ? "," : "", c, e)
-                  : snprintf(out + o, n - o, "%s%d", o ? "," : "", c);
-    if (w < 0) break;
-    o += (size_t)w;
-    c = e;
-  }
-  if (o >= n && n > 4) snprintf(out + n - 4, 4, "...");
 }
 
 #ifdef COLLIE_HAVE_HWLOC
@@ -89,7 +73,7 @@ void topo_local_placement(int* numa_node, char* cpuset, size_t cpuset_len) {
   *numa_node = -1;
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) cpu_list(&set, cpuset, cpuset_len);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) bind_cpulist(&set, cpuset, cpuset_len);
   else snprintf(cpuset, cpuset_len, "?");
   /* One NUMA node (the common case, and every VM here): that is the answer,
    * without loading a hwloc topology, which costs every rank's process 3 to

@@ -52,22 +52,6 @@ static int parse_list(const char* s, const char* const* names, int count, const 
   return 0;
 }
 
-/* Number of CPUs in a list such as "0-3,8" ("..." ends a truncated list). */
-int cpulist_count(const char* s) {
-  int n = 0;
-  while (s && *s) {
-    char* end;
-    long a = strtol(s, &end, 10);
-    if (end == s) break;
-    long b = a;
-    if (*end == '-') b = strtol(end + 1, &end, 10);
-    if (b >= a) n += (int)(b - a + 1);
-    s = *end == ',' ? end + 1 : end;
-    if (*end != ',') break;
-  }
-  return n;
-}
-
 /* The tuning table every rank uses: rank 0's, broadcast through the
  * bootstrap, so ranks whose cache files differ (or that calibrated to
  * different figures) still choose alike. One rank per host (local rank 0)
