@@ -13,12 +13,7 @@
  * allows every size. */
 #define CMA_ALLGATHER_MIN_BYTES ((size_t)256 << 10)
 
-static int eligible(const struct coll_args* a) {
-  const struct ncclComm* comm = a->comm;
-  size_t bytes = a->count * dtype_size(a->dt);
-  return comm->cma && coll_shm_only(comm) && comm->nranks > 1 &&
-         bytes >= (comm->cma_min_bytes > 1 ? COLLIE_MAX(comm->cma_min_bytes, CMA_ALLGATHER_MIN_BYTES) : 1);
-}
+static int eligible(const struct coll_args* a) { return coll_cma_eligible(a, CMA_ALLGATHER_MIN_BYTES); }
 
 /* Every rank reads n-1 blocks once; n ranks share the host's CPUs. */
 static double estimate(const struct coll_args* a, const struct tune_cost* c) {

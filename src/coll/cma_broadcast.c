@@ -13,12 +13,7 @@
  * allows every size. */
 #define CMA_BCAST_MIN_BYTES ((size_t)256 << 10)
 
-static int eligible(const struct coll_args* a) {
-  const struct ncclComm* comm = a->comm;
-  size_t bytes = a->count * dtype_size(a->dt);
-  return comm->cma && coll_shm_only(comm) && comm->nranks > 1 &&
-         bytes >= (comm->cma_min_bytes > 1 ? COLLIE_MAX(comm->cma_min_bytes, CMA_BCAST_MIN_BYTES) : 1);
-}
+static int eligible(const struct coll_args* a) { return coll_cma_eligible(a, CMA_BCAST_MIN_BYTES); }
 
 /* n-1 readers share the root's memory bandwidth over the host's CPUs; each
  * reads once (half the FIFO's copies). */

@@ -97,6 +97,15 @@ extern const int algo_table_len;
 
 /* One host whose ranks share memory: what the direct mailboxes need. */
 static inline int coll_shm_only(const struct ncclComm* comm) { return comm->nhosts == 1 && !comm->shm_disable; }
+/* The single-copy rows (cma_*.c): the probe found cross-memory attach
+ * working on this one-host communicator and the message is at least `min`
+ * bytes (COLLIE_CMA=1 sets cma_min_bytes to 1: every size). */
+static inline int coll_cma_eligible(const struct coll_args* a, size_t min) {
+  const struct ncclComm* comm = a->comm;
+  size_t bytes = a->count * dtype_size(a->dt);
+  return comm->cma && coll_shm_only(comm) && comm->nranks > 1 &&
+         bytes >= (comm->cma_min_bytes > 1 ? COLLIE_MAX(comm->cma_min_bytes, min) : 1);
+}
 
 /* An ordered set of ranks forming a ring, and this rank's position in it
  * (-1 if it is not a member). graph/rings.c builds them. */
