@@ -4,9 +4,12 @@
  * sender RDMA-writes a committed slot (header and payload in one write) into
  * the receiver's slot of the same index, with the slot sequence number as
  * immediate data, which consumes a posted receive and tells the receiver the
- * slot is there. The receiver hands slots back by RDMA-writing its released
- * count into the sender's control word (the credits), so the FIFO model of
- * the other transports holds. Progress is made by whoever waits (poll_cq);
+ * slot is there. The receiver hands slots back by RDMA-writing its credit
+ * limit (slots consumed + nslots) into the sender's control word, so the FIFO
+ * model of the other transports holds. The sender starts with no credit: the
+ * receiver's first limit is written only once its QPs are in RTR and its
+ * receives posted, since a real responder drops packets that reach a QP
+ * before RTR and the sender's retries would run out (setup order). Progress is made by whoever waits (poll_cq);
  * NCCL_IB_QPS_PER_CONNECTION QPs carry slots round-robin. Table entry:
  * connect.c; chosen by NCCL_NET=IB, or by default when an HCA is usable. */
 #include <arpa/inet.h>
@@ -24,10 +27,11 @@
 
 #define IB_HDR_BYTES 64 /* a slot's header area (struct slot_hdr, padded) */
 
-/* Written by the peer with RDMA: the receiver's released count (credits)
+/* Written by the peer with RDMA: the receiver's credit limit (the sender may
+ * have committed up to `limit` slots in all; 0 until the receiver is ready)
  * and its poison flag, in the sender's memory. */
 struct ib_ctrl {
-  volatile uint64_t released;
+  volatile uint64_t limit;
   volatile uint64_t poison;
   uint64_t src; /* receiver: the value being written (source of the RDMA) */
   uint64_t src_poison;
@@ -139,7 +143,7 @@ static ncclResult_t ib_write(struct conn* c, struct ibv_qp* qp, void* src, uint3
 
 static void* ib_send_slot(struct conn* c) {
   struct ib_conn* s = c->priv;
-  if ((uint32_t)(s->pos - (uint32_t)s->ctrl->released) >= (uint32_t)c->nslots) return NULL;
+  if ((int32_t)((uint32_t)s->ctrl->limit - s->pos) <= 0) return NULL; /* no credit (yet) */
   return ib_slot(c, s->pos) + IB_HDR_BYTES;
 }
 
@@ -163,14 +167,21 @@ static const void* ib_recv_slot(struct conn* c, struct slot_hdr* h) {
   return slot + IB_HDR_BYTES;
 }
 
-/* Hands the oldest slot back: the new released count goes to the sender. */
+/* Receiver: tells the sender it may commit slots up to pos + nslots. Inline,
+ * so the value is copied at post time (later credits only raise it). */
+static ncclResult_t ib_send_credit(struct conn* c) {
+  struct ib_conn* s = c->priv;
+  s->ctrl->src = (uint64_t)(uint32_t)(s->pos + (uint32_t)c->nslots);
+  return ib_write(c, s->q.qp[0], &s->ctrl->src, sizeof(uint64_t), s->ctrl_mr->lkey,
+                  s->peer.ctrl_addr + offsetof(struct ib_ctrl, limit), s->peer.ctrl_rkey, 0, 0, 1);
+}
+
+/* Hands the oldest slot back: the new credit limit goes to the sender. */
 static ncclResult_t ib_recv_release(struct conn* c) {
   struct ib_conn* s = c->priv;
   s->arrived[s->pos % (uint32_t)c->nslots] = 0;
   s->pos++;
-  s->ctrl->src = s->pos;
-  NCCLCHECK(ib_write(c, s->q.qp[0], &s->ctrl->src, sizeof(uint64_t), s->ctrl_mr->lkey,
-                     s->peer.ctrl_addr + offsetof(struct ib_ctrl, released), s->peer.ctrl_rkey, 0, 0, 1));
+  NCCLCHECK(ib_send_credit(c));
   return ib_progress(c);
 }
 
@@ -288,7 +299,13 @@ static ncclResult_t ib_connect(struct conn* c, const void* info, size_t len) {
   struct ib_conn* s = c->priv;
   if (len != sizeof(s->peer)) return err_set(ncclInternalError, "NET/IB: bad connector info (%zu bytes)", len);
   memcpy(&s->peer, info, sizeof(s->peer));
-  return ib_qps_connect(&s->q, &s->peer.qp);
+  NCCLCHECK(ib_qps_connect(&s->q, &s->peer.qp));
+  /* The receiver connects last (after the sender's acknowledgement, so the
+   * sender's QPs are in RTS): its QPs are in RTR and its receives posted now,
+   * so it grants the first nslots credits. Until then the sender writes
+   * nothing. */
+  if (!c->is_send) NCCLCHECK(ib_send_credit(c));
+  return ncclSuccess;
 }
 
 /* ---- port choice --------------------------------------------------------- */
