@@ -1,18 +1,28 @@
 #!/usr/bin/python3
 """torch.distributed over "collie" against "gloo", and against collie-perf.
 
-For each rank count (collie-run -n N, one job per count; both backends live in
-the job: the world group is "collie", a second group of the same ranks is
-"gloo"), sweeps dist.all_reduce / all_gather_into_tensor / broadcast over float32
-tensors of 8 B .. 256 MiB (factor 4). Each cell is the median over --reps
-rounds of the per-call time (back-to-back calls after a barrier, the slowest
-rank's figure); rounds alternate the two backends. collie-perf (tools/collie_perf.c)
-times the same operations at the same sizes under collie-run, which gives the
-"Python layer overhead" ratio: torch-level collie time / collie-perf time.
+For each rank count (collie-run -n N; both backends live in the job: the world
+group is "collie", a second group of the same ranks is "gloo"), sweeps
+dist.all_reduce / all_gather_into_tensor / broadcast over float32 tensors of
+8 B .. --max-bytes (factor 4, and --max-bytes itself). collie-perf
+(tools/collie_perf.c) times the same operations at the same sizes under
+collie-run, which gives the "Python layer overhead" ratio: torch-level collie
+time / collie-perf time.
+
+Both sides time the same thing, the way collie-perf does: per size, W warm-up
+calls, a barrier, then K back-to-back calls; the figure is the slowest rank's
+mean time per call (collie-perf -a 3). K and W come from one table (BANDS)
+used for both. The torch backends' warm-up calls come right before their own
+timed calls, so neither starts with the other's data in the caches (a single
+cold call after gloo's 8 MiB round measured 1.3-2x a warm one). One round is
+one torch job (collie and gloo once per size, the first of the two
+alternating) followed by one collie-perf sweep; --reps rounds alternate so
+the noise of a shared machine falls on both sides alike, and each cell is the
+median over the rounds.
 Then the step time (forward, backward, SGD step) of a model on synthetic data:
 torchvision's ResNet-18 (python3-torchvision) on 3x64x64 images, else a
 comparable small CNN, under DDP over collie, DDP over gloo, and
-collie.torch.DistributedOptimizer when that API is present.
+collie.torch.DistributedOptimizer when that API is present (last round only).
 
 Usage:
   bench/torch_compare.py [--build build] [--ranks 2,4] [--max-bytes 256M] [--reps 5]
@@ -53,16 +63,27 @@ def human(n):
 
 
 def sizes_upto(max_bytes):
+    """8 B, 32 B, ... by 4, and max_bytes itself when it is not on that grid."""
     out, s = [], 8
     while s <= max_bytes:
         out.append(s)
         s *= 4
+    if max_bytes >= 8 and out[-1] != max_bytes:
+        out.append(max_bytes)
     return out
 
 
-def calls_for(size):
-    """Back-to-back calls per timed round: many for small sizes, one for 64 MiB+."""
-    return max(1, min(200, (4 << 20) // max(size, 1)))
+# (largest size of the band, timed calls K, warm-up calls W): used by the torch
+# rounds and by collie-perf alike.
+BANDS = ((32 << 10, 100, 5), (2 << 20, 20, 2), (32 << 20, 5, 1), (1 << 62, 3, 1))
+
+
+def band(size):
+    """(K, W) for a size."""
+    for top, iters, warm in BANDS:
+        if size <= top:
+            return iters, warm
+    return BANDS[-1][1:]
 
 
 # ---------------------------------------------------------------- worker (one rank)
@@ -103,25 +124,27 @@ def worker(args):
             # into views of one output tensor (no extra copy on gloo's side).
             dist.all_gather(list(b.chunk(n)), a, group=g)
 
+    # Rounds alternate which backend goes first (--first: the driver's round).
+    order = ("collie", "gloo") if args.first == "collie" else ("gloo", "collie")
     for op in args.ops:
         for size in sizes:
             if op == "all_gather" and size < 4 * n:
                 continue  # less than one float per rank
             a, b = make(op, size)
-            k = calls_for(size)
-            times = {"collie": [], "gloo": []}
-            for backend in times:  # warm-up: connections, buffers
-                call(op, backend, a, b)
-            for rep in range(args.reps):
-                for backend in (("collie", "gloo") if rep % 2 == 0 else ("gloo", "collie")):
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    for _ in range(k):
-                        call(op, backend, a, b)
-                    times[backend].append(slowest((time.perf_counter() - t0) / k))
-            result["coll"].setdefault(op, {})[size] = {bk: statistics.median(v) * 1e6 for bk, v in times.items()}
+            iters, warm = band(size)
+            cell = {}
+            for backend in order:
+                # As collie-perf: warm-up calls of this backend, a barrier, then
+                # the timed calls; the slowest rank's mean per call.
+                for _ in range(warm):
+                    call(op, backend, a, b)
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    call(op, backend, a, b)
+                cell[backend] = slowest((time.perf_counter() - t0) / iters) * 1e6
+            result["coll"].setdefault(op, {})[size] = cell
             if rank == 0:
-                cell = result["coll"][op][size]
                 print("torch_compare: %d ranks %-10s %10s collie %10.1f us  gloo %10.1f us" % (
                     n, op, human(size), cell["collie"], cell["gloo"]), flush=True)
             del a, b
@@ -202,17 +225,22 @@ def model_steps(args, groups, rank, n, slowest):
 # ---------------------------------------------------------------- driver
 
 def collie_perf(build, n, op, max_bytes, env):
-    """{size: us} from collie-perf (in-place time for all_reduce/broadcast, as
-    torch calls them in place; out-of-place for all_gather)."""
+    """{size: us} from collie-perf at the worker's sizes, K and W (BANDS), the
+    slowest rank's time (-a 3, as the torch side takes); in-place for
+    all_reduce/broadcast (torch calls them in place), out-of-place for
+    all_gather. One collie-perf job per run of factor-4 sizes in one band."""
     res = {}
-    bands = [(8, 32 << 10, 100, 5), (128 << 10, 2 << 20, 20, 2), (8 << 20, 32 << 20, 5, 1),
-             (128 << 20, 256 << 20, 3, 1)]
-    for lo, hi, iters, warm in bands:
-        if lo > max_bytes:
-            break
-        hi = min(hi, max_bytes)
+    runs = []
+    for size in sizes_upto(max_bytes):
+        if runs and band(runs[-1][-1]) == band(size) and runs[-1][-1] * 4 == size:
+            runs[-1].append(size)
+        else:
+            runs.append([size])
+    for sizes in runs:
+        iters, warm = band(sizes[0])
         cmd = [os.path.join(build, "collie-run"), "-n", str(n), os.path.join(build, "collie-perf"), op,
-               "-b", str(lo), "-e", str(hi), "-f", "4", "-n", str(iters), "-w", str(warm), "-c", "0"]
+               "-b", str(sizes[0]), "-e", str(sizes[-1]), "-f", "4", "-n", str(iters), "-w", str(warm),
+               "-c", "0", "-a", "3"]
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, timeout=1800)
         text = p.stdout.decode("utf-8", "replace")
         if p.returncode != 0:
@@ -225,13 +253,15 @@ def collie_perf(build, n, op, max_bytes, env):
     return res
 
 
-def run_job(args, n, env):
+def run_job(args, n, env, first, model):
+    """One round: the torch job at n ranks; `first` backend first in every
+    cell; the model step times only when `model`."""
     with tempfile.TemporaryDirectory(prefix="torch_compare.") as tmp:
         out = os.path.join(tmp, "result.json")
         cmd = [os.path.join(args.build, "collie-run"), "-n", str(n), "--timeout", str(args.timeout),
                sys.executable, os.path.abspath(__file__), "--worker", "--worker-out", out,
-               "--max-bytes", str(args.max_bytes), "--reps", str(args.reps), "--ops", ",".join(args.ops),
-               "--steps", str(args.steps), "--batch", str(args.batch), "--model", args.model]
+               "--max-bytes", str(args.max_bytes), "--first", first, "--ops", ",".join(args.ops),
+               "--steps", str(args.steps), "--batch", str(args.batch), "--model", args.model if model else "none"]
         rc = subprocess.call(cmd, env=env)
         if rc != 0 or not os.path.exists(out):
             print("torch_compare: the %d-rank job failed (exit %d)" % (n, rc), file=sys.stderr)
@@ -240,6 +270,22 @@ def run_job(args, n, env):
             data = json.load(f)
     data["coll"] = {op: {int(s): v for s, v in cells.items()} for op, cells in data["coll"].items()}
     return data
+
+
+def median_cells(rounds):
+    """The worker results of several rounds -> one, each cell the median."""
+    coll = {}
+    for data in rounds:
+        for op, cells in data["coll"].items():
+            for size, cell in cells.items():
+                for backend, us in cell.items():
+                    coll.setdefault(op, {}).setdefault(size, {}).setdefault(backend, []).append(us)
+    out = {"ranks": rounds[0]["ranks"], "model": {}, "rounds": len(rounds),
+           "coll": {op: {size: {bk: statistics.median(v) for bk, v in cell.items()} for size, cell in cells.items()}
+                    for op, cells in coll.items()}}
+    for data in rounds:
+        out["model"] = data.get("model") or out["model"]
+    return out
 
 
 def tables(results, perf, args):
@@ -264,6 +310,34 @@ def tables(results, perf, args):
                 if k != "model":
                     lines.append("| %s | %.1f |" % (k, v))
     return lines
+
+
+def summary(results, perf, args):
+    """The two targets: collie / collie-perf <= 1.3 at >= 1 MiB, gloo / collie > 1 everywhere."""
+    worst_perf, worst_gloo, over, slower = None, None, [], []
+    for n, data in results.items():
+        for op in args.ops:
+            for size, cell in sorted(data["coll"].get(op, {}).items()):
+                c, g = cell["collie"], cell["gloo"]
+                p = perf.get((n, op), {}).get(size)
+                where = "%s %d ranks %s" % (op, n, human(size))
+                if p and size >= (1 << 20):
+                    if worst_perf is None or c / p > worst_perf[0]:
+                        worst_perf = (c / p, where)
+                    if c / p > 1.3:
+                        over.append("%s (%.2f)" % (where, c / p))
+                if c and (worst_gloo is None or g / c < worst_gloo[0]):
+                    worst_gloo = (g / c, where)
+                if c and g / c <= 1.0:
+                    slower.append("%s (%.2f)" % (where, g / c))
+    lines = []
+    if worst_perf:
+        lines.append("collie / collie-perf at >= 1 MiB: at most %.2f (%s); above 1.3: %s." % (
+            worst_perf[0], worst_perf[1], ", ".join(over) if over else "none"))
+    if worst_gloo:
+        lines.append("gloo / collie: at least %.1f (%s); collie not faster: %s." % (
+            worst_gloo[0], worst_gloo[1], ", ".join(slower) if slower else "none"))
+    return [" ".join(lines)] if lines else []
 
 
 def plot(results, perf, args, png):
@@ -323,6 +397,7 @@ def main():
     ap.add_argument("--json", help="also write every figure to this file")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
+    ap.add_argument("--first", default="collie", choices=["collie", "gloo"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.max_bytes = parse_size(str(args.max_bytes))
     args.ops = [o for o in args.ops.split(",") if o]
@@ -343,24 +418,42 @@ def main():
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     t0 = time.time()
     results, perf = {}, {}
-    for n in [int(x) for x in args.ranks.split(",")]:
-        data = run_job(args, n, env)
-        if data is None:
-            return 1
-        results[n] = data
+    ranks = [int(x) for x in args.ranks.split(",")]
+    rounds = {n: [] for n in ranks}
+    perf_rounds = {(n, op): [] for n in ranks for op in args.ops}
+    # Round r: every rank count's torch job, then its collie-perf sweep; the
+    # model runs in the last round only.
+    for r in range(args.reps):
+        for n in ranks:
+            data = run_job(args, n, env, "collie" if r % 2 == 0 else "gloo", r == args.reps - 1)
+            if data is None:
+                return 1
+            rounds[n].append(data)
+            for op in args.ops:
+                perf_rounds[(n, op)].append(collie_perf(args.build, n, op, args.max_bytes, env))
+    for n in ranks:
+        results[n] = median_cells(rounds[n])
         for op in args.ops:
-            perf[(n, op)] = collie_perf(args.build, n, op, args.max_bytes, env)
+            merged = {}
+            for res in perf_rounds[(n, op)]:
+                for size, us in res.items():
+                    merged.setdefault(size, []).append(us)
+            perf[(n, op)] = {size: statistics.median(v) for size, v in merged.items()}
     import torch
     cmd = "bench/torch_compare.py " + " ".join(a for a in sys.argv[1:] if a != "--doc")
     head = ["<!-- torch_compare:begin -->", "## torch.distributed: collie vs gloo (bench/torch_compare.py)", "",
             "Run of %s on %d cores (%s), torch %s, %.0f s. Command: `%s`." % (
                 started, os.cpu_count(), os.uname().release, torch.__version__, time.time() - t0, cmd.strip()),
-            "", "float32; each cell the median of %d rounds (backends alternating) of the mean time per call of "
-            "back-to-back calls after a barrier, slowest rank; all_gather's size is the gathered output "
-            "(collie: all_gather_into_tensor, gloo: all_gather into chunks of one tensor). collie-perf: the "
-            "same sizes under collie-run, in place for all_reduce and broadcast (torch calls them in place). "
-            "Above 1 in 'gloo / collie': collie faster; 'collie / collie-perf' is the cost of the Python and "
-            "torch layers." % args.reps]
+            "", "float32. Both sides timed alike, as collie-perf does: per size W warm-up calls, a barrier, K "
+            "back-to-back calls (K/W: 100/5 up to 32 KiB, 20/2 up to 2 MiB, 5/1 up to 32 MiB, 3/1 above), "
+            "the slowest rank's mean per call (collie-perf -a 3); each backend's warm-up right before its own "
+            "timed calls. A round is one torch job (collie and gloo once per size, which goes first "
+            "alternating by round) followed by one collie-perf sweep; each cell is the median over %d rounds. "
+            "all_gather's size is the gathered output (collie: all_gather_into_tensor, gloo: all_gather into "
+            "chunks of one tensor). collie-perf: in place for all_reduce and broadcast (torch calls them in "
+            "place), out of place for all_gather. Above 1 in 'gloo / collie': collie faster; 'collie / "
+            "collie-perf' is the cost of the Python and torch layers." % args.reps]
+    head += [""] + summary(results, perf, args)
     png = os.path.join(ROOT, "docs", "plots", "torch_compare.png")
     body = tables(results, perf, args)
     if args.doc:
