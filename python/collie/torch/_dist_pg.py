@@ -331,6 +331,10 @@ class ProcessGroupCollie(dist.ProcessGroup):
         comm = self._c()
         # torch's C++ _broadcast_coalesced may pass several tensors: one group.
         bufs = [_buf(t, "broadcast tensor") for t in tensors]
+        if len(bufs) == 1:  # dist.broadcast: one call, no group to open and close
+            p, n, dt = bufs[0]
+            comm.broadcast_ptr(p, p, n, dt, root)
+            return _done_work(tensors)
         with nccl.group():
             for p, n, dt in bufs:
                 comm.broadcast_ptr(p, p, n, dt, root)
