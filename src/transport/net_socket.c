@@ -2,11 +2,16 @@
  * memory is off. Each side keeps its own ring of slots in local memory; the
  * bytes of a committed slot (header + payload) are written to a socket by
  * progress(), and the receiver's progress() reads them into its free slots.
+ * A receiver reads small slots through a per-connection stage (one recv()
+ * brings a header with its payload, often the next header too) and large
+ * payloads straight to where they belong (the consumer's buffer when it posted
+ * one, recv_post), so a small message costs one system call on each side.
  * A connector may use several TCP connections (NCCL_NSOCKS_PERTHREAD x
  * NCCL_SOCKET_NTHREADS): slot k travels on connection k % nsocks, so each
  * connection carries its slots in order and the receiver knows where each
  * belongs. TCP provides the flow control. Everything is nonblocking: progress
- * is made by whoever waits. */
+ * is made by whoever waits (connect.c's transport_progress, called by every
+ * waiter in src/coll before it sleeps). */
 #include <errno.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -22,11 +27,16 @@
 #include "transport.h"
 
 #define SOCK_MAX_CONNS 16
+/* A receiver's stage: large enough for a header with an 8 KiB payload and the
+ * next header; larger payload remainders skip it (no extra copy). */
+#define SOCK_STAGE_BYTES (16 * 1024)
 
 struct sock_link {
   int fd;
   uint32_t next; /* next slot index this connection carries (k with k % n == index) */
   size_t off;    /* bytes of that slot (header first) moved so far */
+  char* stage;   /* receiver: bytes read from the socket, not yet placed */
+  size_t stage_off, stage_len;
 };
 
 struct sock_conn {
@@ -112,54 +122,80 @@ static ncclResult_t sock_progress_send(struct conn* c) {
   return ncclSuccess;
 }
 
-static ncclResult_t sock_progress_recv(struct conn* c) {
+/* Where the payload of the slot link l is filling goes. Decided when its
+ * first payload byte is placed, so a consumer that posts its buffer after the
+ * header came (but before the payload) still gets the bytes directly. */
+static char* payload_dst(struct conn* c, struct sock_link* l, const struct slot_hdr* h) {
   struct sock_conn* s = c->priv;
+  uint32_t idx = l->next % (uint32_t)c->nslots;
+  if (l->off == sizeof(*h))
+    s->ext[idx] = s->posted && s->post_idx == l->next && h->bytes <= s->post_len ? s->post_dst : NULL;
+  return s->ext[idx] ? (char*)s->ext[idx] : slot_data(c, l->next);
+}
+
+/* Places received bytes into the slots the consumer may take next (only the
+ * next one unless COLLIE_SOCKET_READAHEAD: bytes left in the kernel can still
+ * go straight to the consumer's buffer). `may_read` 0: only what is staged
+ * already, no system call. */
+static ncclResult_t recv_links(struct conn* c, int may_read) {
+  struct sock_conn* s = c->priv;
+  uint32_t window = s->readahead ? (uint32_t)c->nslots : 1;
   for (int li = 0; li < s->nlinks && !s->failed; li++) {
     struct sock_link* l = &s->link[li];
-    /* Only the slot the consumer takes next (with readahead on, up to nslots
-     * ahead): bytes left in the kernel's buffer can still go straight to the
-     * consumer's buffer (recv_post) instead of through a slot. */
-    while ((uint32_t)(l->next - s->pos) < (uint32_t)(s->readahead ? c->nslots : 1)) {
+    while ((uint32_t)(l->next - s->pos) < window) {
       struct slot_hdr* h = &s->hdrs[l->next % (uint32_t)c->nslots];
       size_t need = l->off < sizeof(*h) ? sizeof(*h) : slot_len(h);
       int blocked = 0;
       while (l->off < need) {
-        char* payload = s->ext[l->next % (uint32_t)c->nslots] ? (char*)s->ext[l->next % (uint32_t)c->nslots]
-                                                                : slot_data(c, l->next);
-        char* p = l->off < sizeof(*h) ? (char*)h + l->off : payload + (l->off - sizeof(*h));
-        ssize_t rc = recv(l->fd, p, need - l->off, MSG_DONTWAIT);
-        if (rc > 0) {
-          l->off += (size_t)rc;
-          if (l->off == sizeof(*h)) {
-            if (!(h->flags & SLOT_ERROR) && h->bytes > c->slot_bytes) {
-              s->failed = 1;
-              return err_set(ncclRemoteError, "socket: rank %d sent a %u-byte slot (max %zu): corrupt stream", c->peer,
-                             h->bytes, c->slot_bytes);
-            }
-            need = slot_len(h);
-            /* The consumer is already waiting for this slot: straight to its buffer. */
-            if (s->posted && s->post_idx == l->next && !(h->flags & SLOT_ERROR) && h->bytes <= s->post_len)
-              s->ext[l->next % (uint32_t)c->nslots] = s->post_dst;
+        if (l->stage_off == l->stage_len) {
+          if (!may_read) {
+            blocked = 1;
+            break;
           }
-          continue;
+          /* A large payload remainder is read in place; anything else through
+           * the stage, which may bring the following slots along. */
+          int direct = l->off >= sizeof(*h) && need - l->off >= SOCK_STAGE_BYTES;
+          char* p = direct ? payload_dst(c, l, h) + (l->off - sizeof(*h)) : l->stage;
+          ssize_t rc = recv(l->fd, p, direct ? need - l->off : SOCK_STAGE_BYTES, MSG_DONTWAIT);
+          if (rc > 0) {
+            if (direct) l->off += (size_t)rc;
+            else {
+              l->stage_off = 0;
+              l->stage_len = (size_t)rc;
+            }
+            continue;
+          }
+          if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+            blocked = 1;
+            break;
+          }
+          s->failed = 1;
+          /* A close between slots is how a peer that finished (and destroyed
+           * its communicator) says goodbye: what it sent is still ours to
+           * consume. A waiter that needs more than that sees peer_failed. */
+          if (rc == 0 && l->off == 0) {
+            update_done(s);
+            return ncclSuccess;
+          }
+          int err = errno;
+          NCCLCHECK(comm_await_cause(c->comm, CAUSE_WAIT_MS));
+          return err_set(ncclRemoteError, "socket: rank %d (%s) closed its connection to rank %d%s%s", c->peer,
+                         bootstrap_peer_host(c->comm->bs, c->peer), c->comm->rank, rc == 0 ? "" : ": ",
+                         rc == 0 ? "" : strerror(err));
         }
-        if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-          blocked = 1;
-          break;
+        size_t take = COLLIE_MIN(l->stage_len - l->stage_off, need - l->off);
+        char* p = l->off < sizeof(*h) ? (char*)h + l->off : payload_dst(c, l, h) + (l->off - sizeof(*h));
+        memcpy(p, l->stage + l->stage_off, take);
+        l->stage_off += take;
+        l->off += take;
+        if (l->off == sizeof(*h)) {
+          if (!(h->flags & SLOT_ERROR) && h->bytes > c->slot_bytes) {
+            s->failed = 1;
+            return err_set(ncclRemoteError, "socket: rank %d sent a %u-byte slot (max %zu): corrupt stream", c->peer,
+                           h->bytes, c->slot_bytes);
+          }
+          need = slot_len(h);
         }
-        s->failed = 1;
-        /* A close between slots is how a peer that finished (and destroyed
-         * its communicator) says goodbye: what it sent is still ours to
-         * consume. A waiter that needs more than that sees peer_failed. */
-        if (rc == 0 && l->off == 0) {
-          update_done(s);
-          return ncclSuccess;
-        }
-        int err = errno;
-        NCCLCHECK(comm_await_cause(c->comm, CAUSE_WAIT_MS));
-        return err_set(ncclRemoteError, "socket: rank %d (%s) closed its connection to rank %d%s%s", c->peer,
-                       bootstrap_peer_host(c->comm->bs, c->peer), c->comm->rank, rc == 0 ? "" : ": ",
-                       rc == 0 ? "" : strerror(err));
       }
       if (blocked) break;
       l->off = 0;
@@ -169,6 +205,8 @@ static ncclResult_t sock_progress_recv(struct conn* c) {
   update_done(s);
   return ncclSuccess;
 }
+
+static ncclResult_t sock_progress_recv(struct conn* c) { return recv_links(c, 1); }
 
 static ncclResult_t sock_progress(struct conn* c) {
   return c->is_send ? sock_progress_send(c) : sock_progress_recv(c);
@@ -206,6 +244,16 @@ static void sock_recv_post(struct conn* c, void* dst, size_t bytes) {
   s->post_len = bytes;
   s->post_idx = s->pos;
   s->posted = 1;
+  /* The slot's payload has begun to arrive into the slot buffer (progress ran
+   * for another connector before this post): move what came and let the
+   * rest land in dst. */
+  struct sock_link* l = &s->link[s->pos % (uint32_t)s->nlinks];
+  uint32_t idx = s->pos % (uint32_t)c->nslots;
+  const struct slot_hdr* h = &s->hdrs[idx];
+  if (l->next == s->pos && l->off > sizeof(*h) && !s->ext[idx] && !(h->flags & SLOT_ERROR) && h->bytes <= bytes) {
+    memcpy(dst, slot_data(c, s->pos), l->off - sizeof(*h));
+    s->ext[idx] = dst;
+  }
 }
 
 static ncclResult_t sock_recv_release(struct conn* c) {
@@ -213,7 +261,9 @@ static ncclResult_t sock_recv_release(struct conn* c) {
   s->ext[s->pos % (uint32_t)c->nslots] = NULL;
   s->posted = 0;
   s->pos++;
-  return sock_progress_recv(c);
+  /* Only what is staged: the next waiter reads the socket anyway, and a read
+   * here would take the next header before its consumer could post a buffer. */
+  return recv_links(c, 0);
 }
 
 static void sock_wait(struct conn* c, int timeout_ms) {
@@ -251,8 +301,10 @@ static int sock_peer_failed(struct conn* c) { return ((struct sock_conn*)c->priv
 static void sock_close(struct conn* c) {
   struct sock_conn* s = c->priv;
   if (!s) return;
-  for (int i = 0; i < s->nlinks; i++)
+  for (int i = 0; i < s->nlinks; i++) {
     if (s->link[i].fd >= 0) close(s->link[i].fd);
+    free(s->link[i].stage);
+  }
   if (s->listen_fd >= 0) close(s->listen_fd);
   free(s->slots);
   free(s->hdrs);
@@ -299,6 +351,9 @@ static ncclResult_t sock_recv_setup(struct conn* c, void* info, size_t* info_len
   NCCLCHECK(sock_alloc(c, nsocks_wanted()));
   struct sock_conn* s = c->priv;
   s->readahead = (int)param_int(P_COLLIE_SOCKET_READAHEAD, 0, 1);
+  for (int i = 0; i < s->nlinks; i++)
+    if (!(s->link[i].stage = malloc(SOCK_STAGE_BYTES)))
+      return err_set(ncclSystemError, "socket transport: out of memory for a receive stage");
   struct sock_info in;
   memset(&in, 0, sizeof(in));
   in.addr = *bootstrap_peer_addr(c->comm->bs, c->comm->rank);
