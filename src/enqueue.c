@@ -248,6 +248,11 @@ static ncclResult_t submit(const struct coll_args* a0) {
                              "%s: %s is device memory but %s is host memory; the buffers of one call must all be "
                              "device memory or all host memory",
                              coll_name(a0->kind), call_dev_buf, call_host_buf));
+  /* A collective of count 0 moves nothing: after the argument checks it
+   * returns at once, as in NCCL (no call board entry, no synchronisation,
+   * nothing queued in a group). Sends and receives of 0 bytes still pair up:
+   * the receiver checks that the sizes agree. */
+  if (a0->count == 0 && a0->kind != COLL_SEND && a0->kind != COLL_RECV) return ncclSuccess;
   if (group_depth == 0 && !a0->comm->nonblocking) {
     /* The common case runs straight away, without allocating; the arguments
      * are copied once, into the task. */
