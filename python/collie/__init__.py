@@ -224,11 +224,24 @@ def shutdown():
         _check(rc, "collie_shutdown")
 
 
+def _engine_held():
+    """This process started the engine and has not called shutdown() since, whether or not the
+    engine still runs (another rank's shutdown stops it; is_initialized() is then false). A
+    local fact, unlike is_initialized(), which a peer's shutdown changes at a moment of its own."""
+    if not _lib.has_symbol("collie_rank"):
+        return False
+    # collie_rank answers from the engine state whenever the engine is initialised, running or not.
+    if _fn("collie_is_initialized")() == 1:
+        return True
+    return _fn("collie_rank")() >= 0
+
+
 def _shutdown_at_exit():
     # As Horovod does: an interpreter that ends with the engine running stops
-    # it, so peers see an orderly shutdown rather than a vanished rank.
+    # it, so peers see an orderly shutdown rather than a vanished rank; one
+    # that a peer's shutdown stopped is freed (local: its thread has ended).
     try:
-        if _fn("collie_is_initialized")():
+        if _engine_held():
             shutdown()
     except Exception:
         pass

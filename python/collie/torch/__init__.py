@@ -91,13 +91,17 @@ def init(comm=None, process_sets=None):
     """Starts collie (collective): the world from the launcher's environment (collie-run, torchrun,
     Open MPI, Slurm), an elastic job's first epoch when COLLIE_RENDEZVOUS is set, or a world of one.
     process_sets: ProcessSet objects to register now ("dynamic" is accepted: sets can always be
-    added later). comm as collie.init. Does nothing when already initialised."""
+    added later). comm as collie.init. Does nothing while this process holds an engine it has not
+    shut down, as in Horovod: also when another rank's shutdown has stopped that engine (its
+    operations then fail with COLLIE_ERR_SHUTDOWN; shutdown() then init() starts a new one)."""
     global _elastic
-    if collie.is_initialized():
+    # Whether init is a no-op must depend on this process's own calls only: init is collective,
+    # and "has a peer's shutdown reached my engine yet" differs from rank to rank. A rank that
+    # re-initialised here because the engine had just stopped under it started a world its peers
+    # were not starting, and their next shutdown stopped it: its first allreduce after
+    # shutdown() + init() failed with COLLIE_ERR_SHUTDOWN.
+    if collie._engine_held():
         return
-    # An engine that a peer's shutdown stopped still holds its resources until collie_shutdown
-    # (a no-op when there is none): free it, so that init can start a new one.
-    collie.shutdown()
     if comm is None and os.environ.get("COLLIE_RENDEZVOUS"):
         collie.elastic.init()
         _elastic = True
