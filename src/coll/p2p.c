@@ -84,15 +84,23 @@ static ncclResult_t step(struct p2p_op* op, size_t slot, int* moved) {
     if (op->is_send) {
       void* p = c->ops->send_slot(c);
       if (!p) break;
-      if (len) memcpy(p, op->buf + op->done, len);
-      NCCLCHECK(prim_send_commit(&op->link, len));
+      if (len && c->ops->send_commit_ext) {
+        /* Bytes leave by system call: straight from the caller's buffer. */
+        struct slot_hdr h = {op->link.opseq, op->link.total, (uint32_t)len, 0};
+        NCCLCHECK(c->ops->send_commit_ext(c, &h, op->buf + op->done));
+      } else {
+        if (len) memcpy(p, op->buf + op->done, len);
+        NCCLCHECK(prim_send_commit(&op->link, len));
+      }
     } else {
       struct slot_hdr h;
+      /* Bytes not arrived yet may land straight in the caller's buffer. */
+      if (len && c->ops->recv_post) c->ops->recv_post(c, op->buf + op->done, len);
       const void* p = c->ops->recv_slot(c, &h);
       if (!p) break;
       const void* data;
       NCCLCHECK(prim_recv_slot(&op->link, len, &data)); /* checks the header */
-      if (len) memcpy(op->buf + op->done, data, len);
+      if (len && data != op->buf + op->done) memcpy(op->buf + op->done, data, len);
       NCCLCHECK(prim_recv_release(&op->link));
     }
     op->done += len;
@@ -102,13 +110,23 @@ static ncclResult_t step(struct p2p_op* op, size_t slot, int* moved) {
   return ncclSuccess;
 }
 
+/* Batches up to this many ops on communicators up to this many ranks keep
+ * their bookkeeping on the stack: five allocations per small message cost
+ * more than moving it. */
+#define P2P_STACK_OPS 32
+
 ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_only) {
   NCCLCHECK(run_self(comm, ops, n));
-  int* speers = malloc(sizeof(int) * (size_t)(n + 1));
-  int* rpeers = malloc(sizeof(int) * (size_t)(n + 1));
-  struct conn** sc = malloc(sizeof(*sc) * (size_t)(n + 1));
-  struct conn** rc = malloc(sizeof(*rc) * (size_t)(n + 1));
-  char* seen = calloc((size_t)comm->nranks * 2, 1);
+  int speers_s[P2P_STACK_OPS + 1], rpeers_s[P2P_STACK_OPS + 1];
+  struct conn *sc_s[P2P_STACK_OPS + 1], *rc_s[P2P_STACK_OPS + 1];
+  char seen_s[2 * P2P_STACK_OPS];
+  int on_stack = n <= P2P_STACK_OPS && comm->nranks <= P2P_STACK_OPS;
+  int* speers = on_stack ? speers_s : malloc(sizeof(int) * (size_t)(n + 1));
+  int* rpeers = on_stack ? rpeers_s : malloc(sizeof(int) * (size_t)(n + 1));
+  struct conn** sc = on_stack ? sc_s : malloc(sizeof(*sc) * (size_t)(n + 1));
+  struct conn** rc = on_stack ? rc_s : malloc(sizeof(*rc) * (size_t)(n + 1));
+  char* seen = on_stack ? seen_s : calloc((size_t)comm->nranks * 2, 1);
+  if (on_stack) memset(seen_s, 0, sizeof(seen_s));
   ncclResult_t res = ncclSuccess;
   if (!speers || !rpeers || !sc || !rc || !seen) {
     res = err_set(ncclSystemError, "out of memory in a point-to-point group");
@@ -205,17 +223,27 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
   }
   if (res != ncclSuccess) transport_poison(comm);
 out:
-  free(speers);
-  free(rpeers);
-  free(sc);
-  free(rc);
-  free(seen);
+  if (!on_stack) {
+    free(speers);
+    free(rpeers);
+    free(sc);
+    free(rc);
+    free(seen);
+  }
   return res;
 }
 
-static ncclResult_t run_ops(struct coll_args* a, struct p2p_op* ops, int n) {
+/* The op arrays of alltoall, gather and scatter (2n ops at most): on the
+ * stack up to this many ranks. */
+#define OPS_STACK_RANKS 8
+
+static struct p2p_op* ops_get(int n, struct p2p_op* stack) {
+  return n <= OPS_STACK_RANKS ? stack : malloc(sizeof(struct p2p_op) * (size_t)(2 * n));
+}
+
+static ncclResult_t run_ops(struct coll_args* a, struct p2p_op* ops, int n, struct p2p_op* stack) {
   ncclResult_t res = p2p_run(a->comm, ops, n, 0);
-  free(ops);
+  if (ops != stack) free(ops);
   return res;
 }
 
@@ -223,7 +251,8 @@ static ncclResult_t direct_alltoall(struct coll_args* a) {
   int n = a->comm->nranks, r = a->comm->rank;
   size_t bytes = a->count * dtype_size(a->dt);
   if (bytes == 0) return ncclSuccess;
-  struct p2p_op* ops = calloc((size_t)(2 * n), sizeof(*ops));
+  struct p2p_op stack[2 * OPS_STACK_RANKS];
+  struct p2p_op* ops = ops_get(n, stack);
   if (!ops) return err_set(ncclSystemError, "out of memory in alltoall");
   int k = 0;
   /* Start with the next rank and go around, so ranks do not all hit the same peer. */
@@ -235,14 +264,15 @@ static ncclResult_t direct_alltoall(struct coll_args* a) {
     ops[k++] = (struct p2p_op){.peer = q, .is_send = 0, .buf = (char*)a->recvbuff + (size_t)q * bytes,
                                .bytes = bytes, .token = coll_token(a, bytes)};
   }
-  return run_ops(a, ops, k);
+  return run_ops(a, ops, k, stack);
 }
 
 static ncclResult_t direct_gather(struct coll_args* a) {
   int n = a->comm->nranks, r = a->comm->rank;
   size_t bytes = a->count * dtype_size(a->dt);
   if (bytes == 0) return ncclSuccess;
-  struct p2p_op* ops = calloc((size_t)(2 * n), sizeof(*ops));
+  struct p2p_op stack[2 * OPS_STACK_RANKS];
+  struct p2p_op* ops = ops_get(n, stack);
   if (!ops) return err_set(ncclSystemError, "out of memory in gather");
   int k = 0;
   ops[k++] = (struct p2p_op){.peer = a->root, .is_send = 1, .buf = (char*)a->sendbuff, .bytes = bytes,
@@ -251,14 +281,15 @@ static ncclResult_t direct_gather(struct coll_args* a) {
     for (int p = 0; p < n; p++)
       ops[k++] = (struct p2p_op){.peer = p, .is_send = 0, .buf = (char*)a->recvbuff + (size_t)p * bytes,
                                  .bytes = bytes, .token = coll_token(a, bytes)};
-  return run_ops(a, ops, k);
+  return run_ops(a, ops, k, stack);
 }
 
 static ncclResult_t direct_scatter(struct coll_args* a) {
   int n = a->comm->nranks, r = a->comm->rank;
   size_t bytes = a->count * dtype_size(a->dt);
   if (bytes == 0) return ncclSuccess;
-  struct p2p_op* ops = calloc((size_t)(2 * n), sizeof(*ops));
+  struct p2p_op stack[2 * OPS_STACK_RANKS];
+  struct p2p_op* ops = ops_get(n, stack);
   if (!ops) return err_set(ncclSystemError, "out of memory in scatter");
   int k = 0;
   if (r == a->root)
@@ -267,7 +298,7 @@ static ncclResult_t direct_scatter(struct coll_args* a) {
                                  .bytes = bytes, .token = coll_token(a, bytes)};
   ops[k++] = (struct p2p_op){.peer = a->root, .is_send = 0, .buf = (char*)a->recvbuff, .bytes = bytes,
                              .token = coll_token(a, bytes)};
-  return run_ops(a, ops, k);
+  return run_ops(a, ops, k, stack);
 }
 
 static int always(const struct coll_args* a) {

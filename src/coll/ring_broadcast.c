@@ -13,12 +13,20 @@ ncclResult_t ring_broadcast_view(struct coll_args* a, const struct ring_view* v,
   size_t bytes = a->count * dtype_size(a->dt);
   if (bytes == 0) return ncclSuccess;
   int pos = (r - root_pos + n) % n;
-  if (pos == 0 && sendbuff != recvbuff) memcpy(recvbuff, sendbuff, bytes);
-  if (n == 1) return ncclSuccess;
+  if (n == 1) {
+    if (sendbuff != recvbuff) memcpy(recvbuff, sendbuff, bytes);
+    return ncclSuccess;
+  }
   int next = v->ranks[(r + 1) % n], prev = v->ranks[(r + n - 1) % n];
   int nsend = pos < n - 1, nrecv = pos > 0;
   struct conn *sc = NULL, *rc = NULL;
   NCCLCHECK(transport_connect_ch(comm, v->ch, &next, nsend, &prev, nrecv, &sc, &rc));
+  /* A root whose bytes leave by system call sends from its send buffer and
+   * copies each chunk to its receive buffer after sending it: the copy
+   * overlaps the receiver draining the socket instead of delaying the first
+   * byte by a whole-message copy. */
+  int copy_after = pos == 0 && sendbuff != recvbuff && (conn_caps(sc) & TRANSPORT_CAP_SYSCALL_DATA);
+  if (pos == 0 && sendbuff != recvbuff && !copy_after) memcpy(recvbuff, sendbuff, bytes);
   struct prim_link l[2] = {{0}, {0}};
   if (nsend) prim_begin(&l[0], sc, coll_token(a, bytes));
   if (nrecv) prim_begin(&l[1], rc, coll_token(a, bytes));
@@ -26,7 +34,10 @@ ncclResult_t ring_broadcast_view(struct coll_args* a, const struct ring_view* v,
   ncclResult_t res = ncclSuccess;
   for (size_t off = 0; off < bytes && res == ncclSuccess; off += comm->slot_bytes) {
     size_t len = COLLIE_MIN(comm->slot_bytes, bytes - off);
-    if (pos == 0) res = prim_send(&l[0], buf + off, len);
+    if (copy_after) {
+      res = prim_send(&l[0], (const char*)sendbuff + off, len);
+      memcpy(buf + off, (const char*)sendbuff + off, len);
+    } else if (pos == 0) res = prim_send(&l[0], buf + off, len);
     else if (pos < n - 1) res = prim_recv_copy_send(&l[1], &l[0], buf + off, len);
     else res = prim_recv(&l[1], buf + off, len);
   }
