@@ -31,8 +31,8 @@ static double estimate(const struct coll_args* a, const struct tune_cost* c) {
 static ncclResult_t exchange(struct coll_args* a, const char* const* out, const char* want, char* tmp, size_t bytes) {
   struct ncclComm* comm = a->comm;
   int n = comm->nranks, r = comm->rank;
-  struct p2p_op* ops = calloc((size_t)(2 * n), sizeof(*ops));
-  if (!ops) return err_set(ncclSystemError, "out of memory in a one-shot %s", coll_name(a->kind));
+  struct p2p_op ops[2 * 32]; /* eligible() keeps n <= 32: no allocation per call */
+  memset(ops, 0, sizeof(ops[0]) * (size_t)(2 * n));
   int k = 0;
   uint64_t tok = coll_token(a, a->count * dtype_size(a->dt));
   for (int i = 1; i < n; i++) {
@@ -40,9 +40,7 @@ static ncclResult_t exchange(struct coll_args* a, const char* const* out, const 
     if (out[p]) ops[k++] = (struct p2p_op){.peer = p, .is_send = 1, .buf = (char*)out[p], .bytes = bytes, .token = tok};
     if (want[q]) ops[k++] = (struct p2p_op){.peer = q, .is_send = 0, .buf = tmp + (size_t)q * bytes, .bytes = bytes, .token = tok};
   }
-  ncclResult_t res = p2p_run(comm, ops, k, 0);
-  free(ops);
-  return res;
+  return p2p_run(comm, ops, k, 0);
 }
 
 /* dst = OP over ranks of src(rank), rank order; src(me) is `mine`. */
@@ -62,7 +60,9 @@ static ncclResult_t net_direct_run(struct coll_args* a) {
   char* outb = a->recvbuff;
   const char* out[32];
   char want[32];
-  char* tmp = malloc(bytes * (size_t)n + 1);
+  /* Small messages (the common case here) stage on the stack. */
+  char small[4096];
+  char* tmp = bytes * (size_t)n <= sizeof(small) ? small : malloc(bytes * (size_t)n + 1);
   if (!tmp) return err_set(ncclSystemError, "out of memory in a one-shot %s", coll_name(a->kind));
   ncclResult_t res = ncclSuccess;
   for (int p = 0; p < n; p++) {
@@ -106,7 +106,7 @@ static ncclResult_t net_direct_run(struct coll_args* a) {
     default:
       res = err_set(ncclInternalError, "one-shot %s is not an algorithm", coll_name(a->kind));
   }
-  free(tmp);
+  if (tmp != small) free(tmp);
   return res;
 }
 
