@@ -132,9 +132,11 @@ static ncclResult_t check_common(struct coll_args* a, ncclComm_t comm, size_t co
     return err_set(ae, "%s: the communicator is in error (%s): %s; destroy or abort it", fn, ncclGetErrorString(ae),
                    comm_error_msg(comm));
   if (!dtype_valid(dt)) return err_set(ncclInvalidArgument, "%s: invalid datatype %d", fn, (int)dt);
-  size_t esz = dtype_size(dt);
-  /* The largest buffer any collective touches is count * nranks elements. */
-  if (count > (SIZE_MAX / esz) / (size_t)comm->nranks)
+  size_t esz = dtype_size(dt), largest;
+  /* The largest buffer any collective touches is count * nranks elements
+   * (checked by overflow, not by two divisions on every call). */
+  if (__builtin_mul_overflow(count, esz, &largest) ||
+      __builtin_mul_overflow(largest, (size_t)comm->nranks, &largest))
     return err_set(ncclInvalidArgument, "%s: count %zu of %s overflows the address space", fn, count, dtype_name(dt));
   memset(a, 0, sizeof(*a));
   a->comm = comm;

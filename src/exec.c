@@ -99,7 +99,9 @@ ncclResult_t exec_run_tasks(struct task* t) {
     if (t->a.kind == COLL_SEND || t->a.kind == COLL_RECV) {
       int n = 0;
       for (struct task* u = t; u && (u->a.kind == COLL_SEND || u->a.kind == COLL_RECV); u = u->next) n++;
-      struct p2p_op* ops = calloc((size_t)n, sizeof(*ops));
+      /* A few sends and receives (the usual group) need no allocation. */
+      struct p2p_op stack_ops[16];
+      struct p2p_op* ops = n <= 16 ? stack_ops : calloc((size_t)n, sizeof(*ops));
       if (!ops) {
         res = err_set(ncclSystemError, "out of memory for a point-to-point group");
         break;
@@ -112,7 +114,7 @@ ncclResult_t exec_run_tasks(struct task* t) {
                                  .bytes = bytes, .token = coll_token(&t->a, bytes)};
       }
       res = p2p_run(comm, ops, n, 1);
-      free(ops);
+      if (ops != stack_ops) free(ops);
     } else {
       res = exec_coll(&t->a);
       t = t->next;

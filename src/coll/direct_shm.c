@@ -106,13 +106,19 @@ static void publish(uint32_t* word, uint32_t* waiters, uint32_t v) {
 /* Waits until (int32)(*word - want) >= 0. */
 static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* waiters, uint32_t want, int peer) {
   int64_t deadline = 0, t0 = 0;
-  int yields = 0;
+  int yields = 0, spinning = 1;
   for (int it = 0;; it++) {
     uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
     if ((int32_t)(v - want) >= 0) return ncclSuccess;
-    if (comm_keep_polling(comm, it, &t0)) {
-      cpu_relax();
-      continue;
+    /* While spinning, the clock is read on every 16th poll only: a clock
+     * read costs as much as several polls and would delay seeing the peer's
+     * store. Once the spin time is over it stays over. */
+    if (spinning) {
+      if ((it & 15) != 15 || comm_keep_polling(comm, it, &t0)) {
+        cpu_relax();
+        continue;
+      }
+      spinning = 0;
     }
     if (yields++ < 16) {
       NCCLCHECK(comm_stop_check(comm)); /* a yield may be long on a crowded CPU */
