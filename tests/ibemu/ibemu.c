@@ -147,6 +147,7 @@ struct emu_qp {
   struct rbuf ow, iw;     /* what could not be sent yet on ofd / ifd: writers never
                              block while holding E.mu (the thread flushes) */
   int no_path, peer_gone, have_hello;
+  int in_bye;             /* the current incoming stream said goodbye */
   struct wire_hello hello;
   pid_t in_pid;
   struct sq_ent* sq;
@@ -177,6 +178,7 @@ static struct {
   struct emu_qp* qps;
   uint32_t next_key, next_handle;
   uint64_t next_qp_id;
+  atomic_uint qpn_seq; /* QP numbers are handed out in sequence, never reused soon */
   struct ibemu_counts n;
   pthread_mutex_t thr_mu; /* progress thread start/stop; taken before mu */
   pthread_t thr;
@@ -490,6 +492,7 @@ EXPORT struct ibv_mr* ibv_reg_mr_iova2(struct ibv_pd* pd, void* addr, size_t len
   m->next = E.mrs;
   E.mrs = m;
   E.n.mrs++;
+  E.n.mr_regs++;
   pthread_mutex_unlock(&E.mu);
   return &m->ibv;
 }
@@ -832,10 +835,29 @@ static void qp_error(struct emu_qp* q, enum ibv_wc_status first) {
   q->ibv.state = IBV_QPS_ERR;
 }
 
-/* BYE is best effort: with a backlog the socket cannot take now, the peer
- * sees the stream end without it, as if this process had died. */
+/* Sends what is queued in w, waiting up to about a second for room: acks
+ * queued before a QP goes away must reach the peer (an HCA sends them as it
+ * executes the request, before the application sees the completion). */
+static void wire_drain(int fd, struct rbuf* w) {
+  for (int i = 0; fd >= 0 && w->len > 0 && i < 100; i++) {
+    if (wire_flush(fd, w) != 0) return;
+    if (w->len > 0) {
+      struct pollfd p = {fd, POLLOUT, 0};
+      (void)poll(&p, 1, 10);
+    }
+  }
+}
+
+/* BYE after whatever is still queued; with a backlog the socket cannot take
+ * within about a second, the peer sees the stream end without it, as if this
+ * process had died. */
 static void qp_close_links(struct emu_qp* q, int bye) {
-  if (bye) { wire_bye(q->ofd, &q->ow); wire_bye(q->ifd, &q->iw); }
+  if (bye) {
+    wire_bye(q->ofd, &q->ow);
+    wire_bye(q->ifd, &q->iw);
+    wire_drain(q->ofd, &q->ow);
+    wire_drain(q->ifd, &q->iw);
+  }
   if (q->ofd >= 0) close(q->ofd);
   if (q->ifd >= 0) close(q->ifd);
   q->ofd = q->ifd = -1;
@@ -845,15 +867,25 @@ static void qp_close_links(struct emu_qp* q, int bye) {
   rbuf_free(&q->iw);
 }
 
-/* The peer's stream ended: gracefully (BYE seen) nothing is lost unless sends
- * are outstanding; otherwise the peer died and the QP fails. */
+/* A stream with the peer ended. Our outgoing one (our requests, its acks):
+ * gracefully (BYE seen) nothing is lost unless sends are still unacked;
+ * otherwise the peer died and the QP fails. The incoming one (its requests,
+ * our acks) decides nothing about our sends, whose acks travel on the other
+ * stream and may still be on their way (the streams are not ordered with
+ * each other): it fails the QP only when it came from our peer and ended
+ * without a BYE (the peer died). A stale connection (from a QP that is not
+ * our destination) ending changes nothing. */
 static void qp_link_down(struct emu_qp* q, int* fd, struct rbuf* b, struct rbuf* w) {
+  int out = fd == &q->ofd;
+  int from_peer = q->have_hello && q->hello.src_qpn == q->dest_qpn;
+  int in_bye = q->in_bye;
   close(*fd);
   *fd = -1;
   rbuf_free(b);
   rbuf_free(w);
+  if (!out) q->have_hello = q->in_bye = 0;
   if (q->ibv.state == IBV_QPS_RESET || q->ibv.state == IBV_QPS_ERR) return;
-  if (!q->peer_gone || q->sq_n > 0) qp_error(q, IBV_WC_RETRY_EXC_ERR);
+  if (out ? (!q->peer_gone || q->sq_n > 0) : (from_peer && !in_bye)) qp_error(q, IBV_WC_RETRY_EXC_ERR);
 }
 
 static int path_ok(struct emu_qp* q) {
@@ -1021,7 +1053,17 @@ static int in_frame(struct emu_qp* q, const uint8_t* f, size_t len) {
     q->have_hello = 1;
     return 0;
   }
-  if (h.type == W_BYE) { q->peer_gone = 1; inq_free(q); return 0; }
+  if (h.type == W_BYE) {
+    /* Only the connected peer's goodbye counts; one from a QP that is not
+     * this QP's destination (a stale connection) changes nothing here. */
+    if (q->have_hello && q->hello.src_qpn == q->dest_qpn) q->peer_gone = 1;
+    q->in_bye = 1;
+    if (getenv("COLLIE_IBEMU_DEBUG"))
+      fprintf(stderr, "ibemu[%d]: QP %u (dest %u, state %d): goodbye from QP %u\n", (int)getpid(), q->ibv.qp_num,
+              q->dest_qpn, q->ibv.state, q->have_hello ? q->hello.src_qpn : 0);
+    inq_free(q);
+    return 0;
+  }
   if (h.type != W_REQ || len < sizeof(struct wire_req)) return -1;
   struct inreq* r = calloc(1, sizeof(*r));
   if (!r) return -1;
@@ -1145,7 +1187,7 @@ static void* progress_main(void* arg) {
           getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &ul);
           q->ifd = fd;
           q->in_pid = uc.pid;
-          q->have_hello = q->in_broken = 0;
+          q->have_hello = q->in_broken = q->in_bye = 0;
         }
       } else if (k >= 1 && (k == 1 ? q->ifd : q->ofd) == pfd[i].fd) {
         int out = k == 2;
@@ -1189,10 +1231,15 @@ EXPORT struct ibv_qp* ibv_create_qp(struct ibv_pd* pd, struct ibv_qp_init_attr* 
   q->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   q->ofd = q->ifd = -1;
   if (!q->sq || !q->rq || q->lfd < 0) goto fail;
-  /* The bind reserves the QP number machine-wide. */
+  /* The bind reserves the QP number machine-wide. Numbers go on from the
+   * process's last one instead of refilling the lowest free one: like an HCA's
+   * allocator, a destroyed QP's number comes back only after the space wraps,
+   * so a peer still holding the old number cannot reach the new QP (it did:
+   * a stale peer's goodbye marked a fresh QP of the same number gone). */
   uint32_t base = ((uint32_t)getpid() * 977u) & 0xffffff;
   int bound = 0;
-  for (uint32_t i = 0; i < 4096 && !bound; i++) {
+  for (uint32_t k = 0; k < 4096 && !bound; k++) {
+    uint32_t i = atomic_fetch_add(&E.qpn_seq, 1u);
     uint32_t qpn = (base + i * 7919u) & 0xffffff;
     if (qpn < 2) continue;
     struct sockaddr_un a;
@@ -1256,6 +1303,9 @@ EXPORT int ibv_destroy_qp(struct ibv_qp* qp) {
   if (!*pp) { pthread_mutex_unlock(&E.mu); pthread_mutex_unlock(&E.thr_mu); return EINVAL; }
   *pp = q->next;
   E.n.qps--;
+  if (getenv("COLLIE_IBEMU_DEBUG"))
+    fprintf(stderr, "ibemu[%d]: destroy QP %u (dest %u, state %d, sq %u)\n", (int)getpid(), q->ibv.qp_num, q->dest_qpn,
+            q->ibv.state, q->sq_n);
   qp_close_links(q, 1);
   close(q->lfd);
   inq_free(q);
@@ -1367,7 +1417,7 @@ EXPORT int ibv_modify_qp(struct ibv_qp* qp, struct ibv_qp_attr* at, int mask) {
     inq_free(q);
     q->sq_n = q->rq_n = 0;
     q->sq_head = q->rq_head = 0;
-    q->no_path = q->peer_gone = q->have_hello = q->lost = q->in_broken = 0;
+    q->no_path = q->peer_gone = q->have_hello = q->lost = q->in_broken = q->in_bye = 0;
   } else if (to == IBV_QPS_ERR) {
     qp_error(q, IBV_WC_WR_FLUSH_ERR);
   }
