@@ -9,7 +9,16 @@
  * model of the other transports holds. The sender starts with no credit: the
  * receiver's first limit is written only once its QPs are in RTR and its
  * receives posted, since a real responder drops packets that reach a QP
- * before RTR and the sender's retries would run out (setup order). Progress is made by whoever waits (poll_cq);
+ * before RTR and the sender's retries would run out (setup order).
+ * Large slots (at least COLLIE_IB_DIRECT_BYTES of payload) handed over with
+ * send_commit_ext go straight from the caller's memory: one write gathers
+ * the header from the registered slot and the payload from the user buffer,
+ * registered through the connector's LRU registration cache
+ * (net_ib_verbs.c); such a write is complete before send_commit_ext
+ * returns, since callers may reuse the memory right after. Memory freed and
+ * mapped again at the same address would leave a real HCA reading the old
+ * pages, so cache entries live for one operation (its opseq): the next
+ * operation registers afresh. Progress is made by whoever waits (poll_cq);
  * NCCL_IB_QPS_PER_CONNECTION QPs carry slots round-robin. Table entry:
  * connect.c; chosen by NCCL_NET=IB, or by default when an HCA is usable. */
 #include <arpa/inet.h>
@@ -52,6 +61,12 @@ struct ib_conn {
   size_t stride;
   struct ib_end_info peer;
   uint8_t* arrived;      /* receiver: slot i's write has landed */
+  struct ib_regcache rc; /* sender: user memory registered for direct writes */
+  struct ibv_mr** held;  /* sender: slot i's write reads user memory through this MR */
+  uint64_t rc_opseq;     /* sender: the operation the cache entries belong to */
+  uint64_t op_left;      /* sender: payload bytes of that operation still to commit */
+  size_t direct_min;     /* sender: payload bytes from which slots go direct (0: never) */
+  uint64_t ndirect, nbounce_big; /* sender: slots sent direct / big ones copied (no MR) */
   uint32_t pos;          /* sender: slots committed; receiver: slots consumed */
   uint32_t done;         /* sender: writes completed; receiver: slots landed in order */
   int outstanding;       /* send WRs not completed yet */
@@ -111,7 +126,11 @@ static ncclResult_t ib_progress(struct conn* c) {
           if (s->q.qp[k]->qp_num == wc[i].qp_num) NCCLCHECK(ib_post_recv(c, s->q.qp[k]));
       } else {
         s->outstanding--;
-        if (c->is_send) s->done++;
+        if (c->is_send) {
+          s->done++;
+          struct ibv_mr** h = &s->held[wc[i].wr_id % (uint32_t)c->nslots];
+          if (*h) { ib_reg_put(&s->rc, *h); *h = NULL; }
+        }
       }
     }
   }
@@ -122,14 +141,16 @@ static ncclResult_t ib_progress(struct conn* c) {
   return ncclSuccess;
 }
 
-static ncclResult_t ib_write(struct conn* c, struct ibv_qp* qp, void* src, uint32_t len, uint32_t lkey,
-                             uint64_t raddr, uint32_t rkey, int imm, uint32_t imm_val, int inl) {
+/* One signalled RDMA write gathering sg[0..nsg) into raddr; wr_id: the slot
+ * sequence (a sender's completion releases that slot's registration). */
+static ncclResult_t ib_write_sg(struct conn* c, struct ibv_qp* qp, struct ibv_sge* sg, int nsg, uint64_t raddr,
+                                uint32_t rkey, int imm, uint32_t imm_val, int inl, uint64_t wr_id) {
   struct ib_conn* s = c->priv;
-  struct ibv_sge sg = {(uintptr_t)src, len, lkey};
   struct ibv_send_wr wr, *bad = NULL;
   memset(&wr, 0, sizeof(wr));
-  wr.sg_list = &sg;
-  wr.num_sge = 1;
+  wr.wr_id = wr_id;
+  wr.sg_list = sg;
+  wr.num_sge = nsg;
   wr.opcode = imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
   wr.send_flags = IBV_SEND_SIGNALED | (inl ? IBV_SEND_INLINE : 0);
   wr.imm_data = htonl(imm_val);
@@ -139,6 +160,12 @@ static ncclResult_t ib_write(struct conn* c, struct ibv_qp* qp, void* src, uint3
   if (rc) return ib_error(c, "ibv_post_send failed");
   s->outstanding++;
   return ncclSuccess;
+}
+
+static ncclResult_t ib_write(struct conn* c, struct ibv_qp* qp, void* src, uint32_t len, uint32_t lkey,
+                             uint64_t raddr, uint32_t rkey, int imm, uint32_t imm_val, int inl) {
+  struct ibv_sge sg = {(uintptr_t)src, len, lkey};
+  return ib_write_sg(c, qp, &sg, 1, raddr, rkey, imm, imm_val, inl, ((struct ib_conn*)c->priv)->pos);
 }
 
 static void* ib_send_slot(struct conn* c) {
@@ -157,6 +184,73 @@ static ncclResult_t ib_send_commit(struct conn* c, const struct slot_hdr* h) {
                      s->peer.slots_addr + (uint64_t)i * s->stride, s->peer.slots_rkey, 1, s->pos, 0));
   s->pos++;
   return ib_progress(c);
+}
+
+/* The caller's memory behind a direct write: an MR from the cache covering
+ * [data, data+bytes), trying first the rest of the operation from data on
+ * (later slots of a stream through one buffer then hit), else just this
+ * slot's bytes. NULL when it cannot be registered (e.g. read-only memory):
+ * the slot is then copied. */
+static struct ibv_mr* ib_direct_mr(struct conn* c, const struct slot_hdr* h, const void* data) {
+  struct ib_conn* s = c->priv;
+  if (h->opseq != s->rc_opseq) {
+    /* A new operation: the previous one's memory may be gone by now. */
+    ib_reg_invalidate(&s->rc, NULL, UINTPTR_MAX);
+    s->rc_opseq = h->opseq;
+    s->op_left = h->total & 0xffffffffffffull; /* the low 48 bits: bytes of the operation here */
+  }
+  struct ibv_mr* mr = NULL;
+  size_t want = s->op_left > h->bytes ? (size_t)s->op_left : h->bytes;
+  if (want > h->bytes && ib_reg_try(&s->rc, (void*)data, want, &mr) == 0) return mr;
+  if (ib_reg_try(&s->rc, (void*)data, h->bytes, &mr) == 0) return mr;
+  INFO_ONCE(LOG_NET, "NET/IB: cannot register %p + %u bytes of user memory (%s); such slots are copied",
+            data, h->bytes, strerror(errno));
+  return NULL;
+}
+
+/* Sender: the slot's payload is at `data` (unchanged until the operation
+ * ends). Big slots are written from there, small ones copied into the slot. */
+static ncclResult_t ib_send_commit_ext(struct conn* c, const struct slot_hdr* h, const void* data) {
+  struct ib_conn* s = c->priv;
+  char* slot = ib_slot(c, s->pos);
+  struct ibv_mr* mr = NULL;
+  if (data && h->bytes && s->direct_min && h->bytes >= s->direct_min) {
+    mr = ib_direct_mr(c, h, data);
+    s->op_left = s->op_left > h->bytes ? s->op_left - h->bytes : 0;
+    if (!mr) s->nbounce_big++;
+  }
+  if (!mr) {
+    if (data && h->bytes) memcpy(slot + IB_HDR_BYTES, data, h->bytes);
+    return ib_send_commit(c, h);
+  }
+  memcpy(slot, h, sizeof(*h));
+  uint32_t i = s->pos % (uint32_t)c->nslots;
+  struct ibv_qp* qp = s->q.qp[s->pos % (uint32_t)s->q.nqps];
+  struct ibv_sge sg[2] = {{(uintptr_t)slot, IB_HDR_BYTES, s->slots_mr->lkey},
+                          {(uintptr_t)data, h->bytes, mr->lkey}};
+  s->held[i] = mr;
+  ncclResult_t res = ib_write_sg(c, qp, sg, 2, s->peer.slots_addr + (uint64_t)i * s->stride, s->peer.slots_rkey, 1,
+                                 s->pos, 0, s->pos);
+  if (res != ncclSuccess) {
+    s->held[i] = NULL;
+    ib_reg_put(&s->rc, mr);
+    return res;
+  }
+  s->ndirect++;
+  s->pos++;
+  /* The HCA reads the payload at some point before the completion, and
+   * callers may write to `data` before the operation ends (the one-shot
+   * algorithms combine into an in-place buffer as soon as their receives are
+   * done; a socket has taken the bytes by then). So the write completes here,
+   * as a socket's send would: one round trip per big slot. Bounded by the
+   * QP's retry budget (an error completion) and by abort/revoke. */
+  for (unsigned spin = 0; s->held[i]; spin++) {
+    NCCLCHECK(ib_progress(c));
+    if (!s->held[i]) break;
+    NCCLCHECK(comm_stop_check(c->comm));
+    if (spin > 64) usleep(20);
+  }
+  return ncclSuccess;
 }
 
 static const void* ib_recv_slot(struct conn* c, struct slot_hdr* h) {
@@ -228,7 +322,15 @@ static void ib_close(struct conn* c) {
   s->q.nqps = 0;
   if (v && s->slots_mr) v->dereg_mr(s->slots_mr);
   if (v && s->ctrl_mr) v->dereg_mr(s->ctrl_mr);
+  if (c->is_send && s->rc.v) {
+    INFO(LOG_NET, "NET/IB: rank %d -> rank %d: %llu slots written straight from user memory (%llu registrations, "
+         "%llu reused), %llu big ones copied (not registrable)", c->comm->rank, c->peer,
+         (unsigned long long)s->ndirect, (unsigned long long)s->rc.misses, (unsigned long long)s->rc.hits,
+         (unsigned long long)s->nbounce_big);
+    ib_regcache_destroy(&s->rc);
+  }
   ib_qps_close(&s->q);
+  free(s->held);
   free(s->slots);
   free(s->ctrl);
   free(s->arrived);
@@ -239,6 +341,7 @@ static void ib_close(struct conn* c) {
 static const struct conn_ops ib_ops = {
     .send_slot = ib_send_slot,
     .send_commit = ib_send_commit,
+    .send_commit_ext = ib_send_commit_ext,
     .recv_slot = ib_recv_slot,
     .recv_release = ib_recv_release,
     .progress = ib_progress,
@@ -264,7 +367,7 @@ static ncclResult_t ib_setup(struct conn* c, void* info, size_t* len) {
   int depth = 2 * c->nslots + 8;
   NCCLCHECKGOTO(ib_qps_open(&s->q, port, nq, 2 * depth * nq, depth, c->nslots / nq + 2), res, fail);
   if (posix_memalign((void**)&s->slots, 4096, bytes) != 0 || posix_memalign((void**)&s->ctrl, 4096, 4096) != 0 ||
-      !(s->arrived = calloc((size_t)c->nslots, 1))) {
+      !(s->arrived = calloc((size_t)c->nslots, 1)) || !(s->held = calloc((size_t)c->nslots, sizeof(*s->held)))) {
     res = err_set(ncclSystemError, "NET/IB: out of memory for %zu bytes of slots", bytes);
     goto fail;
   }
@@ -276,6 +379,11 @@ static ncclResult_t ib_setup(struct conn* c, void* info, size_t* len) {
   if (!s->slots_mr || !s->ctrl_mr) {
     res = err_set(ncclSystemError, "NET/IB: ibv_reg_mr on %s:%d failed: %s", port->dev_name, port->port, strerror(errno));
     goto fail;
+  }
+  if (c->is_send) {
+    s->direct_min = (size_t)param_int(P_COLLIE_IB_DIRECT_BYTES, 0, INT64_MAX);
+    s->rc_opseq = UINT64_MAX;
+    ib_regcache_init(&s->rc, s->q.v, s->q.pd, 64);
   }
   if (!c->is_send)
     for (int k = 0; k < s->q.nqps; k++)

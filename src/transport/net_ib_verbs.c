@@ -228,7 +228,7 @@ ncclResult_t ib_qps_open(struct ib_qps* q, const struct ib_port* port, int nqps,
     ia.qp_type = IBV_QPT_RC;
     ia.cap.max_send_wr = (uint32_t)max_send_wr;
     ia.cap.max_recv_wr = (uint32_t)max_recv_wr;
-    ia.cap.max_send_sge = 1;
+    ia.cap.max_send_sge = 2; /* a direct write gathers the slot header and the user's payload */
     ia.cap.max_recv_sge = 1;
     ia.cap.max_inline_data = 64;
     if (!(q->qp[i] = q->v->create_qp(q->pd, &ia))) { res = verbs_err("ibv_create_qp", port, errno); goto fail; }
@@ -352,7 +352,7 @@ static void reg_drop(struct ib_regcache* c, struct ib_reg* e) {
   free(e);
 }
 
-ncclResult_t ib_reg_get(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr) {
+static ncclResult_t reg_get(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr, int quiet) {
   uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
   uintptr_t start = (uintptr_t)addr & ~(pg - 1);
   uintptr_t end = ((uintptr_t)addr + (len ? len : 1) + pg - 1) & ~(pg - 1);
@@ -372,6 +372,7 @@ ncclResult_t ib_reg_get(struct ib_regcache* c, void* addr, size_t len, struct ib
   if (!e->mr) {
     int err = errno;
     free(e);
+    if (quiet) return ncclSystemError;
     return err_set(ncclSystemError, "NET/IB: ibv_reg_mr(%p, %zu bytes) failed: %s", (void*)start,
                    (size_t)(end - start), strerror(err));
   }
@@ -391,6 +392,14 @@ ncclResult_t ib_reg_get(struct ib_regcache* c, void* addr, size_t len, struct ib
   }
   *mr = e->mr;
   return ncclSuccess;
+}
+
+ncclResult_t ib_reg_get(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr) {
+  return reg_get(c, addr, len, mr, 0);
+}
+
+int ib_reg_try(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr) {
+  return reg_get(c, addr, len, mr, 1) == ncclSuccess ? 0 : -1;
 }
 
 void ib_reg_put(struct ib_regcache* c, struct ibv_mr* mr) {

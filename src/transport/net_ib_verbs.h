@@ -128,6 +128,9 @@ void ib_regcache_init(struct ib_regcache* c, const struct ib_verbs* v, struct ib
 /* An MR covering [addr, addr+len), registered or reused; hold it until
  * ib_reg_put. */
 ncclResult_t ib_reg_get(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr);
+/* The same without recording an error: 0, or -1 (errno says why) when the
+ * range cannot be registered (a caller with a fallback, e.g. a copy). */
+int ib_reg_try(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr);
 void ib_reg_put(struct ib_regcache* c, struct ibv_mr* mr);
 /* The memory [addr, addr+len) is going away (free, munmap, deregister): MRs
  * overlapping it are deregistered now, or at their last put if in use. */
