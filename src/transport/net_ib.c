@@ -31,6 +31,7 @@
 #include "../bootstrap/bootstrap.h"
 #include "../comm.h"
 #include "../comm_err.h"
+#include "../graph/bind.h"
 #include "net_ib_verbs.h"
 #include "transport.h"
 
@@ -422,17 +423,25 @@ static struct ib_port ib_ports[IB_MAX_PORTS];
 static int ib_nports = -1;
 static pthread_mutex_t ib_ports_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* The port of this rank: local ranks are dealt round-robin over the usable
- * ports (discovered once per process). */
+/* The port of this rank (ports discovered once per process): among the
+ * ports NCCL_IB_HCA allows, those whose device is local to the CPUs this
+ * process may run on (sysfs local_cpulist), dealt round-robin over the local
+ * ranks; none local (or unknown): all ports, round-robin. */
 static const struct ib_port* ib_chosen(struct ncclComm* comm) {
   pthread_mutex_lock(&ib_ports_mu);
   if (ib_nports < 0 && ib_discover(ib_ports, IB_MAX_PORTS, &ib_nports) != ncclSuccess) ib_nports = 0;
   int n = ib_nports;
   pthread_mutex_unlock(&ib_ports_mu);
   if (n <= 0) return NULL;
-  const struct ib_port* p = &ib_ports[comm->local_rank % n];
-  INFO_ONCE(LOG_NET | LOG_INIT, "NET/IB: using %s:%d (%s)", p->dev_name, p->port,
-            p->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "IB");
+  cpu_set_t mine;
+  int have = sched_getaffinity(0, sizeof(mine), &mine) == 0, local = 0;
+  int i = ib_port_pick(ib_ports, n, have ? &mine : NULL, comm->local_rank, &local);
+  const struct ib_port* p = &ib_ports[i];
+  char cpus[128] = "unknown";
+  if (have) bind_cpulist(&mine, cpus, sizeof(cpus));
+  INFO_ONCE(LOG_NET | LOG_INIT, "NET/IB: using %s:%d (%s) for rank %d (CPUs %s): %s", p->dev_name, p->port,
+            p->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "IB", comm->rank, cpus,
+            local ? "local to its CPUs" : n > 1 ? "no NIC local to its CPUs, round-robin" : "the only port");
   return p;
 }
 

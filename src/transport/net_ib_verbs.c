@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core.h"
+#include "graph/bind.h"
 
 /* ---- loading ----------------------------------------------------------- */
 
@@ -73,6 +74,34 @@ const struct ib_verbs* ib_verbs_get(void) {
 }
 
 /* ---- devices and ports ------------------------------------------------- */
+
+/* The CPUs near a device: <ibdev_path>/device/local_cpulist (the PCI
+ * device's, through the sysfs link). 0, or -1 when it cannot be read. */
+static int dev_local_cpus(struct ibv_device* dev, cpu_set_t* out) {
+  char path[IBV_SYSFS_PATH_MAX + 32], buf[1024];
+  snprintf(path, sizeof(path), "%s/device/local_cpulist", dev->ibdev_path);
+  FILE* f = fopen(path, "r");
+  if (!f) return -1;
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == ' ')) n--;
+  buf[n] = '\0';
+  return n > 0 && bind_cpulist_parse(buf, out) == 0 && CPU_COUNT(out) > 0 ? 0 : -1;
+}
+
+int ib_port_pick(const struct ib_port* ports, int n, const cpu_set_t* mine, int local_rank, int* local) {
+  int cand[IB_MAX_PORTS], nc = 0;
+  for (int i = 0; i < n && i < IB_MAX_PORTS; i++) {
+    cpu_set_t both;
+    if (!ports[i].has_cpus || !mine) continue;
+    CPU_AND(&both, &ports[i].cpus, mine);
+    if (CPU_COUNT(&both) > 0) cand[nc++] = i;
+  }
+  *local = nc > 0;
+  if (n <= 0) return -1;
+  if (nc == 0) return (local_rank < 0 ? 0 : local_rank) % n;
+  return cand[(local_rank < 0 ? 0 : local_rank) % nc];
+}
 
 int ib_hca_match(const char* spec, const char* dev_name, int port) {
   if (!spec || !*spec) return 1;
@@ -175,6 +204,7 @@ ncclResult_t ib_discover(struct ib_port* ports, int max, int* n) {
       p->link_layer = pa.link_layer == IBV_LINK_LAYER_ETHERNET ? IBV_LINK_LAYER_ETHERNET : IBV_LINK_LAYER_INFINIBAND;
       p->lid = pa.lid;
       p->mtu = pa.active_mtu;
+      p->has_cpus = dev_local_cpus(list[d], &p->cpus) == 0;
       if (p->link_layer == IBV_LINK_LAYER_ETHERNET) {
         if (roce_pick_gid(v, ctx, p, pa.gid_tbl_len) != 0) {
           WARN("NET/IB: %s:%d: no usable GID (NCCL_IB_GID_INDEX=%s); port skipped", name, port,
@@ -185,9 +215,11 @@ ncclResult_t ib_discover(struct ib_port* ports, int max, int* n) {
         p->gid_index = 0;
         if (v->query_gid(ctx, (uint8_t)port, 0, &p->gid) != 0) memset(&p->gid, 0, sizeof(p->gid));
       }
-      INFO(LOG_NET | LOG_INIT, "NET/IB: found %s:%d (%s %d)", name, port,
+      char cpus[128] = "unknown";
+      if (p->has_cpus) bind_cpulist(&p->cpus, cpus, sizeof(cpus));
+      INFO(LOG_NET | LOG_INIT, "NET/IB: found %s:%d (%s %d, local CPUs %s)", name, port,
            p->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE, GID index" : "IB, LID",
-           p->link_layer == IBV_LINK_LAYER_ETHERNET ? p->gid_index : (int)p->lid);
+           p->link_layer == IBV_LINK_LAYER_ETHERNET ? p->gid_index : (int)p->lid, cpus);
       (*n)++;
     }
     v->close_device(ctx);

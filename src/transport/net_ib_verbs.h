@@ -7,6 +7,7 @@
 #define COLLIE_NET_IB_VERBS_H
 
 #include <infiniband/verbs.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -60,7 +61,15 @@ struct ib_port {
   int gid_index;        /* RoCE: the GID used (NCCL_IB_GID_INDEX or RoCE v2 auto); IB: 0 */
   union ibv_gid gid;
   enum ibv_mtu mtu;     /* active MTU */
+  int has_cpus;         /* the device's sysfs local_cpulist was read */
+  cpu_set_t cpus;       /* CPUs local to the device (its NUMA node / PCI root) */
 };
+
+/* Picks this process's port among n discovered ones: those local to the CPUs
+ * it may run on (`mine`: its affinity) first, and among several candidates
+ * (or none local: all of them) the local_rank-th modulo their number, so ranks
+ * of one host spread over the NICs near them. Exposed for tests. */
+int ib_port_pick(const struct ib_port* ports, int n, const cpu_set_t* mine, int local_rank, int* local);
 
 /* Does the device/port pass an NCCL_IB_HCA filter? Syntax (NCCL's): a comma
  * list of name[:port]; names match as prefixes unless the list starts with

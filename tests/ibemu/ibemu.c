@@ -36,7 +36,8 @@
  * send completes with RETRY_EXC_ERR, all other WRs with WR_FLUSH_ERR.
  * COLLIE_IBEMU_FAIL=drop:N|corrupt_rkey:N|kill_qp:N acts on the process's
  * (N+1)-th RDMA write. COLLIE_IBEMU_DEVICES names the HCAs, e.g.
- * "mlx5_0:1,mlx5_1:2:roce,mlx5_2:2:ib:down=2". COLLIE_IBEMU_REPORT=path
+ * "mlx5_0:1,mlx5_1:2:roce,mlx5_2:2:ib:down=2"; COLLIE_IBEMU_SYSFS=dir makes
+ * each device's ibdev_path dir/<name> (fake sysfs for locality tests). COLLIE_IBEMU_REPORT=path
  * ("%p" -> pid) gets the live object counts when the library unloads. */
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
@@ -223,7 +224,11 @@ static int parse_devices(const char* spec) {
     d->ibv.transport_type = IBV_TRANSPORT_IB;
     snprintf(d->ibv.dev_name, sizeof(d->ibv.dev_name), "uverbs%d", d->index);
     snprintf(d->ibv.dev_path, sizeof(d->ibv.dev_path), "/sys/class/infiniband_verbs/uverbs%d", d->index);
-    snprintf(d->ibv.ibdev_path, sizeof(d->ibv.ibdev_path), "/sys/class/infiniband/%s", name);
+    /* COLLIE_IBEMU_SYSFS=dir: the device's sysfs directory is dir/<name> (a
+     * test puts device/local_cpulist there to give the HCA a locality). */
+    const char* sysfs = getenv("COLLIE_IBEMU_SYSFS");
+    snprintf(d->ibv.ibdev_path, sizeof(d->ibv.ibdev_path), "%s/%s", sysfs && *sysfs ? sysfs : "/sys/class/infiniband",
+             name);
     E.ndevs++;
   }
   free(s);
@@ -1613,6 +1618,14 @@ EXPORT const char* ibv_wc_status_str(enum ibv_wc_status s) {
     case IBV_WC_FATAL_ERR: return "fatal error";
     default: return "other error";
   }
+}
+
+EXPORT int ibemu_qps_on(const char* dev) {
+  int n = 0;
+  pthread_mutex_lock(&E.mu);
+  for (struct emu_qp* q = E.qps; q; q = q->next) n += !strcmp(q->dev->ibv.name, dev);
+  pthread_mutex_unlock(&E.mu);
+  return n;
 }
 
 EXPORT void ibemu_get_counts(struct ibemu_counts* c) {

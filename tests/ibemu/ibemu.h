@@ -11,5 +11,7 @@ struct ibemu_counts {
 
 /* Live object counts of this process (all zero after a clean teardown). */
 void ibemu_get_counts(struct ibemu_counts* c);
+/* Live QPs of this process on the emulated device `dev`. */
+int ibemu_qps_on(const char* dev);
 
 #endif
