@@ -179,6 +179,12 @@ def init(comm=None):
     """
     global _owned_comm
     with _state_lock:
+        # Refused before any communicator is built: building one is collective, and a rank
+        # that holds an engine (even one a peer's shutdown stopped) must not join a peer's init.
+        if _engine_held():
+            raise CollieError(-1, "collie.init: the engine is already initialised%s (call "
+                              "collie.shutdown() first)"
+                              % ("" if is_initialized() else " and was stopped by a shutdown"))
         if comm is None:
             mpi = _mpi_comm_world()
             if mpi is not None:

@@ -245,15 +245,9 @@ static void local_ranks(struct engine* e) {
 
 static void engine_teardown(struct engine* e, int abort_comms);
 
+/* The caller holds init_lock and has checked that no engine is initialised. */
 static int engine_init(ncclComm_t comm, int owns) {
-  pthread_once(&sync_once, sync_init);
   struct engine* e = &engine_g;
-  pthread_mutex_lock(&init_lock);
-  if (e->initialized) {
-    pthread_mutex_unlock(&init_lock);
-    if (owns) ncclCommDestroy(comm);
-    return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_init: the engine is already initialised (call collie_shutdown first)");
-  }
   pthread_mutex_lock(&e->lock);
   e->world = comm;
   e->owns_world = owns;
@@ -331,35 +325,62 @@ static int engine_init(ncclComm_t comm, int owns) {
   pthread_mutex_unlock(&e->lock);
   if (engine_start_thread(e) != 0) {
     engine_teardown(e, 0);
-    pthread_mutex_unlock(&init_lock);
     return fail(COLLIE_ERR_INTERNAL, "collie_init: cannot start the engine thread");
   }
   INFO(LOG_INIT, "collie engine: rank %d of %d, cycle %.3f ms, fusion %lld bytes, cache %d, autotune %d", e->rank,
        e->size, (double)e->cycle_us / 1000.0, (long long)e->fusion, e->cache_cap, e->at.on);
-  pthread_mutex_unlock(&init_lock);
   return 0;
 oom:
   rc = fail(COLLIE_ERR_INTERNAL, "collie_init: out of memory");
 fail_early:
   if (owns) ncclCommDestroy(comm);
   e->world = NULL;
+  return rc;
+}
+
+/* Init over an engine this process still holds is refused before anything
+ * collective happens. The engine stays held after a peer's shutdown has
+ * stopped it, until this process calls collie_shutdown: whether a peer's
+ * shutdown has reached this rank yet differs from rank to rank, but this
+ * check depends on the process's own calls only. (collie_init used to build
+ * its world communicator first: its bootstrap, with the job's one root
+ * address, then met a peer's genuine next init, and that peer's engine was
+ * left with a communicator this rank destroyed.) Lock: init_lock. */
+static int refuse_if_held(const char* fn) {
+  if (!engine_g.initialized) return 0;
+  pthread_mutex_lock(&engine_g.lock);
+  int running = engine_g.running;
+  pthread_mutex_unlock(&engine_g.lock);
+  return fail(COLLIE_ERR_INVALID_ARGUMENT, "%s: the engine is already initialised%s (call collie_shutdown first)", fn,
+              running ? "" : " and was stopped by a shutdown");
+}
+
+COLLIE_EXPORT int collie_init(void) {
+  pthread_once(&sync_once, sync_init);
+  pthread_mutex_lock(&init_lock);
+  int rc = refuse_if_held("collie_init");
+  if (rc == 0) {
+    ncclComm_t comm = NULL;
+    ncclResult_t r = collie_comm_init_from_env(&comm);
+    if (r != ncclSuccess)
+      rc = fail(r == ncclInvalidUsage || r == ncclInvalidArgument ? COLLIE_ERR_INVALID_ARGUMENT
+                                                                  : COLLIE_ERR_COMMUNICATION,
+                "collie_init: %s", ncclGetLastError(NULL));
+    else
+      rc = engine_init(comm, 1);
+  }
   pthread_mutex_unlock(&init_lock);
   return rc;
 }
 
-COLLIE_EXPORT int collie_init(void) {
-  ncclComm_t comm = NULL;
-  ncclResult_t r = collie_comm_init_from_env(&comm);
-  if (r != ncclSuccess)
-    return fail(r == ncclInvalidUsage || r == ncclInvalidArgument ? COLLIE_ERR_INVALID_ARGUMENT
-                                                                  : COLLIE_ERR_COMMUNICATION,
-                "collie_init: %s", ncclGetLastError(NULL));
-  return engine_init(comm, 1);
-}
-
 COLLIE_EXPORT int collie_init_comm(ncclComm_t comm) {
   if (comm == NULL) return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_init_comm: comm is NULL");
-  return engine_init(comm, 0);
+  pthread_once(&sync_once, sync_init);
+  pthread_mutex_lock(&init_lock);
+  int rc = refuse_if_held("collie_init_comm");
+  if (rc == 0) rc = engine_init(comm, 0);
+  pthread_mutex_unlock(&init_lock);
+  return rc;
 }
 
 /* Frees everything after the thread has stopped (or never started). */

@@ -2,10 +2,13 @@
  * N ranks (tests/mp/harness.h), each starts the engine on a communicator and
  * runs one scenario. Usage: test_engine SCENARIO NRANKS [ARG]. Scenarios:
  * basic, orders, dtypes, colls, mismatch, join, sets, fusion, timeline,
- * stall, cycles, shutdown, autotune, errors, peerdeath, handles, join_a2a, group. */
+ * stall, cycles, shutdown, reinit, autotune, errors, peerdeath, handles, join_a2a, group. */
+#include <arpa/inet.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "collie.h"
 #include "device/reduce.h"
@@ -854,6 +857,71 @@ static int t_shutdown(int rank, int n, const ncclUniqueId* ids, int nids, void* 
   return 0;
 }
 
+/* ------------------------------------------------------------ re-init from the environment */
+
+/* The path of Horovod-style scripts: collie_init builds the world from the
+ * launcher's variables (the same NCCL_COMM_ID each time), x3, with an
+ * allreduce after each init. Each cycle one rank shuts down first; the others
+ * wait (bounded) until that has stopped their engine, then check that the
+ * stopped engine is still theirs: collie_init refuses (a local decision, the
+ * same on every rank whatever the timing), submissions fail with
+ * COLLIE_ERR_SHUTDOWN, collie_shutdown frees it. */
+static int reinit_port;
+
+static int t_reinit(int rank, int n, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)ids, (void)nids, (void)arg;
+  char buf[64];
+  snprintf(buf, sizeof(buf), "127.0.0.1:%d", reinit_port);
+  setenv("NCCL_COMM_ID", buf, 1);
+  snprintf(buf, sizeof(buf), "%d", rank);
+  setenv("COLLIE_RANK", buf, 1);
+  snprintf(buf, sizeof(buf), "%d", n);
+  setenv("COLLIE_SIZE", buf, 1);
+  for (int c = 0; c < 3; c++) {
+    int rc = collie_init();
+    MP_CHECK(rc == 0, "cycle %d: collie_init -> %d: %s", c, rc, collie_last_error());
+    MP_CHECK(collie_is_initialized() == 1 && collie_rank() == rank && collie_size() == n, "cycle %d: topology", c);
+    int64_t v[2] = {c, 1};
+    WAIT_OK(collie_allreduce_async(NULL, v, v, 2, ncclInt64, COLLIE_SUM, 1, 1, COLLIE_WORLD));
+    MP_CHECK(v[0] == (int64_t)c * n && v[1] == n, "cycle %d: %lld %lld", c, (long long)v[0], (long long)v[1]);
+    if (rank == c % n) {
+      MP_CHECK(collie_shutdown() == 0, "shutdown");
+    } else {
+      double until = mp_now() + 120;
+      while (collie_is_initialized()) {
+        MP_CHECK(mp_now() < until, "cycle %d: rank %d's shutdown did not stop this engine in 120 s", c, c % n);
+        usleep(2000);
+      }
+      MP_CHECK(collie_rank() == rank, "cycle %d: a stopped engine is still held until collie_shutdown", c);
+      rc = collie_init();
+      MP_CHECK(rc == COLLIE_ERR_INVALID_ARGUMENT, "cycle %d: init over a stopped engine -> %d", c, rc);
+      rc = collie_allreduce_async(NULL, v, v, 2, ncclInt64, COLLIE_SUM, 1, 1, COLLIE_WORLD);
+      MP_CHECK(rc == COLLIE_ERR_SHUTDOWN && strstr(collie_last_error(), "shut down"),
+               "cycle %d: submission to a stopped engine -> %d: %s", c, rc, collie_last_error());
+      MP_CHECK(collie_shutdown() == 0, "shutdown");
+    }
+    MP_CHECK(collie_is_initialized() == 0 && collie_rank() == COLLIE_ERR_NOT_INITIALIZED, "cycle %d: still held", c);
+    rc = collie_allreduce_async(NULL, v, v, 2, ncclInt64, COLLIE_SUM, 1, 1, COLLIE_WORLD);
+    MP_CHECK(rc == COLLIE_ERR_NOT_INITIALIZED, "cycle %d: submission after shutdown -> %d", c, rc);
+  }
+  return 0;
+}
+
+static int free_port(void) {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  if (s < 0) return -1;
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof(a));
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = -1;
+  if (bind(s, (struct sockaddr*)&a, len) == 0 && getsockname(s, (struct sockaddr*)&a, &len) == 0)
+    port = ntohs(a.sin_port);
+  close(s);
+  return port;
+}
+
 /* ------------------------------------------------------------ a peer dies */
 
 static int t_peerdeath(int rank, int n, const ncclUniqueId* ids, int nids, void* arg) {
@@ -1050,9 +1118,13 @@ int main(int argc, char** argv) {
                {"timeline", t_timeline}, {"stall", t_stall},     {"cycles", t_cycles}, {"shutdown", t_shutdown},
                {"autotune", t_autotune}, {"errors", t_errors},
                {"peerdeath", t_peerdeath}, {"handles", t_handles},
-               {"join_a2a", t_join_a2a}, {"group", t_group}};
+               {"join_a2a", t_join_a2a}, {"group", t_group}, {"reinit", t_reinit}};
   for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
     if (strcmp(argv[1], tests[i].name) != 0) continue;
+    if (tests[i].fn == t_reinit && (reinit_port = free_port()) < 0) {
+      fprintf(stderr, "reinit: no free port\n");
+      return 1;
+    }
     int rc = mp_run(n, tests[i].fn, NULL, 120);
     printf("%s %s with %d ranks\n", rc ? "FAIL" : "PASS", argv[1], n);
     return rc;

@@ -127,6 +127,9 @@ def test_shutdown_and_init_again():
     """Horovod allows init after shutdown. A rank whose engine another rank's shutdown already
     stopped must still free it, or its next init finds it in place (seen at 8 ranks)."""
     n = hvd.size()
+    # A shutdown stops every rank's engine: not before every rank is past test_topology, which
+    # asserts is_initialized() (8 ranks beside a CPU hog: a rank still there saw it false).
+    hvd.barrier()
     for k in range(3):
         hvd.shutdown()
         assert not hvd.is_initialized()
@@ -146,6 +149,7 @@ def test_init_after_a_peer_shutdown_is_a_no_op():
     the others wait, bounded, for that to stop their engine."""
     import time
     n = hvd.size()
+    hvd.barrier()  # every rank is past the earlier tests before rank 0 stops the engines
     if hvd.rank() == 0:
         hvd.shutdown()
     else:
