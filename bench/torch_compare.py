@@ -7,7 +7,11 @@ dist.all_reduce / all_gather_into_tensor / broadcast over float32 tensors of
 8 B .. --max-bytes (factor 4, and --max-bytes itself). collie-perf
 (tools/collie_perf.c) times the same operations at the same sizes under
 collie-run, which gives the "Python layer overhead" ratio: torch-level collie
-time / collie-perf time.
+time / collie-perf time. As collie-perf runs in other jobs (minutes apart on a
+shared machine), the torch job also times a third series, "lib": the same
+collective on the same tensors through collie.nccl's raw-pointer calls (the
+ctypes layer, no torch), interleaved with the torch calls: collie / lib is
+the cost of the torch and process-group layers measured under the same load.
 
 Both sides time the same thing, the way collie-perf does: per size, W warm-up
 calls, a barrier, then K back-to-back calls; the figure is the slowest rank's
@@ -15,8 +19,8 @@ mean time per call (collie-perf -a 3). K and W come from one table (BANDS)
 used for both. The torch backends' warm-up calls come right before their own
 timed calls, so neither starts with the other's data in the caches (a single
 cold call after gloo's 8 MiB round measured 1.3-2x a warm one). One round is
-one torch job (collie and gloo once per size, the first of the two
-alternating) followed by one collie-perf sweep; --reps rounds alternate so
+one torch job (collie, lib and gloo once per size, which goes first
+rotating) followed by one collie-perf sweep; --reps rounds alternate so
 the noise of a shared machine falls on both sides alike, and each cell is the
 median over the rounds.
 Then the step time (forward, backward, SGD step) of a model on synthetic data:
@@ -91,11 +95,12 @@ def band(size):
 def worker(args):
     import torch
     import torch.distributed as dist
-    import collie.torch.distributed  # noqa: F401  (registers "collie")
+    import collie.torch.distributed  # registers "collie"
 
     dist.init_process_group("collie")
     rank, n = dist.get_rank(), dist.get_world_size()
     groups = {"collie": None, "gloo": dist.new_group(backend="gloo")}
+    comm = collie.torch.distributed.communicator()
     sizes = sizes_upto(args.max_bytes)
     result = {"ranks": n, "coll": {}, "model": {}}
 
@@ -112,6 +117,14 @@ def worker(args):
         return torch.ones(elems), None
 
     def call(op, backend, a, b):
+        if backend == "lib":  # the library through ctypes: float32 (7), sum (0)
+            if op == "all_reduce":
+                comm.allreduce_ptr(a.data_ptr(), a.data_ptr(), a.numel(), 7, 0)
+            elif op == "broadcast":
+                comm.broadcast_ptr(a.data_ptr(), a.data_ptr(), a.numel(), 7, 0)
+            else:
+                comm.allgather_ptr(a.data_ptr(), b.data_ptr(), a.numel(), 7)
+            return
         g = groups[backend]
         if op == "all_reduce":
             dist.all_reduce(a, group=g)
@@ -124,8 +137,9 @@ def worker(args):
             # into views of one output tensor (no extra copy on gloo's side).
             dist.all_gather(list(b.chunk(n)), a, group=g)
 
-    # Rounds alternate which backend goes first (--first: the driver's round).
-    order = ("collie", "gloo") if args.first == "collie" else ("gloo", "collie")
+    # Rounds rotate which series goes first (--round: the driver's round).
+    order = ("collie", "lib", "gloo")
+    order = order[args.round % 3:] + order[:args.round % 3]
     for op in args.ops:
         for size in sizes:
             if op == "all_gather" and size < 4 * n:
@@ -145,8 +159,8 @@ def worker(args):
                 cell[backend] = slowest((time.perf_counter() - t0) / iters) * 1e6
             result["coll"].setdefault(op, {})[size] = cell
             if rank == 0:
-                print("torch_compare: %d ranks %-10s %10s collie %10.1f us  gloo %10.1f us" % (
-                    n, op, human(size), cell["collie"], cell["gloo"]), flush=True)
+                print("torch_compare: %d ranks %-10s %10s collie %10.1f us  lib %10.1f us  gloo %10.1f us" % (
+                    n, op, human(size), cell["collie"], cell["lib"], cell["gloo"]), flush=True)
             del a, b
 
     if args.model != "none":
@@ -253,14 +267,14 @@ def collie_perf(build, n, op, max_bytes, env):
     return res
 
 
-def run_job(args, n, env, first, model):
-    """One round: the torch job at n ranks; `first` backend first in every
-    cell; the model step times only when `model`."""
+def run_job(args, n, env, rnd, model):
+    """Round `rnd`: the torch job at n ranks (the round picks which series goes
+    first in every cell); the model step times only when `model`."""
     with tempfile.TemporaryDirectory(prefix="torch_compare.") as tmp:
         out = os.path.join(tmp, "result.json")
         cmd = [os.path.join(args.build, "collie-run"), "-n", str(n), "--timeout", str(args.timeout),
                sys.executable, os.path.abspath(__file__), "--worker", "--worker-out", out,
-               "--max-bytes", str(args.max_bytes), "--first", first, "--ops", ",".join(args.ops),
+               "--max-bytes", str(args.max_bytes), "--round", str(rnd), "--ops", ",".join(args.ops),
                "--steps", str(args.steps), "--batch", str(args.batch), "--model", args.model if model else "none"]
         rc = subprocess.call(cmd, env=env)
         if rc != 0 or not os.path.exists(out):
@@ -280,7 +294,7 @@ def median_cells(rounds):
             for size, cell in cells.items():
                 for backend, us in cell.items():
                     coll.setdefault(op, {}).setdefault(size, {}).setdefault(backend, []).append(us)
-    out = {"ranks": rounds[0]["ranks"], "model": {}, "rounds": len(rounds),
+    out = {"ranks": rounds[0]["ranks"], "model": {}, "rounds": len(rounds), "samples": coll,
            "coll": {op: {size: {bk: statistics.median(v) for bk, v in cell.items()} for size, cell in cells.items()}
                     for op, cells in coll.items()}}
     for data in rounds:
@@ -294,14 +308,16 @@ def tables(results, perf, args):
         for op in args.ops:
             cells = data["coll"].get(op, {})
             lines += ["", "#### %s, %d ranks" % (op, n), "",
-                      "| size | collie (us) | gloo (us) | gloo / collie | collie-perf (us) | collie / collie-perf |",
-                      "|---:|---:|---:|---:|---:|---:|"]
+                      "| size | collie (us) | gloo (us) | gloo / collie | collie-perf (us) | collie / collie-perf "
+                      "| lib (us) | collie / lib |",
+                      "|---:|---:|---:|---:|---:|---:|---:|---:|"]
             for size in sorted(cells):
-                c, g = cells[size]["collie"], cells[size]["gloo"]
+                c, g, lib = cells[size]["collie"], cells[size]["gloo"], cells[size].get("lib")
                 p = perf.get((n, op), {}).get(size)
-                lines.append("| %s | %.1f | %.1f | %.1f | %s | %s |" % (
+                lines.append("| %s | %.1f | %.1f | %.1f | %s | %s | %s | %s |" % (
                     human(size), c, g, g / c if c else 0, "%.1f" % p if p else "-",
-                    "%.2f" % (c / p) if p else "-"))
+                    "%.2f" % (c / p) if p else "-", "%.1f" % lib if lib else "-",
+                    "%.2f" % (c / lib) if lib else "-"))
         m = data.get("model") or {}
         if m:
             lines += ["", "#### Step time, %s, batch %d per rank of 3x64x64, %d ranks" % (m.get("model"), args.batch, n),
@@ -313,14 +329,17 @@ def tables(results, perf, args):
 
 
 def summary(results, perf, args):
-    """The two targets: collie / collie-perf <= 1.3 at >= 1 MiB, gloo / collie > 1 everywhere."""
-    worst_perf, worst_gloo, over, slower = None, None, [], []
+    """The two targets: collie / collie-perf <= 1.3 at >= 1 MiB, gloo / collie > 1
+    everywhere; and collie / lib at >= 1 MiB."""
+    worst_perf, worst_gloo, worst_lib, over, slower = None, None, None, [], []
     for n, data in results.items():
         for op in args.ops:
             for size, cell in sorted(data["coll"].get(op, {}).items()):
-                c, g = cell["collie"], cell["gloo"]
+                c, g, lib = cell["collie"], cell["gloo"], cell.get("lib")
                 p = perf.get((n, op), {}).get(size)
                 where = "%s %d ranks %s" % (op, n, human(size))
+                if lib and size >= (1 << 20) and (worst_lib is None or c / lib > worst_lib[0]):
+                    worst_lib = (c / lib, where)
                 if p and size >= (1 << 20):
                     if worst_perf is None or c / p > worst_perf[0]:
                         worst_perf = (c / p, where)
@@ -334,6 +353,8 @@ def summary(results, perf, args):
     if worst_perf:
         lines.append("collie / collie-perf at >= 1 MiB: at most %.2f (%s); above 1.3: %s." % (
             worst_perf[0], worst_perf[1], ", ".join(over) if over else "none"))
+    if worst_lib:
+        lines.append("collie / lib at >= 1 MiB: at most %.2f (%s)." % worst_lib)
     if worst_gloo:
         lines.append("gloo / collie: at least %.1f (%s); collie not faster: %s." % (
             worst_gloo[0], worst_gloo[1], ", ".join(slower) if slower else "none"))
@@ -397,7 +418,7 @@ def main():
     ap.add_argument("--json", help="also write every figure to this file")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
-    ap.add_argument("--first", default="collie", choices=["collie", "gloo"], help=argparse.SUPPRESS)
+    ap.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.max_bytes = parse_size(str(args.max_bytes))
     args.ops = [o for o in args.ops.split(",") if o]
@@ -416,6 +437,7 @@ def main():
                PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONDONTWRITEBYTECODE="1")
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load_start = os.getloadavg()[0]
     t0 = time.time()
     results, perf = {}, {}
     ranks = [int(x) for x in args.ranks.split(",")]
@@ -425,7 +447,7 @@ def main():
     # model runs in the last round only.
     for r in range(args.reps):
         for n in ranks:
-            data = run_job(args, n, env, "collie" if r % 2 == 0 else "gloo", r == args.reps - 1)
+            data = run_job(args, n, env, r, r == args.reps - 1)
             if data is None:
                 return 1
             rounds[n].append(data)
@@ -440,19 +462,33 @@ def main():
                     merged.setdefault(size, []).append(us)
             perf[(n, op)] = {size: statistics.median(v) for size, v in merged.items()}
     import torch
-    cmd = "bench/torch_compare.py " + " ".join(a for a in sys.argv[1:] if a != "--doc")
+    argv = []
+    for a in sys.argv[1:]:  # the command, less --doc and --json FILE (where this run put its files)
+        if a == "--doc" or a.startswith("--json="):
+            continue
+        if argv and argv[-1] == "--json":
+            argv.pop()
+            continue
+        argv.append(a)
+    cmd = "bench/torch_compare.py " + " ".join(argv)
+    load_end = os.getloadavg()[0]
     head = ["<!-- torch_compare:begin -->", "## torch.distributed: collie vs gloo (bench/torch_compare.py)", "",
-            "Run of %s on %d cores (%s), torch %s, %.0f s. Command: `%s`." % (
-                started, os.cpu_count(), os.uname().release, torch.__version__, time.time() - t0, cmd.strip()),
+            "Run of %s on %d cores (%s), torch %s, %.0f s, load average %.1f at the start and %.1f at the end "
+            "(other jobs on the machine). Command: `%s`." % (
+                started, os.cpu_count(), os.uname().release, torch.__version__, time.time() - t0, load_start,
+                load_end, cmd.strip()),
             "", "float32. Both sides timed alike, as collie-perf does: per size W warm-up calls, a barrier, K "
             "back-to-back calls (K/W: 100/5 up to 32 KiB, 20/2 up to 2 MiB, 5/1 up to 32 MiB, 3/1 above), "
             "the slowest rank's mean per call (collie-perf -a 3); each backend's warm-up right before its own "
-            "timed calls. A round is one torch job (collie and gloo once per size, which goes first "
-            "alternating by round) followed by one collie-perf sweep; each cell is the median over %d rounds. "
+            "timed calls. A round is one torch job (collie, lib and gloo once per size, which goes first "
+            "rotating by round) followed by one collie-perf sweep; each cell is the median over %d rounds. "
             "all_gather's size is the gathered output (collie: all_gather_into_tensor, gloo: all_gather into "
             "chunks of one tensor). collie-perf: in place for all_reduce and broadcast (torch calls them in "
-            "place), out of place for all_gather. Above 1 in 'gloo / collie': collie faster; 'collie / "
-            "collie-perf' is the cost of the Python and torch layers." % args.reps]
+            "place), out of place for all_gather. lib: the same collective on the same tensors through "
+            "collie.nccl's raw-pointer calls (ctypes, no torch), timed in the torch job next to the collie "
+            "calls, so 'collie / lib' is the cost of the torch and process-group layers under the same load, "
+            "while collie-perf runs minutes apart (on a loaded machine its ratio carries that noise). "
+            "Above 1 in 'gloo / collie': collie faster." % args.reps]
     head += [""] + summary(results, perf, args)
     png = os.path.join(ROOT, "docs", "plots", "torch_compare.png")
     body = tables(results, perf, args)
@@ -465,7 +501,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"results": {str(n): d for n, d in results.items()},
-                       "collie_perf": {"%d %s" % k: v for k, v in perf.items()}}, f, indent=1)
+                       "collie_perf": {"%d %s" % k: v for k, v in perf.items()},
+                       "collie_perf_rounds": {"%d %s" % k: v for k, v in perf_rounds.items()}}, f, indent=1)
     if args.doc:
         print("torch_compare: wrote %s" % write_doc(section))
     return 0
