@@ -144,6 +144,41 @@ def test_all_gather_forms(world, dtype):
     assert torch.equal(flat2, torch.cat(want).reshape(-1))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.complex64], ids=str)
+def test_all_gather_reduce_scatter_chunks_of_one_tensor(world, dtype):
+    """The list forms over chunks of one tensor (gathered into / reduced from it
+    directly), in place, in another order and with an overlapping input (both
+    staged): the same results every way."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    piece = [(torch.arange(6) + 10 * i).to(dtype) for i in range(n)]
+    big = torch.zeros(6 * n, dtype=dtype)
+    dist.all_gather(list(big.chunk(n)), piece[r])
+    assert torch.equal(big, torch.cat(piece))
+    big = torch.zeros(6 * n, dtype=dtype)
+    chunks = list(big.chunk(n))
+    chunks[r].copy_(piece[r])
+    dist.all_gather(chunks, chunks[r])  # in place
+    assert torch.equal(big, torch.cat(piece))
+    big = torch.zeros(6 * n, dtype=dtype)
+    dist.all_gather(list(big.chunk(n))[::-1], piece[r])  # rank i into the (n-1-i)th chunk
+    assert torch.equal(big, torch.cat(piece[::-1]))
+    big = torch.zeros(6 * n, dtype=dtype)
+    chunks = list(big.chunk(n))
+    other = chunks[(r + 1) % n]
+    other.copy_(piece[r])
+    dist.all_gather(chunks, other)  # the input is another rank's piece of the output
+    assert torch.equal(big, torch.cat(piece))
+
+    full = torch.cat([(torch.arange(4) + k + r).to(dtype) for k in range(n)])
+    want = (n * torch.arange(4) + n * r + n * (n - 1) // 2).to(dtype)
+    out = torch.zeros(4, dtype=dtype)
+    dist.reduce_scatter(out, list(full.chunk(n)))
+    assert torch.equal(out, want)
+    out = torch.zeros(4, dtype=dtype)
+    dist.reduce_scatter(out, list(full.chunk(n))[::-1])  # chunk n-1-k goes to rank k
+    assert torch.equal(out, (n * torch.arange(4) + n * (n - 1 - r) + n * (n - 1) // 2).to(dtype))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_reduce_scatter_forms(world, dtype):
     r, n = dist.get_rank(), dist.get_world_size()

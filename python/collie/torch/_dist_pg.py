@@ -135,6 +135,33 @@ def _one(tensors, what):
     return tensors[0]
 
 
+def _consecutive(tensors):
+    """The data pointer of the first of `tensors` when they are contiguous and
+    lie back to back in memory in list order (as torch.chunk/split of one
+    contiguous tensor gives), so one buffer call can fill or read them all;
+    else None."""
+    if not tensors:
+        return None
+    first = tensors[0]
+    if first.layout != torch.strided:
+        return None
+    base = first.data_ptr()
+    step = first.numel() * first.element_size()
+    if not base or not step:
+        return None
+    for i, t in enumerate(tensors):
+        if t.layout != torch.strided or not t.is_contiguous() or t.dtype != first.dtype:
+            return None
+        if t.numel() * t.element_size() != step or t.data_ptr() != base + i * step:
+            return None
+    return base
+
+
+def _overlaps(t, base, nbytes):
+    p = t.data_ptr()
+    return p < base + nbytes and base < p + t.numel() * t.element_size()
+
+
 def _done_future(value):
     fut = torch.futures.Future()
     fut.set_result(value)
@@ -370,6 +397,17 @@ class ProcessGroupCollie(dist.ProcessGroup):
             if o.numel() != inp.numel():
                 raise CollieBackendError("collie backend: all_gather: an output has %d elements, the input %d"
                                          % (o.numel(), inp.numel()))
+        base = _consecutive(outs) if inp.layout == torch.strided and inp.is_contiguous() else None
+        if base is not None:
+            # Outputs back to back in one buffer (dist.all_gather into chunks of
+            # one tensor): gather straight into them, no staging copy. An input
+            # that overlaps them must be this rank's own piece (in place).
+            _buf(outs[0], "all_gather output")  # device, layout and dtype checks
+            step = inp.numel() * inp.element_size()
+            if not _overlaps(inp, base, step * len(outs)) or inp.data_ptr() == base + self.rank() * step:
+                ip, n, dt = _buf(inp, "all_gather input")
+                self._c().allgather_ptr(ip, base, n, dt)
+                return _done_work(outs)
         src = inp.contiguous()
         flat = torch.empty((self.size(),) + tuple(src.shape), dtype=src.dtype)
         self._allgather_base(flat, src)
@@ -405,6 +443,18 @@ class ProcessGroupCollie(dist.ProcessGroup):
             if t.numel() != out.numel():
                 raise CollieBackendError("collie backend: reduce_scatter: an input has %d elements, the output %d"
                                          % (t.numel(), out.numel()))
+        base = _consecutive(ins)
+        if base is not None and (out.layout != torch.strided or not out.is_contiguous()
+                                 or _overlaps(out, base, out.numel() * out.element_size() * len(ins))):
+            base = None
+        if base is not None:
+            # Inputs back to back in one buffer (chunks of one tensor): reduce
+            # from it directly, without concatenating them first.
+            _buf(ins[0], "reduce_scatter input")  # device, layout and dtype checks
+            op = getattr(opts, "reduceOp", _R.SUM)
+            op_, on, dt = _buf(out, "reduce_scatter output")
+            self._c().reduce_scatter_ptr(base, op_, on, dt, _nccl_op(op, out.dtype, "reduce_scatter"))
+            return _done_work([out])
         flat = torch.cat([t.reshape(-1) for t in ins])
         res = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
         self._reduce_scatter_base(res, flat, opts)
