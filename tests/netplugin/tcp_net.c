@@ -4,7 +4,7 @@
  * again; isend/irecv are non-blocking and may return no request; test()
  * completes a request and gives its size; tags are ignored). It proves
  * collie's loader and plugin transport (src/transport/net_plugin.c) end to
- * end (built with TN_V10 it also exports ncclNetPlugin_v10).
+ * end (built with TN_V10 / TN_V9 it also exports ncclNetPlugin_v10 / _v9).
  * COLLIE_TESTNET_FAIL=init makes init fail; a process exiting with
  * comms or registrations still open prints "collietest-net: leaked" (to
  * COLLIE_TESTNET_LEAKFILE if set). */
@@ -393,13 +393,10 @@ __attribute__((visibility("default"))) const ncclNet_v8_t ncclNetPlugin_v8 = {
     .irecvConsumed = tn_irecv_consumed,
 };
 
-#ifdef TN_V10
-/* Built a second time as libnccl-net-collietest10.so: the v10 table too (the
- * loader must take it over v8), its calls adapted to the v8 ones above. */
-static ncclResult_t tn_init10(ncclDebugLogger_t log, ncclProfilerCallback_t prof) {
-  (void)prof;
-  return tn_init(log);
-}
+#if defined(TN_V10) || defined(TN_V9)
+/* Built again as libnccl-net-collietest10.so / -collietest9.so: the v10 or
+ * v9 table too (the loader must take it over v8), its calls adapted to the v8
+ * ones above (v9 and v10 share the properties and vdevice layouts). */
 
 static ncclResult_t tn_props10(int dev, ncclNetProperties_v10_t* p) {
   ncclNetProperties_v8_t p8;
@@ -418,6 +415,55 @@ static ncclResult_t tn_props10(int dev, ncclNetProperties_v10_t* p) {
   return ncclSuccess;
 }
 
+static ncclResult_t tn_make_vdevice(int* d, ncclNetVDeviceProps_v10_t* props) {
+  (void)d, (void)props;
+  return ncclInternalError;
+}
+
+static ncclResult_t tn_irecv_sz(void* recv_comm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
+                                void** request) {
+  if (n != 1 || sizes[0] > (size_t)1 << 30) return ncclInternalError;
+  int size = (int)sizes[0];
+  return tn_irecv(recv_comm, n, data, &size, tags, mhandles, request);
+}
+#endif
+
+#ifdef TN_V9
+static ncclResult_t tn_isend9(void* send_comm, void* data, size_t size, int tag, void* mhandle, void** request) {
+  if (size > (size_t)1 << 30) return ncclInternalError;
+  return tn_isend(send_comm, data, (int)size, tag, mhandle, request);
+}
+
+__attribute__((visibility("default"))) const ncclNet_v9_t ncclNetPlugin_v9 = {
+    .name = "CollieTest",
+    .init = tn_init,
+    .devices = tn_devices,
+    .getProperties = tn_props10,
+    .listen = tn_listen,
+    .connect = tn_connect,
+    .accept = tn_accept,
+    .regMr = tn_reg,
+    .regMrDmaBuf = tn_reg_dmabuf,
+    .deregMr = tn_dereg,
+    .isend = tn_isend9,
+    .irecv = tn_irecv_sz,
+    .iflush = tn_iflush,
+    .test = tn_test,
+    .closeSend = tn_close,
+    .closeRecv = tn_close,
+    .closeListen = tn_close,
+    .getDeviceMr = tn_get_device_mr,
+    .irecvConsumed = tn_irecv_consumed,
+    .makeVDevice = tn_make_vdevice,
+};
+#endif
+
+#ifdef TN_V10
+static ncclResult_t tn_init10(ncclDebugLogger_t log, ncclProfilerCallback_t prof) {
+  (void)prof;
+  return tn_init(log);
+}
+
 static ncclResult_t tn_connect10(int dev, ncclNetCommConfig_v10_t* cfg, void* handle, void** send_comm,
                                  ncclNetDeviceHandle_v10_t** dev_comm) {
   (void)cfg;
@@ -434,14 +480,7 @@ static ncclResult_t tn_isend10(void* send_comm, void* data, size_t size, int tag
 static ncclResult_t tn_irecv10(void* recv_comm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
                                void** phandles, void** request) {
   (void)phandles;
-  if (n != 1 || sizes[0] > (size_t)1 << 30) return ncclInternalError;
-  int size = (int)sizes[0];
-  return tn_irecv(recv_comm, n, data, &size, tags, mhandles, request);
-}
-
-static ncclResult_t tn_make_vdevice(int* d, ncclNetVDeviceProps_v10_t* props) {
-  (void)d, (void)props;
-  return ncclInternalError;
+  return tn_irecv_sz(recv_comm, n, data, sizes, tags, mhandles, request);
 }
 
 __attribute__((visibility("default"))) const ncclNet_v10_t ncclNetPlugin_v10 = {
