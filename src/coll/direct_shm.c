@@ -57,7 +57,12 @@ struct mb_ctrl {
   struct mb_line line[NSLOTS];
   uint32_t done; /* seq of the last direct call whose peers' data this rank has finished reading */
   uint32_t done_waiters;
-  char pad1[56];
+  /* The CPU this rank last ran a call on (written with done): a waiter
+   * whose peer sits on its own CPU stops spinning at once, since the peer
+   * cannot run until it gives the CPU up (unbound ranks that wake each
+   * other are often pulled onto one CPU). */
+  int32_t cpu;
+  char pad1[52];
   /* The call board: every collective publishes its sequence number and
    * arguments here (entry seq % BOARD_DEPTH), so a rank that has waited a
    * while can tell a peer that is merely slow from one that called something
@@ -103,8 +108,22 @@ static void publish(uint32_t* word, uint32_t* waiters, uint32_t v) {
   if (__atomic_load_n(waiters, __ATOMIC_RELAXED)) futex_wake(word, 64, 1);
 }
 
-/* Waits until (int32)(*word - want) >= 0. */
-static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* waiters, uint32_t want, int peer) {
+/* Whether peer last ran on the CPU this rank runs on now. */
+static int same_cpu(const struct direct_state* d, int peer) {
+  int me = sched_getcpu();
+  return me >= 0 && __atomic_load_n(&d->ctrl[peer]->cpu, __ATOMIC_RELAXED) == me;
+}
+
+/* Waits until (int32)(*word - want) >= 0. one_way: a wait of a rank that
+ * runs ahead (a writer waiting for a reader to free a slot, a reader waiting
+ * for a writer that returns without waiting for it); there a peer sharing
+ * this CPU only gets to run, to produce or consume a whole ring of calls, if
+ * this rank yields: spinning the whole spin time first cost ~2 ms per 64
+ * calls (broadcast 8 B at 2 unbound ranks: 40-130 us a call). In symmetric
+ * exchanges both ranks arrive together and spinning pays (yielding there
+ * measured 10 us a call on a loaded machine, spinning 0.11). */
+static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* waiters, uint32_t want, int peer,
+                             int one_way) {
   int64_t deadline = 0, t0 = 0;
   int yields = 0, spinning = 1;
   for (int it = 0;; it++) {
@@ -112,10 +131,19 @@ static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* wa
     if ((int32_t)(v - want) >= 0) return ncclSuccess;
     /* While spinning, the clock is read on every 16th poll only: a clock
      * read costs as much as several polls and would delay seeing the peer's
-     * store. Once the spin time is over it stays over. */
+     * store. Once the spin time is over it stays over. A peer that shares
+     * this CPU cannot run while this rank spins: yield to it instead (a
+     * yield, not a futex sleep, so nobody has to wake anybody). */
     if (spinning) {
-      if ((it & 15) != 15 || comm_keep_polling(comm, it, &t0)) {
+      if ((it & 15) != 15) {
         cpu_relax();
+        continue;
+      }
+      if (comm_keep_polling(comm, it, &t0)) {
+        if (one_way && same_cpu(comm->direct, peer)) {
+          NCCLCHECK(comm_stop_check(comm));
+          sched_yield();
+        }
         continue;
       }
       spinning = 0;
@@ -191,6 +219,7 @@ static ncclResult_t direct_setup(struct ncclComm* comm) {
     d->small[i] = (char*)d->segs[i].base + MB_CTRL_BYTES;
     d->data[i] = d->small[i] + NSLOTS * SMALL_BYTES;
   }
+  if (res == ncclSuccess) d->ctrl[comm->rank]->cpu = -1; /* no call run yet: on no CPU */
   /* Everybody mapped everything before anyone drops its fd. */
   ncclResult_t r2 = bootstrap_barrier(comm->bs);
   if (res == ncclSuccess) res = r2;
@@ -239,7 +268,7 @@ static ncclResult_t direct_begin(struct ncclComm* comm, size_t bytes, char** min
     for (int i = 0; i < d->n; i++) {
       if (i == comm->rank || (int32_t)(d->peer_done[i] - need) >= 0) continue;
       struct mb_ctrl* c = d->ctrl[i];
-      NCCLCHECK(wait_seq(comm, &c->done, &c->done_waiters, need, i));
+      NCCLCHECK(wait_seq(comm, &c->done, &c->done_waiters, need, i, 1));
       d->peer_done[i] = __atomic_load_n(&c->done, __ATOMIC_ACQUIRE);
     }
   }
@@ -277,15 +306,16 @@ static void describe_token(uint64_t t, char* buf, size_t n) {
 }
 
 /* Publishes my line and waits for peer `src`'s (every peer's if src < 0);
- * then checks that they are on the same call with the same arguments. */
-static ncclResult_t direct_exchange(struct ncclComm* comm, int src) {
+ * then checks that they are on the same call with the same arguments.
+ * one_way: the peers waited for return without waiting for this rank. */
+static ncclResult_t direct_exchange(struct ncclComm* comm, int src, int one_way) {
   struct direct_state* d = comm->direct;
   publish_ready(comm);
   ncclResult_t res = ncclSuccess;
   for (int i = 0; i < d->n && res == ncclSuccess; i++) {
     if (i == comm->rank || (src >= 0 && i != src)) continue;
     struct mb_line* l = &d->ctrl[i]->line[d->seq % NSLOTS];
-    res = wait_seq(comm, &l->seq, &l->waiters, d->seq, i);
+    res = wait_seq(comm, &l->seq, &l->waiters, d->seq, i, one_way);
     if (res == ncclSuccess && (l->token != d->call_token || l->root != d->call_root)) {
       /* The board names both calls when it still holds the peer's entry; the
        * line's token decides in any case: never read a disagreeing payload. */
@@ -314,6 +344,7 @@ static ncclResult_t direct_exchange(struct ncclComm* comm, int src) {
 static void direct_end(struct ncclComm* comm) {
   struct direct_state* d = comm->direct;
   struct mb_ctrl* me = d->ctrl[comm->rank];
+  __atomic_store_n(&me->cpu, sched_getcpu(), __ATOMIC_RELAXED);
   publish(&me->done, &me->done_waiters, d->seq);
 }
 
@@ -407,7 +438,7 @@ static ncclResult_t direct_allreduce(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
   NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
-  NCCLCHECK(direct_exchange(comm, -1));
+  NCCLCHECK(direct_exchange(comm, -1, 0));
   reduce_all(comm->direct, &a->op, a->recvbuff, bytes, 0, a->count, a->avg);
   direct_end(comm);
   return ncclSuccess;
@@ -418,7 +449,7 @@ static ncclResult_t direct_reduce(struct coll_args* a) {
   size_t bytes = a->count * dtype_size(a->dt);
   NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
   if (comm->rank == a->root) {
-    NCCLCHECK(direct_exchange(comm, -1));
+    NCCLCHECK(direct_exchange(comm, -1, 1));
     reduce_all(comm->direct, &a->op, a->recvbuff, bytes, 0, a->count, a->avg);
   } else {
     publish_ready(comm);
@@ -433,7 +464,7 @@ static ncclResult_t direct_reducescatter(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t esz = dtype_size(a->dt), bytes = a->count * esz, total = bytes * (size_t)comm->nranks;
   NCCLCHECK(direct_post(comm, a->sendbuff, total));
-  NCCLCHECK(direct_exchange(comm, -1));
+  NCCLCHECK(direct_exchange(comm, -1, 0));
   reduce_all(comm->direct, &a->op, a->recvbuff, total, (size_t)comm->rank * bytes, a->count, a->avg);
   direct_end(comm);
   return ncclSuccess;
@@ -443,7 +474,7 @@ static ncclResult_t direct_allgather(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
   NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
-  NCCLCHECK(direct_exchange(comm, -1));
+  NCCLCHECK(direct_exchange(comm, -1, 0));
   for (int i = 0; i < comm->nranks; i++) {
     char* dst = (char*)a->recvbuff + (size_t)i * bytes;
     if (i == comm->rank && dst == a->sendbuff) continue;
@@ -460,7 +491,7 @@ static ncclResult_t direct_alltoall(struct coll_args* a) {
   size_t bytes = a->count * dtype_size(a->dt), total = bytes * (size_t)comm->nranks;
   size_t mine = (size_t)comm->rank * bytes;
   NCCLCHECK(direct_post(comm, a->sendbuff, total));
-  NCCLCHECK(direct_exchange(comm, -1));
+  NCCLCHECK(direct_exchange(comm, -1, 0));
   for (int i = 0; i < comm->nranks; i++) {
     /* Never in place (the API front refuses sendbuff == recvbuff). */
     const char* src = i == comm->rank ? (const char*)a->sendbuff + mine : peer_data(comm->direct, i, total) + mine;
@@ -480,7 +511,7 @@ static ncclResult_t direct_broadcast(struct coll_args* a) {
     publish_ready(comm);
     if (a->recvbuff != a->sendbuff) memcpy(a->recvbuff, a->sendbuff, bytes);
   } else {
-    NCCLCHECK(direct_exchange(comm, a->root));
+    NCCLCHECK(direct_exchange(comm, a->root, 1));
     memcpy(a->recvbuff, peer_data(comm->direct, a->root, bytes), bytes);
   }
   comm->direct->last_symmetric = 0;
