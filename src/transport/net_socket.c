@@ -37,6 +37,7 @@ struct sock_link {
   size_t off;    /* bytes of that slot (header first) moved so far */
   char* stage;   /* receiver: bytes read from the socket, not yet placed */
   size_t stage_off, stage_len;
+  int big;       /* receiver: the last slot's payload skipped the stage (read headers alone) */
 };
 
 struct sock_conn {
@@ -153,10 +154,13 @@ static ncclResult_t recv_links(struct conn* c, int may_read) {
             break;
           }
           /* A large payload remainder is read in place; anything else through
-           * the stage, which may bring the following slots along. */
+           * the stage, which may bring the following slots along. After a
+           * large slot the next header is read alone, so that a stream of
+           * large slots is not copied through the stage in part. */
           int direct = l->off >= sizeof(*h) && need - l->off >= SOCK_STAGE_BYTES;
           char* p = direct ? payload_dst(c, l, h) + (l->off - sizeof(*h)) : l->stage;
-          ssize_t rc = recv(l->fd, p, direct ? need - l->off : SOCK_STAGE_BYTES, MSG_DONTWAIT);
+          size_t want = direct ? need - l->off : l->big && l->off < sizeof(*h) ? sizeof(*h) - l->off : SOCK_STAGE_BYTES;
+          ssize_t rc = recv(l->fd, p, want, MSG_DONTWAIT);
           if (rc > 0) {
             if (direct) l->off += (size_t)rc;
             else {
@@ -198,6 +202,7 @@ static ncclResult_t recv_links(struct conn* c, int may_read) {
         }
       }
       if (blocked) break;
+      l->big = slot_len(h) - sizeof(*h) >= SOCK_STAGE_BYTES;
       l->off = 0;
       l->next += (uint32_t)s->nlinks;
     }
