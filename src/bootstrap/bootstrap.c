@@ -426,7 +426,21 @@ static ncclResult_t send_frame(struct bootstrap* bs, int peer, int fd, int type,
 static ncclResult_t connect_peer(struct bootstrap* bs, int peer, int64_t deadline, struct wopt* o) {
   if (bs->out_fd[peer] >= 0) return ncclSuccess;
   int fd;
-  int st = sock_connect(&bs->peers[peer].addr, deadline, bs->abort_flag, &fd);
+  /* A refused connection is retried until the deadline (the peer may still be
+   * starting); in slices, so that a peer known to have failed, or the
+   * communicator's own stop (a watched call), ends the wait like the other
+   * bootstrap waits instead of after the whole timeout (a survivor setting up
+   * connectors to a rank that was just killed hung there). */
+  int st;
+  for (;;) {
+    int64_t slice = time_ms() + 250;
+    st = sock_connect(&bs->peers[peer].addr, deadline >= 0 && deadline < slice ? deadline : slice, bs->abort_flag, &fd);
+    if (st != SOCK_TIMEOUT || (deadline >= 0 && time_ms() >= deadline)) break;
+    if (__atomic_load_n(&bs->failed[peer], __ATOMIC_RELAXED))
+      return err_set(ncclRemoteError, "bootstrap: rank %d (%s) failed while rank %d was connecting to it", peer,
+                     bootstrap_peer_host(bs, peer), bs->rank);
+    NCCLCHECK(watch_check(bs, o));
+  }
   if (st != SOCK_OK) {
     char a[SOCK_ADDR_STRLEN];
     return err_set(st == SOCK_ABORTED ? ncclSystemError : ncclRemoteError,
