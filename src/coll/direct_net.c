@@ -72,6 +72,10 @@ static ncclResult_t net_direct_run(struct coll_args* a) {
   switch (a->kind) {
     case COLL_ALLREDUCE:
       res = exchange(a, out, want, tmp, bytes);
+      /* In place, the result overwrites what was sent: over sockets the
+       * send may still read it from the caller's buffer (send_commit_ext),
+       * so it must have left first. */
+      if (res == ncclSuccess && outb == in) res = transport_flush(a->comm);
       if (res == ncclSuccess) combine(a, outb, tmp, in, bytes);
       break;
     case COLL_ALLGATHER:
