@@ -222,20 +222,6 @@ static int rank_env(int rank, int nranks, const ncclUniqueId* ids, int nids, voi
   return 0;
 }
 
-static int free_port(int family) {
-  int s = socket(family, SOCK_STREAM, 0);
-  union sock_addr a;
-  memset(&a, 0, sizeof(a));
-  a.sa.sa_family = (sa_family_t)family;
-  if (family == AF_INET) a.sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  else a.sin6.sin6_addr = in6addr_loopback;
-  socklen_t len = family == AF_INET ? sizeof(a.sin) : sizeof(a.sin6);
-  if (bind(s, &a.sa, len) != 0) return -1;
-  getsockname(s, &a.sa, &len);
-  close(s);
-  return ntohs(family == AF_INET ? a.sin.sin_port : a.sin6.sin6_port);
-}
-
 /* ---- a missing rank: everybody else gets an error naming it */
 static int missing_rank;
 static int rank_expect_missing(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
@@ -488,7 +474,7 @@ int main(int argc, char** argv) {
     rc = 0;
     enum env_mode modes[] = {ENV_COMM_ID, ENV_COLLIE, ENV_TORCH, ENV_OMPI, ENV_PMI, ENV_SLURM, ENV_COMM_ID_V6};
     for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]) && !rc; m++) {
-      env_port = free_port(modes[m] == ENV_COMM_ID_V6 ? AF_INET6 : AF_INET);
+      env_port = mp_free_port(modes[m] == ENV_COMM_ID_V6 ? AF_INET6 : AF_INET);
       if (env_port < 0) {
         fprintf(stderr, "mode %zu: no %s loopback here, skipped\n", m, modes[m] == ENV_COMM_ID_V6 ? "IPv6" : "IPv4");
         continue;

@@ -17,17 +17,8 @@ import pytest
 def _free_port():
     """A port P with P and P + 1 free: torchrun's store would take P, and collie's bootstrap
     root listens on MASTER_PORT + 1."""
-    import socket
-    for _ in range(100):
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no two consecutive free ports")
+    from ports import free_ports
+    return free_ports(2)
 
 
 def _launch_torchrun_env(n, args):

@@ -19,7 +19,6 @@ the whole job is bounded by --timeout (default 400 s).
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,9 +30,8 @@ def skip(msg):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from ports import free_ports
+    return free_ports(1)
 
 
 def stop(procs):
