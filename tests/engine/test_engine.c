@@ -907,21 +907,6 @@ static int t_reinit(int rank, int n, const ncclUniqueId* ids, int nids, void* ar
   return 0;
 }
 
-static int free_port(void) {
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  if (s < 0) return -1;
-  struct sockaddr_in a;
-  memset(&a, 0, sizeof(a));
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = -1;
-  if (bind(s, (struct sockaddr*)&a, len) == 0 && getsockname(s, (struct sockaddr*)&a, &len) == 0)
-    port = ntohs(a.sin_port);
-  close(s);
-  return port;
-}
-
 /* ------------------------------------------------------------ a peer dies */
 
 static int t_peerdeath(int rank, int n, const ncclUniqueId* ids, int nids, void* arg) {
@@ -1121,7 +1106,7 @@ int main(int argc, char** argv) {
                {"join_a2a", t_join_a2a}, {"group", t_group}, {"reinit", t_reinit}};
   for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
     if (strcmp(argv[1], tests[i].name) != 0) continue;
-    if (tests[i].fn == t_reinit && (reinit_port = free_port()) < 0) {
+    if (tests[i].fn == t_reinit && (reinit_port = mp_free_port(AF_INET)) < 0) {
       fprintf(stderr, "reinit: no free port\n");
       return 1;
     }
