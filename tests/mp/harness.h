@@ -284,7 +284,7 @@ static int mp_run(int nranks, mp_rank_fn fn, void* arg, double limit_s) {
  * our listener binds it ("Address already in use" once in a stress run); a
  * random port below the range is taken only by another test that chose the
  * same one. -1 if none was found. */
-static int mp_free_port(int family) {
+static inline int mp_free_port(int family) {
   int lo = 32768;
   FILE* f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
   if (f) {
