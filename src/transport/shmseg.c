@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -41,6 +42,11 @@ ncclResult_t shmseg_open(int32_t pid, int32_t fd, size_t len, int peer, const ch
   char path[64];
   snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)pid, (int)fd);
   int f = open(path, O_RDWR | O_CLOEXEC);
+  if (f < 0 && errno == ENOENT && kill((pid_t)pid, 0) != 0 && errno == ESRCH)
+    /* The peer's process is gone (killed while we connected to it): say so,
+     * naming it, as the other failure paths do. */
+    return err_set(ncclRemoteError, "%s: rank %d (pid %d) failed or exited before its segment could be opened", what,
+                   peer, (int)pid);
   if (f < 0)
     return err_set(ncclSystemError,
                    "%s: cannot open rank %d's segment %s: %s (processes in different containers or users? "
