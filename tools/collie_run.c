@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bootstrap/socket.h"
 #include "run/run.h"
 
 int64_t now_ms(void) {
@@ -33,38 +34,16 @@ int64_t now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Rank 0's bootstrap binds this port a moment later, so it must stay free
- * until then. A port from bind(0), closed again, is in the kernel's
- * ephemeral range and may go to any process's next outgoing connection in
- * between (seen in a stress run: "Address already in use" at rank 0); a
- * random port below that range that binds now is taken only by a process
- * that asks for that very port. */
+/* Rank 0's bootstrap binds this port a moment later (see
+ * sock_free_loopback_port for why it is not a bind(0) port). */
 static int free_loopback_port(unsigned* port) {
-  int lo = 32768;
-  FILE* f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
-  if (f) {
-    if (fscanf(f, "%d", &lo) != 1) lo = 32768;
-    fclose(f);
+  int p = sock_free_loopback_port(AF_INET);
+  if (p < 0) {
+    errno = EADDRINUSE;
+    return -1;
   }
-  if (lo <= 11024) lo = 32768;
-  unsigned seed = (unsigned)getpid() ^ (unsigned)now_ms();
-  for (int i = 0; i < 200; i++) {
-    struct sockaddr_in addr;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    memset(&addr, 0, sizeof(addr));
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons((uint16_t)(10000 + rand_r(&seed) % (unsigned)(lo - 10001)));
-    int ok = bind(fd, (struct sockaddr*)&addr, sizeof(addr)) == 0;
-    close(fd);
-    if (ok) {
-      *port = ntohs(addr.sin_port);
-      return 0;
-    }
-  }
-  errno = EADDRINUSE;
-  return -1;
+  *port = (unsigned)p;
+  return 0;
 }
 
 int make_secret(char hex[2 * SECRET_BYTES + 1]) {

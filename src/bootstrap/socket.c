@@ -352,3 +352,37 @@ int sock_recv_all(int fd, void* buf, size_t n, int64_t deadline_ms, volatile uin
     if (st != SOCK_OK) return st;
   }
 }
+
+int sock_free_loopback_port(int family) {
+  int lo = 32768;
+  FILE* f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  if (f) {
+    if (fscanf(f, "%d", &lo) != 1) lo = 32768;
+    fclose(f);
+  }
+  if (lo <= 11024) lo = 32768;
+  unsigned seed = (unsigned)getpid() ^ (unsigned)time(NULL);
+  for (int i = 0; i < 200; i++) {
+    union sock_addr a;
+    memset(&a, 0, sizeof(a));
+    uint16_t port = (uint16_t)(10000 + rand_r(&seed) % (unsigned)(lo - 10001));
+    socklen_t len;
+    if (family == AF_INET6) {
+      a.sin6.sin6_family = AF_INET6;
+      a.sin6.sin6_addr = in6addr_loopback;
+      a.sin6.sin6_port = htons(port);
+      len = sizeof(a.sin6);
+    } else {
+      a.sin.sin_family = AF_INET;
+      a.sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin.sin_port = htons(port);
+      len = sizeof(a.sin);
+    }
+    int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    int ok = bind(fd, &a.sa, len) == 0;
+    close(fd);
+    if (ok) return port;
+  }
+  return -1;
+}

@@ -33,6 +33,11 @@ const char* sock_status_str(int st);
 const char* sock_addr_str(const union sock_addr* a, char* buf, size_t n);
 socklen_t sock_addr_len(const union sock_addr* a);
 int sock_addr_is_loopback(const union sock_addr* a);
+/* A loopback port (family AF_INET or AF_INET6) that binds now, for a launcher
+ * or test that must name it before anyone listens on it: random, below the
+ * kernel's ephemeral range, so no other process's outgoing connection can
+ * take it in between (a bind(0) port, closed again, can). -1 if none. */
+int sock_free_loopback_port(int family);
 int sock_addr_valid(const union sock_addr* a);
 
 /* Parses "ip:port", "[ipv6]:port" or "host:port" (resolved). Port 1..65535.

@@ -12,6 +12,7 @@
 
 #include "collie.h"
 #include "device/reduce.h"
+#include "bootstrap/socket.h"
 #include "harness.h"
 #include "typed.h"
 
@@ -1106,7 +1107,7 @@ int main(int argc, char** argv) {
                {"join_a2a", t_join_a2a}, {"group", t_group}, {"reinit", t_reinit}};
   for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
     if (strcmp(argv[1], tests[i].name) != 0) continue;
-    if (tests[i].fn == t_reinit && (reinit_port = mp_free_port(AF_INET)) < 0) {
+    if (tests[i].fn == t_reinit && (reinit_port = sock_free_loopback_port(AF_INET)) < 0) {
       fprintf(stderr, "reinit: no free port\n");
       return 1;
     }

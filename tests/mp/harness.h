@@ -25,9 +25,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include "nccl.h"
 
@@ -277,47 +274,5 @@ static int mp_run(int nranks, mp_rank_fn fn, void* arg, double limit_s) {
   return mp_run_ids(nranks, 1, fn, arg, NULL, 0, limit_s);
 }
 
-/* A loopback TCP port that is free now, for tests that must name a port
- * before anyone listens on it (NCCL_COMM_ID, MASTER_PORT). Taken from below
- * the kernel's ephemeral range: a port the kernel handed out (bind to 0)
- * and we then closed can go to any other test's outgoing connection before
- * our listener binds it ("Address already in use" once in a stress run); a
- * random port below the range is taken only by another test that chose the
- * same one. -1 if none was found. */
-static inline int mp_free_port(int family) {
-  int lo = 32768;
-  FILE* f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
-  if (f) {
-    if (fscanf(f, "%d", &lo) != 1) lo = 32768;
-    fclose(f);
-  }
-  if (lo <= 11024) lo = 32768;
-  unsigned seed = (unsigned)getpid() ^ (unsigned)time(NULL);
-  for (int i = 0; i < 200; i++) {
-    int port = 10000 + (int)(rand_r(&seed) % (unsigned)(lo - 10001));
-    int s = socket(family, SOCK_STREAM, 0);
-    if (s < 0) return -1;
-    struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof(ss));
-    socklen_t len;
-    if (family == AF_INET6) {
-      struct sockaddr_in6* a = (struct sockaddr_in6*)&ss;
-      a->sin6_family = AF_INET6;
-      a->sin6_addr = in6addr_loopback;
-      a->sin6_port = htons((uint16_t)port);
-      len = sizeof(*a);
-    } else {
-      struct sockaddr_in* a = (struct sockaddr_in*)&ss;
-      a->sin_family = AF_INET;
-      a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      a->sin_port = htons((uint16_t)port);
-      len = sizeof(*a);
-    }
-    int ok = bind(s, (struct sockaddr*)&ss, len) == 0;
-    close(s);
-    if (ok) return port;
-  }
-  return -1;
-}
 
 #endif

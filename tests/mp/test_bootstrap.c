@@ -14,6 +14,7 @@
 #include "bootstrap/bootstrap.h"
 #include "collie.h"
 #include "comm.h"
+#include "bootstrap/socket.h"
 #include "harness.h"
 
 static int count_fds(void) {
@@ -474,7 +475,7 @@ int main(int argc, char** argv) {
     rc = 0;
     enum env_mode modes[] = {ENV_COMM_ID, ENV_COLLIE, ENV_TORCH, ENV_OMPI, ENV_PMI, ENV_SLURM, ENV_COMM_ID_V6};
     for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]) && !rc; m++) {
-      env_port = mp_free_port(modes[m] == ENV_COMM_ID_V6 ? AF_INET6 : AF_INET);
+      env_port = sock_free_loopback_port(modes[m] == ENV_COMM_ID_V6 ? AF_INET6 : AF_INET);
       if (env_port < 0) {
         fprintf(stderr, "mode %zu: no %s loopback here, skipped\n", m, modes[m] == ENV_COMM_ID_V6 ? "IPv6" : "IPv4");
         continue;
