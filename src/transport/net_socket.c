@@ -38,6 +38,7 @@ struct sock_link {
   char* stage;   /* receiver: bytes read from the socket, not yet placed */
   size_t stage_off, stage_len;
   int big;       /* receiver: the last slot's payload skipped the stage (read headers alone) */
+  int eof;       /* receiver: the peer closed this connection between slots */
 };
 
 struct sock_conn {
@@ -143,7 +144,7 @@ static ncclResult_t recv_links(struct conn* c, int may_read) {
   uint32_t window = s->readahead ? (uint32_t)c->nslots : 1;
   for (int li = 0; li < s->nlinks && !s->failed; li++) {
     struct sock_link* l = &s->link[li];
-    while ((uint32_t)(l->next - s->pos) < window) {
+    while (!l->eof && (uint32_t)(l->next - s->pos) < window) {
       struct slot_hdr* h = &s->hdrs[l->next % (uint32_t)c->nslots];
       size_t need = l->off < sizeof(*h) ? sizeof(*h) : slot_len(h);
       int blocked = 0;
@@ -173,14 +174,18 @@ static ncclResult_t recv_links(struct conn* c, int may_read) {
             blocked = 1;
             break;
           }
-          s->failed = 1;
           /* A close between slots is how a peer that finished (and destroyed
            * its communicator) says goodbye: what it sent is still ours to
-           * consume. A waiter that needs more than that sees peer_failed. */
+           * consume, on this connection and on the others, which may still
+           * hold slots in the kernel (a peer closes all of them at once, and
+           * any may be seen first). A waiter that needs a slot this
+           * connection would have carried sees peer_failed. */
           if (rc == 0 && l->off == 0) {
-            update_done(s);
-            return ncclSuccess;
+            l->eof = 1;
+            blocked = 1;
+            break;
           }
+          s->failed = 1;
           int err = errno;
           NCCLCHECK(comm_await_cause(c->comm, CAUSE_WAIT_MS));
           return err_set(ncclRemoteError, "socket: rank %d (%s) closed its connection to rank %d%s%s", c->peer,
@@ -274,8 +279,10 @@ static ncclResult_t sock_recv_release(struct conn* c) {
 static void sock_wait(struct conn* c, int timeout_ms) {
   struct sock_conn* s = c->priv;
   struct pollfd p[SOCK_MAX_CONNS];
-  for (int i = 0; i < s->nlinks; i++) p[i] = (struct pollfd){.fd = s->link[i].fd, .events = c->is_send ? POLLOUT : POLLIN};
-  poll(p, (nfds_t)s->nlinks, timeout_ms);
+  int n = 0;
+  for (int i = 0; i < s->nlinks; i++)
+    if (!s->link[i].eof) p[n++] = (struct pollfd){.fd = s->link[i].fd, .events = c->is_send ? POLLOUT : POLLIN};
+  poll(p, (nfds_t)n, timeout_ms);
 }
 
 static void sock_fail(struct conn* c) {
@@ -297,11 +304,18 @@ static int sock_pollfds(struct conn* c, struct pollfd* p) {
   if (s->failed) return 0;
   if (c->is_send && s->done == s->pos) return 0; /* nothing to send */
   if (!c->is_send && (uint32_t)(s->done - s->pos) >= (uint32_t)c->nslots) return 0; /* no free slot */
-  for (int i = 0; i < s->nlinks; i++) p[i] = (struct pollfd){.fd = s->link[i].fd, .events = c->is_send ? POLLOUT : POLLIN};
-  return s->nlinks;
+  int n = 0;
+  for (int i = 0; i < s->nlinks; i++)
+    if (!s->link[i].eof) p[n++] = (struct pollfd){.fd = s->link[i].fd, .events = c->is_send ? POLLOUT : POLLIN};
+  return n;
 }
 
-static int sock_peer_failed(struct conn* c) { return ((struct sock_conn*)c->priv)->failed; }
+/* Failed: a connection broke, or the slot the consumer waits for would come
+ * on a connection the peer closed. */
+static int sock_peer_failed(struct conn* c) {
+  struct sock_conn* s = c->priv;
+  return s->failed || (!c->is_send && s->done == s->pos && s->link[s->pos % (uint32_t)s->nlinks].eof);
+}
 
 static void sock_close(struct conn* c) {
   struct sock_conn* s = c->priv;

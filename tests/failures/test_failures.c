@@ -665,6 +665,46 @@ static int rank_exit(int rank, int nranks, const ncclUniqueId* ids, int nids, vo
   return 0;
 }
 
+/* A rank that sends and then destroys its communicator has said goodbye, not
+ * failed: what it sent is still delivered. Over sockets with several
+ * connections per connector, the peer sees the close on a connection that has
+ * nothing more for it while others still hold slots (coll.socket_nsocks4_ra1_2
+ * once failed so in CI: the receiver stopped reading at the first close). */
+#define GOODBYE_MSGS 7
+static int rank_goodbye(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  maybe_hostid(rank);
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  static int buf[GOODBYE_MSGS][256];
+  /* Connect first (lazy setup needs both ranks). */
+  if (rank == 0) MP_NCCL(ncclSend(buf[0], 1, ncclInt32, 1, comm, NULL));
+  else MP_NCCL(ncclRecv(buf[0], 1, ncclInt32, 0, comm, NULL));
+  if (rank == 0) {
+    for (int m = 0; m < GOODBYE_MSGS; m++) {
+      for (int i = 0; i < 256; i++) buf[m][i] = m * 1000 + i;
+      MP_NCCL(ncclSend(buf[m], 256, ncclInt32, 1, comm, NULL));
+    }
+    MP_NCCL(ncclCommDestroy(comm));
+    mp_arrive(0);
+    return 0;
+  }
+  MP_CHECK(mp_await(0, 1, 100) == 0, "rank 0 did not finish sending");
+  for (int m = 0; m < GOODBYE_MSGS; m++) {
+    memset(buf[m], 0xff, sizeof(buf[m]));
+    ncclResult_t r = ncclRecv(buf[m], 256, ncclInt32, 0, comm, NULL);
+    MP_CHECK(r == ncclSuccess, "receive %d of %d after the sender destroyed its communicator: %s", m + 1, GOODBYE_MSGS,
+             ncclGetLastError(comm));
+    for (int i = 0; i < 256; i++) MP_CHECK(buf[m][i] == m * 1000 + i, "message %d int %d: %d", m, i, buf[m][i]);
+  }
+  /* Nothing more will come: the next receive is an error, not a hang. */
+  ncclResult_t r = ncclRecv(buf[0], 256, ncclInt32, 0, comm, NULL);
+  MP_CHECK(r != ncclSuccess, "a receive from a rank that left succeeded");
+  ncclCommAbort(comm);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char* c = argc > 1 ? argv[1] : "";
@@ -678,11 +718,12 @@ int main(int argc, char** argv) {
   if (!strcmp(c, "shrink")) return mp_run(5, rank_shrink, NULL, 120);
   if (!strcmp(c, "revoke")) return mp_run_ids(3, 2, rank_revoke, NULL, NULL, 0, 120);
   if (!strcmp(c, "exit")) return mp_run(2, rank_exit, NULL, 120);
+  if (!strcmp(c, "goodbye")) return mp_run(2, rank_goodbye, NULL, 120);
   if (!strcmp(c, "revoke_setup")) return mp_run_ids(3, 2, rank_revoke_setup, NULL, NULL, 0, 120);
   if (!strcmp(c, "shrink_absent")) {
     int absent = argc > 2 ? atoi(argv[2]) : 2;
     return mp_run_ids(3, 2, rank_shrink_absent, &absent, NULL, 0, 120);
   }
-  fprintf(stderr, "usage: test_failures kill|stop [trials [bytes]] | abort [n] | nonblocking [n] | shrink | revoke | exit | revoke_setup | shrink_absent [rank]\n");
+  fprintf(stderr, "usage: test_failures kill|stop [trials [bytes]] | abort [n] | nonblocking [n] | shrink | revoke | exit | goodbye | revoke_setup | shrink_absent [rank]\n");
   return 2;
 }
