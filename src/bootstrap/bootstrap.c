@@ -743,9 +743,12 @@ static ncclResult_t checkin_wait(struct bootstrap* bs, const struct bootstrap_id
                    bs->rank, h.type, h.len, exact ? "" : "at most ", max_len);
   uint8_t* buf = malloc(h.len ? h.len : 1);
   if (!buf) return err_set(ncclSystemError, "out of memory in bootstrap (%u-byte reply)", h.len);
-  if (sock_recv_all(fd, buf, h.len, deadline, bs->abort_flag) != SOCK_OK) {
+  st = sock_recv_all(fd, buf, h.len, deadline, bs->abort_flag);
+  if (st != SOCK_OK) {
     free(buf);
-    return err_set(ncclRemoteError, "bootstrap: rank %d: truncated reply from the root", bs->rank);
+    return err_set(st == SOCK_ABORTED ? ncclSystemError : ncclRemoteError,
+                   "bootstrap: rank %d: truncated reply from the root at %s (%u-byte payload): %s", bs->rank,
+                   sock_addr_str(&id->root, a, sizeof(a)), h.len, st == SOCK_ERROR ? strerror(errno) : sock_status_str(st));
   }
   *out = buf;
   *out_len = h.len;
@@ -972,7 +975,8 @@ ncclResult_t bootstrap_init(const ncclUniqueId* ids, int nids, int rank, int nra
                        (uint32_t)COLLIE_MIN(max_len, (uint64_t)FRAME_MAX_PAYLOAD), !leader, &reply, &reply_len);
     close(root_fd);
     root_fd = -1;
-    root_reap();
+    if (res == ncclSuccess) root_wait_served(&id);
+    else root_reap();
     bs->phase_ms[0] = (time_ns() - t0) / 1e6;
     if (res == ncclSuccess && leader && reply_len < a)
       res = err_set(ncclRemoteError, "bootstrap: rank %d: short reply from the root", rank);

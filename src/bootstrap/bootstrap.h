@@ -119,6 +119,14 @@ ncclResult_t bootstrap_bcast(struct bootstrap* bs, int root, void* data, size_t 
 ncclResult_t root_start(struct bootstrap_id* id, int started_by_init);
 /* Joins root threads of this process that have finished. */
 void root_reap(void);
+/* Once this process's rank has its reply from the root serving `id`: if that
+ * root runs in this process, waits (bounded) until it has answered every rank
+ * of its block, then reaps it. A rank that owns the root and leaves right
+ * after its init must not take the other ranks' replies with it. */
+void root_wait_served(const struct bootstrap_id* id);
+/* For tests only: the root sleeps this long before each reply after the
+ * first (a root thread the scheduler left behind). */
+extern int root_test_reply_delay_ms;
 /* For tests/fuzz only: a root with no listener or thread. root_test_connection
  * hands it one accepted connection (it reads what `fd` holds, as root_main
  * would, and takes or closes the fd); returns 0 still pending, 1 kept, 2

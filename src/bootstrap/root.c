@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../core.h"
@@ -57,20 +58,36 @@ __attribute__((constructor)) static void registry_lock_atfork(void) {
 }
 static struct root* registry;
 
+int root_test_reply_delay_ms;
+
 /* Largest check-in frame the root reads (the check-in itself is CHECKIN_BYTES). */
 #define ROOT_MAX_FRAME 4096
 
 static int block_first(int k, int nranks, int nroots) { return (int)((int64_t)k * nranks / nroots); }
 
 /* For FRAME_ROOT_ERROR the tag carries the ncclResult_t the rank returns. */
+/* Header and payload go out in one send where they fit in a small buffer, so a
+ * rank never reads a reply's header without the rest being on its way. A
+ * failure is logged (the rank reports its side). */
 static void root_send(struct root* r, int fd, int type, uint32_t tag, const void* payload, uint32_t len,
                       int64_t deadline) {
   struct frame_hdr h;
-  uint8_t buf[FRAME_HDR_BYTES];
+  uint8_t buf[FRAME_HDR_BYTES + 512];
   frame_init(&h, type, len, -1, tag, r->id.secret);
   frame_encode(&h, buf);
-  if (sock_send_all(fd, buf, sizeof(buf), deadline, NULL) == SOCK_OK && len)
-    sock_send_all(fd, payload, len, deadline, NULL);
+  int st;
+  if (len <= sizeof(buf) - FRAME_HDR_BYTES) {
+    if (len) memcpy(buf + FRAME_HDR_BYTES, payload, len);
+    st = sock_send_all(fd, buf, FRAME_HDR_BYTES + len, deadline, NULL);
+  } else {
+    st = sock_send_all(fd, buf, FRAME_HDR_BYTES, deadline, NULL);
+    if (st == SOCK_OK) st = sock_send_all(fd, payload, len, deadline, NULL);
+  }
+  if (st != SOCK_OK) {
+    char a[SOCK_ADDR_STRLEN];
+    WARN("bootstrap root %s: a %u-byte reply was not delivered: %s", sock_addr_str(&r->id.root, a, sizeof(a)), len,
+         sock_status_str(st));
+  }
 }
 
 /* Replies to a check-in that cannot be accepted, then drops it. */
@@ -224,6 +241,10 @@ static void root_finish_ok(struct root* r) {
   root_send(r, r->slots[0].fd, FRAME_ROOT_REPLY, 0, table, (uint32_t)len, deadline);
   free(table);
   for (int i = 1; i < r->count; i++) {
+    if (root_test_reply_delay_ms > 0) {
+      struct timespec ts = {root_test_reply_delay_ms / 1000, (long)(root_test_reply_delay_ms % 1000) * 1000000L};
+      nanosleep(&ts, NULL);
+    }
     const union sock_addr* succ = (i + 1 < r->count) ? &r->slots[i + 1].addr : &r->next_addr;
     root_send(r, r->slots[i].fd, FRAME_ROOT_REPLY, 0, succ, (uint32_t)a, deadline);
   }
@@ -419,6 +440,24 @@ static void reap(int stop_all) {
 }
 
 void root_reap(void) { reap(0); }
+
+void root_wait_served(const struct bootstrap_id* id) {
+  pid_t me = getpid();
+  /* Its replies are under way (ours came first or earlier); each send has a
+   * deadline of its own, so this is a bound, not a wait for other ranks. */
+  int64_t until = time_ms() + 10000;
+  for (;;) {
+    int busy = 0;
+    pthread_mutex_lock(&registry_lock);
+    for (struct root* r = registry; r && !busy; r = r->next)
+      busy = r->owner == me && r->id.nonce == id->nonce && !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE);
+    pthread_mutex_unlock(&registry_lock);
+    if (!busy || time_ms() > until) break;
+    struct timespec ts = {0, 200 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  reap(0);
+}
 
 __attribute__((destructor)) static void root_fini(void) { reap(1); }
 

@@ -400,6 +400,33 @@ static int rank_cycles(int rank, int nranks, const ncclUniqueId* ids, int nids, 
   return 0;
 }
 
+/* ---- the rank whose process runs the root leaves right after its init: the
+ * root (slowed here, as the scheduler may slow it) has answered every rank
+ * before that init returns, so the others' inits still succeed. Ranks end with
+ * _exit (the harness): a root thread still replying would die with rank 0 and
+ * leave the last rank with a truncated reply (mp.cycles failed so once in 10
+ * stress runs, rank 0 exiting while rank 2 waited). */
+static int rank_root_exit(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  ncclUniqueId id;
+  if (rank == 0) {
+    root_test_reply_delay_ms = 150;
+    MP_NCCL(ncclGetUniqueId(&id));
+  }
+  MP_NCCL(bootstrap_bcast(comm->bs, 0, &id, sizeof(id)));
+  MP_NCCL(ncclCommDestroy(comm));
+  MP_NCCL(ncclCommInitRank(&comm, nranks, id, rank));
+  if (rank == 0) {
+    MP_NCCL(ncclCommDestroy(comm));
+    return 0; /* _exit at once */
+  }
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
 /* ---- ncclCommSplit: colors, keys (reverse order), NOCOLOR, twice in a row */
 static int rank_split(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
   ncclComm_t comm;
@@ -506,6 +533,8 @@ int main(int argc, char** argv) {
   } else if (strcmp(c, "cycles") == 0) {
     int cycles = argc > 3 ? atoi(argv[3]) : 200;
     rc = mp_run(n, rank_cycles, &cycles, 300);
+  } else if (strcmp(c, "root_exit") == 0) {
+    rc = mp_run(n, rank_root_exit, NULL, 60);
   } else if (strcmp(c, "init_all") == 0) {
     rc = test_init_all(n);
   } else {
