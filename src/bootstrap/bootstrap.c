@@ -975,12 +975,13 @@ ncclResult_t bootstrap_init(const ncclUniqueId* ids, int nids, int rank, int nra
                        (uint32_t)COLLIE_MIN(max_len, (uint64_t)FRAME_MAX_PAYLOAD), !leader, &reply, &reply_len);
     close(root_fd);
     root_fd = -1;
-    if (res == ncclSuccess) root_wait_served(&id);
-    else root_reap();
+    root_reap();
     bs->phase_ms[0] = (time_ns() - t0) / 1e6;
     if (res == ncclSuccess && leader && reply_len < a)
       res = err_set(ncclRemoteError, "bootstrap: rank %d: short reply from the root", rank);
     if (res == ncclSuccess) res = spread_table(bs, k, nids, reply, reply_len);
+    /* After our own part of the spreading, which need not wait for it. */
+    if (res == ncclSuccess) root_wait_served(&id);
     free(reply);
     if (res != ncclSuccess) goto fail;
   }
