@@ -79,7 +79,7 @@ def sizes_upto(max_bytes):
 
 # (largest size of the band, timed calls K, warm-up calls W): used by the torch
 # rounds and by collie-perf alike.
-BANDS = ((32 << 10, 100, 5), (2 << 20, 20, 2), (32 << 20, 5, 1), (1 << 62, 3, 1))
+BANDS = ((32 << 10, 100, 5), (2 << 20, 20, 2), (32 << 20, 10, 2), (1 << 62, 3, 1))
 
 
 def band(size):
@@ -478,7 +478,7 @@ def main():
                 started, os.cpu_count(), os.uname().release, torch.__version__, time.time() - t0, load_start,
                 load_end, cmd.strip()),
             "", "float32. Both sides timed alike, as collie-perf does: per size W warm-up calls, a barrier, K "
-            "back-to-back calls (K/W: 100/5 up to 32 KiB, 20/2 up to 2 MiB, 5/1 up to 32 MiB, 3/1 above), "
+            "back-to-back calls (K/W: 100/5 up to 32 KiB, 20/2 up to 2 MiB, 10/2 up to 32 MiB, 3/1 above), "
             "the slowest rank's mean per call (collie-perf -a 3); each backend's warm-up right before its own "
             "timed calls. A round is one torch job (collie, lib and gloo once per size, which goes first "
             "rotating by round) followed by one collie-perf sweep; each cell is the median over %d rounds. "
