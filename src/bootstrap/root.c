@@ -65,8 +65,8 @@ int root_test_reply_delay_ms;
 
 static int block_first(int k, int nranks, int nroots) { return (int)((int64_t)k * nranks / nroots); }
 
-/* For FRAME_ROOT_ERROR the tag carries the ncclResult_t the rank returns. */
-/* Header and payload go out in one send where they fit in a small buffer, so a
+/* For FRAME_ROOT_ERROR the tag carries the ncclResult_t the rank returns.
+ * Header and payload go out in one send where they fit in a small buffer, so a
  * rank never reads a reply's header without the rest being on its way. A
  * failure is logged (the rank reports its side). */
 static void root_send(struct root* r, int fd, int type, uint32_t tag, const void* payload, uint32_t len,

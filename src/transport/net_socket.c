@@ -276,13 +276,18 @@ static ncclResult_t sock_recv_release(struct conn* c) {
   return recv_links(c, 0);
 }
 
-static void sock_wait(struct conn* c, int timeout_ms) {
+/* The connections still open, as poll entries; how many. */
+static int link_pollfds(struct conn* c, struct pollfd* p) {
   struct sock_conn* s = c->priv;
-  struct pollfd p[SOCK_MAX_CONNS];
   int n = 0;
   for (int i = 0; i < s->nlinks; i++)
     if (!s->link[i].eof) p[n++] = (struct pollfd){.fd = s->link[i].fd, .events = c->is_send ? POLLOUT : POLLIN};
-  poll(p, (nfds_t)n, timeout_ms);
+  return n;
+}
+
+static void sock_wait(struct conn* c, int timeout_ms) {
+  struct pollfd p[SOCK_MAX_CONNS];
+  poll(p, (nfds_t)link_pollfds(c, p), timeout_ms);
 }
 
 static void sock_fail(struct conn* c) {
@@ -304,10 +309,7 @@ static int sock_pollfds(struct conn* c, struct pollfd* p) {
   if (s->failed) return 0;
   if (c->is_send && s->done == s->pos) return 0; /* nothing to send */
   if (!c->is_send && (uint32_t)(s->done - s->pos) >= (uint32_t)c->nslots) return 0; /* no free slot */
-  int n = 0;
-  for (int i = 0; i < s->nlinks; i++)
-    if (!s->link[i].eof) p[n++] = (struct pollfd){.fd = s->link[i].fd, .events = c->is_send ? POLLOUT : POLLIN};
-  return n;
+  return link_pollfds(c, p);
 }
 
 /* Failed: a connection broke, or the slot the consumer waits for would come
