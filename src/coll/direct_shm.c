@@ -19,6 +19,7 @@
 #include "coll.h"
 #include "../failures.h"
 #include "../futex.h"
+#include "../graph/bind.h"
 #include "../transport/shmseg.h"
 
 #define MB_CTRL_BYTES 8192
@@ -81,6 +82,9 @@ struct direct_state {
   size_t cap; /* bytes per large mailbox buffer */
   uint32_t seq;
   int last_symmetric; /* the previous direct call had every rank wait for every other */
+  int unpair;          /* board_make_way may move this rank off a CPU it shares with a peer */
+  int64_t last_move_ns;
+  uint64_t moves;
   /* Where this call's payload lives (the same on every rank that agrees on
    * the call): inline in the slot's line, the slot's small buffer, or large
    * buffer `big`; and the direct seq that last used each large buffer. */
@@ -114,14 +118,47 @@ static int same_cpu(const struct direct_state* d, int peer) {
   return me >= 0 && __atomic_load_n(&d->ctrl[peer]->cpu, __ATOMIC_RELAXED) == me;
 }
 
-/* Waits until (int32)(*word - want) >= 0. one_way: a wait of a rank that
- * runs ahead (a writer waiting for a reader to free a slot, a reader waiting
- * for a writer that returns without waiting for it); there a peer sharing
- * this CPU only gets to run, to produce or consume a whole ring of calls, if
- * this rank yields: spinning the whole spin time first cost ~2 ms per 64
- * calls (broadcast 8 B at 2 unbound ranks: 40-130 us a call). In symmetric
- * exchanges both ranks arrive together and spinning pays (yielding there
- * measured 10 us a call on a loaded machine, spinning 0.11). */
+int board_same_cpu(const struct ncclComm* comm, int peer) {
+  const struct direct_state* d = comm->direct;
+  return d && peer >= 0 && peer < d->n && peer != comm->rank && same_cpu(d, peer);
+}
+
+/* Minimum time between two moves of one rank (ns). */
+#define UNPAIR_INTERVAL_NS 2000000
+
+void board_make_way(struct ncclComm* comm, int peer) {
+  struct direct_state* d = comm->direct;
+  /* Two ranks that wait for each other on one CPU run one at a time, a
+   * context switch per handoff (~3 us a symmetric call at 2 ranks), while
+   * another CPU runs something else: the scheduler keeps such a pair
+   * together (the wake-ups and yields between them look like one task
+   * handing work to another). With room for every local rank, the higher
+   * rank of the pair moves itself off the shared CPU, at most every 2 ms. */
+  if (d && d->unpair && comm->rank > peer) {
+    int64_t now = time_ns();
+    if (now - __atomic_load_n(&d->last_move_ns, __ATOMIC_RELAXED) > UNPAIR_INTERVAL_NS) {
+      __atomic_store_n(&d->last_move_ns, now, __ATOMIC_RELAXED);
+      int me = sched_getcpu();
+      if (bind_move_off_cpu(me) == 1) {
+        __atomic_store_n(&d->ctrl[comm->rank]->cpu, sched_getcpu(), __ATOMIC_RELAXED);
+        d->moves++;
+        return;
+      }
+    }
+  }
+  sched_yield();
+}
+
+/* Waits until (int32)(*word - want) >= 0. A peer that last ran on this
+ * rank's CPU cannot run while this rank spins: after the first polls the
+ * waiter yields to it (every 16th poll) instead of spinning its whole spin
+ * time first. One-way waits (a writer waiting for a reader to free a slot, a
+ * reader waiting for a writer that returns without waiting for it) lost ~2 ms
+ * per 64 calls that way (broadcast 8 B at 2 unbound ranks: 40-130 us a call);
+ * symmetric ones too, once a CPU hog had the scheduler put both unbound ranks
+ * on one CPU: reduce 8 B took 10 us a call with the 2 ms spin time (every
+ * timed loop spun out once), 0.2 us with the yield. Between ranks on
+ * different CPUs nothing changes (one_way is kept for the sleep phase). */
 static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* waiters, uint32_t want, int peer,
                              int one_way) {
   int64_t deadline = 0, t0 = 0;
@@ -142,9 +179,9 @@ static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* wa
         continue;
       }
       if (comm_keep_polling(comm, it, &t0)) {
-        if (one_way && same_cpu(comm->direct, peer)) {
+        if (same_cpu(comm->direct, peer)) {
           NCCLCHECK(comm_stop_check(comm));
-          sched_yield();
+          board_make_way(comm, peer);
         }
         continue;
       }
@@ -222,6 +259,9 @@ static ncclResult_t direct_setup(struct ncclComm* comm) {
     d->data[i] = d->small[i] + NSLOTS * SMALL_BYTES;
   }
   if (res == ncclSuccess) d->ctrl[comm->rank]->cpu = -1; /* no call run yet: on no CPU */
+  /* Moving off a shared CPU helps only when every local rank can have one
+   * (the same test that lets waiters spin: see init.c). */
+  d->unpair = comm->spin_ns > 0 && param_int(P_COLLIE_UNPAIR, 0, 1);
   /* Everybody mapped everything before anyone drops its fd. */
   ncclResult_t r2 = bootstrap_barrier(comm->bs);
   if (res == ncclSuccess) res = r2;
@@ -354,6 +394,8 @@ ncclResult_t board_publish(struct ncclComm* comm, uint64_t token, int root) {
   if (comm->nhosts != 1 || comm->nranks == 1 || comm->shm_disable) return ncclSuccess;
   NCCLCHECK(direct_setup(comm));
   struct direct_state* d = comm->direct;
+  /* Where this rank runs, for its peers' waits (board_same_cpu). */
+  __atomic_store_n(&d->ctrl[comm->rank]->cpu, sched_getcpu(), __ATOMIC_RELAXED);
   d->call_seq++;
   d->call_token = token;
   d->call_root = root;

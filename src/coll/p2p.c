@@ -202,7 +202,14 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
       if (now - t0 >= 40000) transport_wait_fds(comm, 0, 100);
       continue;
     }
-    if (comm_keep_polling(comm, ++idle, &t0)) continue;
+    if (comm_keep_polling(comm, ++idle, &t0)) {
+      /* A blocked peer on this CPU cannot run while this rank spins. */
+      if (idle >= 64 && (idle & 15) == 0 && blocked && board_same_cpu(comm, blocked->peer)) {
+        if ((res = comm_stop_check(comm)) != ncclSuccess) break;
+        board_make_way(comm, blocked->peer);
+      }
+      continue;
+    }
     if (yields++ < 16) {
       if ((res = comm_stop_check(comm)) != ncclSuccess) break; /* a yield may be long on a crowded CPU */
       sched_yield();

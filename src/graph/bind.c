@@ -494,3 +494,18 @@ void bind_comm(ncclComm_t comm) {
   INFO(LOG_INIT, "COLLIE_BIND=%s: local rank %d/%d bound to CPUs %s (NUMA node %d, %d thread(s))", is_auto ? "auto" : v,
        comm->local_rank, comm->local_size, list, node, nthreads);
 }
+
+int bind_move_off_cpu(int cpu) {
+  cpu_set_t had, away;
+  if (cpu < 0 || cpu >= CPU_SETSIZE || sched_getaffinity(0, sizeof(had), &had) != 0) return 0;
+  if (!CPU_ISSET(cpu, &had) || CPU_COUNT(&had) < 2) return 0;
+  away = had;
+  CPU_CLR(cpu, &away);
+  if (sched_setaffinity(0, sizeof(away), &away) != 0) return 0;
+  int moved = sched_getcpu() != cpu;
+  if (sched_setaffinity(0, sizeof(had), &had) != 0) {
+    WARN("could not put back this thread's CPU affinity after moving it off CPU %d: %s", cpu, strerror(errno));
+    return -1;
+  }
+  return moved;
+}

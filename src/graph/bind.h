@@ -59,6 +59,14 @@ int bind_plan(const struct bind_topo* t, enum bind_mode mode, int local_rank, in
  * from their creator. Returns the number of threads bound, or -1 (errno). */
 int bind_apply(const cpu_set_t* from, const cpu_set_t* set);
 
+/* Moves the calling thread off CPU `cpu` (where it runs now) without
+ * changing its affinity: the mask without that CPU makes the kernel migrate
+ * it at once, then the mask it had is put back (a mask that includes the new
+ * CPU moves nothing). Returns 1 when it now runs elsewhere, 0 when it could
+ * not move (its mask has no other CPU, or does not hold `cpu`), -1 when the
+ * old mask could not be put back (errno). */
+int bind_move_off_cpu(int cpu);
+
 /* "0-3,8" for a set; "..." at the end when it does not fit. */
 void bind_cpulist(const cpu_set_t* set, char* out, size_t n);
 /* Parses such a list. Returns 0, or -1 when it is not one. */

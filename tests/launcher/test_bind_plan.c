@@ -111,6 +111,34 @@ static void expect_refused(const struct bind_topo* t, enum bind_mode m, int n) {
   CHECK(rc == 1 && why[0] != '\0', "%s with %d ranks: rc %d, want 1 with a reason", bind_mode_name(m), n, rc);
 }
 
+/* bind_move_off_cpu (COLLIE_UNPAIR's move): on a real CPU of this machine,
+ * the thread ends up on another CPU and its mask is the one it had. */
+static void check_move_off(void) {
+  cpu_set_t all, one, now;
+  if (sched_getaffinity(0, sizeof(all), &all) != 0 || CPU_COUNT(&all) < 2) {
+    printf("# bind_move_off_cpu: skipped (this process may run on fewer than 2 CPUs)\n");
+    return;
+  }
+  int first = -1;
+  for (int c = 0; c < CPU_SETSIZE && first < 0; c++)
+    if (CPU_ISSET(c, &all)) first = c;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  CHECK(sched_setaffinity(0, sizeof(one), &one) == 0 && sched_getcpu() == first, "pin to CPU %d", first);
+  CHECK(sched_setaffinity(0, sizeof(all), &all) == 0, "unpin");
+  int at = sched_getcpu();
+  CHECK(bind_move_off_cpu(at) == 1, "not moved off CPU %d", at);
+  CHECK(sched_getcpu() != at, "still on CPU %d", at);
+  CHECK(sched_getaffinity(0, sizeof(now), &now) == 0 && CPU_EQUAL(&now, &all), "mask changed: %s", list(&now));
+  /* Nowhere else to go: no move, mask untouched. */
+  CHECK(sched_setaffinity(0, sizeof(one), &one) == 0, "pin again");
+  CHECK(bind_move_off_cpu(first) == 0, "moved although pinned to CPU %d", first);
+  CHECK(sched_getaffinity(0, sizeof(now), &now) == 0 && CPU_EQUAL(&now, &one), "pinned mask changed: %s", list(&now));
+  /* A CPU the thread does not run on and may not use: nothing happens. */
+  CHECK(bind_move_off_cpu(CPU_SETSIZE) == 0 && bind_move_off_cpu(-1) == 0, "invalid CPU accepted");
+  CHECK(sched_setaffinity(0, sizeof(all), &all) == 0, "restore");
+}
+
 int main(void) {
   struct bind_topo t;
 
@@ -167,6 +195,8 @@ int main(void) {
   enum bind_mode m;
   CHECK(bind_mode_parse("numa", &m) == 0 && m == BIND_NUMA, "numa");
   CHECK(bind_mode_parse("socket", &m) != 0, "socket accepted");
+
+  check_move_off();
 
   printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
   return failures ? 1 : 0;
