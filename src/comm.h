@@ -61,6 +61,7 @@ struct ncclComm {
   int min_ch, max_ch;     /* NCCL_MIN_CTAS / NCCL_MAX_CTAS or the config, clamped to 1..MAX_CHANNELS */
   struct direct_state* direct; /* coll/direct_shm.c mailboxes, set up on first use */
   int64_t spin_ns; /* how long a waiter polls before it yields, then sleeps (COLLIE_SPIN) */
+  int min_polls;   /* polls before a waiter first reads the clock or yields */
   /* Reduction operators created with ncclRedOpCreatePreMulSum, by handle - ncclNumOps. */
   struct user_redop* redops;
   int nredops;
@@ -88,7 +89,7 @@ struct user_redop {
 /* A waiter's polling phase: true while it should keep polling. `it` counts
  * polls so far, *t0 holds when polling started (0 until known). */
 static inline int comm_keep_polling(const struct ncclComm* comm, int it, int64_t* t0) {
-  if (it < 64) return 1;
+  if (it < comm->min_polls) return 1;
   int64_t now = time_ns();
   if (*t0 == 0) *t0 = now;
   return now - *t0 < comm->spin_ns;

@@ -172,9 +172,9 @@ static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* wa
      * this CPU cannot run while this rank spins: yield to it instead (a
      * yield, not a futex sleep, so nobody has to wake anybody). */
     if (spinning) {
-      /* The first check at poll 64, as comm_keep_polling's own: with no
-       * spin time (more ranks than CPUs) this rank yields as soon as before. */
-      if (it < 64 || ((it - 64) & 15) != 0) {
+      /* The first check at comm->min_polls, as comm_keep_polling's own: with
+       * no spin time (more ranks than CPUs) this rank yields as soon as there. */
+      if (it < comm->min_polls || ((it - comm->min_polls) & 15) != 0) {
         cpu_relax();
         continue;
       }
