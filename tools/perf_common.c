@@ -656,8 +656,12 @@ static void format_time(char* buf, size_t len, double us) {
     snprintf(buf, len, "%7.0f", us);
   else if (us >= 100.0)
     snprintf(buf, len, "%7.1f", us);
-  else
+  else if (us >= 1.0)
     snprintf(buf, len, "%7.2f", us);
+  else
+    /* Below a microsecond two decimals are a 10-20% step (0.05 against 0.06
+     * us): one more, so ratios between such times mean something. */
+    snprintf(buf, len, "%7.3f", us);
 }
 
 /* One size, one placement: check, warm up, synchronise, time; prints the

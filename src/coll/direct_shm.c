@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "coll.h"
@@ -221,6 +222,17 @@ void direct_free(struct ncclComm* comm) {
   comm->direct = NULL;
 }
 
+/* Maps every page of a shared mapping writable now (MADV_POPULATE_WRITE,
+ * Linux 5.14; else one write per page that keeps its contents). */
+static void prefault(void* base, size_t len) {
+#ifdef MADV_POPULATE_WRITE
+  if (madvise(base, len, MADV_POPULATE_WRITE) == 0) return;
+#endif
+  long page = sysconf(_SC_PAGESIZE);
+  for (size_t off = 0; off < len; off += (size_t)(page > 0 ? page : 4096))
+    __atomic_fetch_add((volatile char*)base + off, 0, __ATOMIC_RELAXED);
+}
+
 struct mb_info {
   int32_t pid;
   int32_t fd;
@@ -258,6 +270,11 @@ static ncclResult_t direct_setup(struct ncclComm* comm) {
     d->small[i] = (char*)d->segs[i].base + MB_CTRL_BYTES;
     d->data[i] = d->small[i] + NSLOTS * SMALL_BYTES;
   }
+  /* Fault every page in now, on every mapping: a slot's first use would
+   * otherwise cost a page fault on the writer and on each reader (64 slots
+   * and two large buffers: a loop of 128 B broadcasts, the first to use the
+   * small slots, took 0.66 us a call over its first 100 calls, 0.07 after). */
+  for (int i = 0; res == ncclSuccess && i < n; i++) prefault(d->segs[i].base, d->map_len);
   if (res == ncclSuccess) d->ctrl[comm->rank]->cpu = -1; /* no call run yet: on no CPU */
   /* Moving off a shared CPU helps only when every local rank can have one
    * (the same test that lets waiters spin: see init.c). */
