@@ -6,12 +6,17 @@
  *   a2a N    alltoall at every size from 1 element to past the Direct row's
  *            limit, interleaved with broadcasts (whose root runs ahead through
  *            the mailbox slots) and allgathers; every result checked.
+ *   paired N every rank starts on the same CPU (see rank_paired).
  * Run with NCCL_ALGO=Direct too, so the Direct alltoall row takes every size
  * it can. Uses the fork harness (harness.h). */
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -124,15 +129,100 @@ static int rank_a2a(int rank, int nranks, const ncclUniqueId* ids, int nids, voi
   return 0;
 }
 
+/* Every rank starts on one CPU (pinned to the first CPU it may use for a
+ * few calls after init, then given its whole mask back) while a busy process holds the last
+ * CPU (main), so the ranks wait for peers that sit on their own CPU: symmetric one-shot calls, run-ahead broadcasts, ring
+ * allreduces and point-to-point alltoalls, all checked. With COLLIE_UNPAIR
+ * on, waiters move themselves off the shared CPU: afterwards every rank's
+ * mask must be exactly the one it had. */
+static int rank_paired(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  cpu_set_t all, one, now;
+  MP_CHECK(sched_getaffinity(0, sizeof(all), &all) == 0, "sched_getaffinity");
+  int first = 0;
+  while (first < CPU_SETSIZE - 1 && !CPU_ISSET(first, &all)) first++;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  /* Pinned only after init: at init every rank reports its whole mask, so
+   * the communicator sees a CPU per local rank (spinning and moves allowed). */
+  MP_CHECK(sched_setaffinity(0, sizeof(one), &one) == 0, "pin to CPU %d", first);
+  int one_val = 1;
+  for (int k = 0; k < 20; k++) MP_NCCL(ncclAllReduce(&one_val, &one_val, 1, ncclInt32, ncclMax, comm, NULL));
+  MP_CHECK(sched_setaffinity(0, sizeof(all), &all) == 0, "unpin");
+  size_t big = 64 * 1024; /* elements: past the one-shot limit, a ring allreduce */
+  float* buf = malloc(big * sizeof(float));
+  float* out = malloc(big * sizeof(float) * (size_t)nranks);
+  MP_CHECK(buf && out, "out of memory");
+  for (int it = 0; it < 3000; it++) {
+    int kind = it % 4;
+    if (kind == 0) {
+      buf[0] = (float)(rank + it);
+      MP_NCCL(ncclAllReduce(buf, out, 1, ncclFloat, ncclSum, comm, NULL));
+      float want = (float)(nranks * it + nranks * (nranks - 1) / 2);
+      MP_CHECK(out[0] == want, "call %d allreduce gave %g, want %g", it, out[0], want);
+    } else if (kind == 1) {
+      int root = (it / 4) % nranks;
+      for (int i = 0; i < 4; i++) buf[i] = val(it, rank, 5, (size_t)i);
+      MP_NCCL(ncclBroadcast(buf, out, 4, ncclFloat, root, comm, NULL));
+      for (int i = 0; i < 4; i++)
+        MP_CHECK(out[i] == val(it, root, 5, (size_t)i), "call %d broadcast element %d is %g", it, i, out[i]);
+    } else if (kind == 2 && it % 40 == 2) {
+      for (size_t i = 0; i < big; i++) buf[i] = (float)((rank + (int)i + it) % 7);
+      MP_NCCL(ncclAllReduce(buf, out, big, ncclFloat, ncclSum, comm, NULL));
+      for (size_t i = 0; i < big; i += 997) {
+        float want = 0;
+        for (int r = 0; r < nranks; r++) want += (float)((r + (int)i + it) % 7);
+        MP_CHECK(out[i] == want, "call %d large allreduce element %zu is %g, want %g", it, i, out[i], want);
+      }
+    } else if (kind == 3) {
+      for (int p = 0; p < nranks; p++) buf[p] = val(it, rank, p, 0);
+      MP_NCCL(ncclAlltoAll(buf, out, 1, ncclFloat, comm, NULL));
+      for (int p = 0; p < nranks; p++)
+        MP_CHECK(out[p] == val(it, p, rank, 0), "call %d alltoall block %d is %g", it, p, out[p]);
+    }
+  }
+  MP_CHECK(sched_getaffinity(0, sizeof(now), &now) == 0 && CPU_EQUAL(&now, &all),
+           "rank %d: the thread's CPU mask changed (%d CPUs, had %d)", rank, CPU_COUNT(&now), CPU_COUNT(&all));
+  free(buf);
+  free(out);
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s zero|a2a NRANKS\n", argv[0]);
+    fprintf(stderr, "usage: %s zero|a2a|paired NRANKS\n", argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
   double t0 = mp_now();
-  int zero = strcmp(argv[1], "zero") == 0;
-  int rc = mp_run(n, zero ? rank_zero : rank_a2a, NULL, 600);
+  int zero = strcmp(argv[1], "zero") == 0, paired = strcmp(argv[1], "paired") == 0;
+  /* paired: a busy process on the last CPU, as a job beside the ranks, so the
+   * scheduler has no idle CPU to spread them to by itself. */
+  pid_t hog = -1;
+  cpu_set_t all;
+  if (paired && sched_getaffinity(0, sizeof(all), &all) == 0 && CPU_COUNT(&all) >= 2) {
+    int last = CPU_SETSIZE - 1;
+    while (last > 0 && !CPU_ISSET(last, &all)) last--;
+    hog = fork();
+    if (hog == 0) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(last, &one);
+      sched_setaffinity(0, sizeof(one), &one);
+      alarm(300); /* never outlives a lost parent for long */
+      for (volatile unsigned long k = 0;; k++) {
+      }
+    }
+  }
+  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : rank_a2a, NULL, 600);
+  if (hog > 0) {
+    kill(hog, SIGKILL);
+    waitpid(hog, NULL, 0);
+  }
   fprintf(stderr, "%s %s, %d ranks, in %.1f s\n", rc ? "FAILED" : "passed", argv[1], n, mp_now() - t0);
   return rc;
 }
