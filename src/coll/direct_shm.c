@@ -477,12 +477,12 @@ static double estimate(const struct coll_args* a, const struct tune_cost* c) {
   int n = a->comm->nranks;
   double bytes = (double)a->count * (double)dtype_size(a->dt);
   double k = a->kind == COLL_REDUCESCATTER || a->kind == COLL_ALLTOALL ? 2.0 * n : n + 1.0;
-  /* Alltoall with more ranks than CPUs: the pairwise batch (each pair goes
-   * on without waiting for every rank) measured 8-15% faster at 4 ranks on
-   * 2 CPUs, 32 B-8 KiB (minimum of 7 interleaved runs): no discount there,
-   * and the tie-break keeps the earlier P2P row. */
-  double f = a->kind == COLL_ALLTOALL && a->comm->oversub > 1 ? 1.0 : 0.7;
-  return f * c->link.alpha_us + k * bytes / (c->link.bw * 4.0 / 3.0);
+  /* Alltoall with more ranks than CPUs once had no discount here (the
+   * pairwise batch measured 8-15% faster at 4 ranks on 2 CPUs); since waiters
+   * there yield after 4 polls instead of 64 the one exchange wins: 32 B-8 KiB,
+   * 3 interleaved runs, 4 ranks 2.5-4.6 us against P2P's 3.7-8.2, 8 ranks
+   * 7.4-11.7 against 9.3-13.9. */
+  return 0.7 * c->link.alpha_us + k * bytes / (c->link.bw * 4.0 / 3.0);
 }
 
 /* Reduces element range [off, off+count) of every rank's mailbox into dst. */
