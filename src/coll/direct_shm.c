@@ -142,7 +142,7 @@ void board_make_way(struct ncclComm* comm, int peer) {
       int me = sched_getcpu();
       if (bind_move_off_cpu(me) == 1) {
         __atomic_store_n(&d->ctrl[comm->rank]->cpu, sched_getcpu(), __ATOMIC_RELAXED);
-        d->moves++;
+        __atomic_fetch_add(&d->moves, 1, __ATOMIC_RELAXED);
         return;
       }
     }
@@ -212,6 +212,9 @@ static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* wa
 void direct_free(struct ncclComm* comm) {
   struct direct_state* d = comm->direct;
   if (!d) return;
+  if (d->moves)
+    INFO(LOG_TUNING, "rank %d moved itself off a CPU it shared with a peer %llu time(s) (COLLIE_UNPAIR)", comm->rank,
+         (unsigned long long)d->moves);
   for (int i = 0; d->segs && i < d->n; i++) shmseg_free(&d->segs[i]);
   free(d->ctrl);
   free(d->small);
