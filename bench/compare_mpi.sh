@@ -3,8 +3,11 @@
 # collie-run) and mpi-perf (under mpirun) time the same operations at the same
 # sizes with the same method (tools/perf_common.c). Every collective both have,
 # 8 B .. 256 MiB in steps of 4, over shared memory at 2/4/8 ranks and over TCP
-# at 2 ranks; collie both unbound (as a plain fork or torchrun starts it) and
-# bound (one disjoint core share per rank), Open MPI with its default binding.
+# at 2 ranks; collie both unbound (nothing binds: --bind-to none sets
+# COLLIE_BIND=none, as when a job with compute threads is left unbound; a plain
+# fork of a program without thread pools gets the library's COLLIE_BIND=auto
+# placement instead) and bound (one disjoint core share per rank), Open MPI
+# with its default binding.
 # Rounds are interleaved (round 1 of every series, then round 2 ...) and each
 # cell is the median over rounds. Writes the table of ratios (Open MPI time /
 # collie time: above 1 when collie is faster), a ratio-vs-size plot per
@@ -259,8 +262,8 @@ section=$out/section.md
   echo
   echo "Each cell: Open MPI time / collie time, medians of $rounds interleaved rounds, float sum,"
   echo "out-of-place; above 1 when collie is faster, below 1 in bold. Two figures per cell:"
-  echo "collie ${modes[*]} (\"unbound\": \`collie-run --bind-to none\`, the library's own default"
-  echo "placement; \"bound\": collie-run's default binding, a disjoint share of the cores per rank, none with more ranks than cores$([ $bind_native = 0 ] && echo ' (taskset wrapper: this collie-run has no --bind-to)')); Open MPI with its default binding"
+  echo "collie ${modes[*]} (\"unbound\": \`collie-run --bind-to none\`, which also sets COLLIE_BIND=none:"
+  echo "nothing binds, the scheduler places the ranks; \"bound\": collie-run's default binding, a disjoint share of the cores per rank, none with more ranks than cores$([ $bind_native = 0 ] && echo ' (taskset wrapper: this collie-run has no --bind-to)')); Open MPI with its default binding"
   echo "(\`mpirun --oversubscribe\`, ob1, vader or tcp BTL). Timing: tools/perf_common.c for both"
   echo "(barrier, then back-to-back calls, mean over ranks). Iterations per size (warm-up): 8 B-32 KiB"
   echo "40 (100), 128 KiB-2 MiB 10 (70), 8-32 MiB 4 (1), 128-256 MiB 2 (1). Medians and raw logs: \`$(basename "$build")/$section_name/\`."
