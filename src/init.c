@@ -312,12 +312,6 @@ static ncclResult_t comm_setup(ncclComm_t comm, int nids, const ncclUniqueId* id
     int64_t spin_us = param_str(P_COLLIE_SPIN) ? param_int(P_COLLIE_SPIN, 0, 60 * 1000 * 1000)
                                                : (comm->local_size <= ncpu ? 2000 : 0);
     comm->spin_ns = 1000 * spin_us;
-    /* Polls before the first clock read (spinning) or the first yield (no
-     * spin time). With more local ranks than CPUs the rank waited for is
-     * often on this CPU: 4 polls, not 64, halved small allgather/allreduce at
-     * 4 ranks on 2 CPUs (medians of 5 interleaved runs, 32 B-2 KiB: 1.8-3.4
-     * us against 3.3-6.7) and cut alltoall at 8 ranks from 12-20 to 7-9 us. */
-    comm->min_polls = comm->spin_ns > 0 ? 64 : 4;
   }
   comm->comm_hash = bootstrap_nonce(comm->bs) ^ 0x636f6c6c6965ULL;
   comm->shm_disable = (int)param_int(P_NCCL_SHM_DISABLE, 0, 1);

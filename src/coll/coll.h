@@ -157,14 +157,12 @@ void direct_free(struct ncclComm* comm);
  * while waiting, check that peers on the same call agree. */
 ncclResult_t board_publish(struct ncclComm* comm, uint64_t token, int root);
 ncclResult_t board_check(struct ncclComm* comm);
-/* Whether peer (a rank of this one-host communicator) last published a call
- * or finished a one-shot call on the CPU this thread runs on now: then it
- * cannot run while this thread spins. 0 when there is no call board. */
-int board_same_cpu(const struct ncclComm* comm, int peer);
-/* Called by a waiter when board_same_cpu(peer): lets the peer run, by
- * moving this thread to another CPU (COLLIE_UNPAIR, rate-limited) or by
- * yielding. */
-void board_make_way(struct ncclComm* comm, int peer);
+/* Called by a waiter that has polled a while for `peer` (a rank of this
+ * one-host communicator): records the CPU this thread runs on, and when the
+ * peer last ran on that same CPU (it cannot run while this thread spins)
+ * lets it run, by moving this thread to another CPU (COLLIE_UNPAIR,
+ * rate-limited) or by yielding. Fails only when the communicator is stopped. */
+ncclResult_t board_give_way(struct ncclComm* comm, int peer);
 
 /* ---- tuning (graph/tuning.c): the cost model and the choice of a row */
 

@@ -83,7 +83,7 @@ struct direct_state {
   size_t cap; /* bytes per large mailbox buffer */
   uint32_t seq;
   int last_symmetric; /* the previous direct call had every rank wait for every other */
-  int unpair;          /* board_make_way may move this rank off a CPU it shares with a peer */
+  int unpair;          /* board_give_way may move this rank off a CPU it shares with a peer */
   int64_t last_move_ns;
   uint64_t moves;
   /* Where this call's payload lives (the same on every rank that agrees on
@@ -113,41 +113,38 @@ static void publish(uint32_t* word, uint32_t* waiters, uint32_t v) {
   if (__atomic_load_n(waiters, __ATOMIC_RELAXED)) futex_wake(word, 64, 1);
 }
 
-/* Whether peer last ran on the CPU this rank runs on now. */
-static int same_cpu(const struct direct_state* d, int peer) {
-  int me = sched_getcpu();
-  return me >= 0 && __atomic_load_n(&d->ctrl[peer]->cpu, __ATOMIC_RELAXED) == me;
-}
-
-int board_same_cpu(const struct ncclComm* comm, int peer) {
-  const struct direct_state* d = comm->direct;
-  return d && peer >= 0 && peer < d->n && peer != comm->rank && same_cpu(d, peer);
-}
-
 /* Minimum time between two moves of one rank (ns). */
 #define UNPAIR_INTERVAL_NS 2000000
 
-void board_make_way(struct ncclComm* comm, int peer) {
+ncclResult_t board_give_way(struct ncclComm* comm, int peer) {
   struct direct_state* d = comm->direct;
+  if (!d || peer < 0 || peer >= d->n || peer == comm->rank) return ncclSuccess;
+  /* A waiter runs: its CPU is where it is now. Written only when it changed
+   * (the line also holds `done`, which peers poll). */
+  int me = sched_getcpu();
+  int32_t* mine = &d->ctrl[comm->rank]->cpu;
+  if (__atomic_load_n(mine, __ATOMIC_RELAXED) != me) __atomic_store_n(mine, me, __ATOMIC_RELAXED);
+  if (me < 0 || __atomic_load_n(&d->ctrl[peer]->cpu, __ATOMIC_RELAXED) != me) return ncclSuccess;
+  NCCLCHECK(comm_stop_check(comm)); /* a yield may be long on a crowded CPU */
   /* Two ranks that wait for each other on one CPU run one at a time, a
    * context switch per handoff (~3 us a symmetric call at 2 ranks), while
    * another CPU runs something else: the scheduler keeps such a pair
    * together (the wake-ups and yields between them look like one task
    * handing work to another). With room for every local rank, the higher
    * rank of the pair moves itself off the shared CPU, at most every 2 ms. */
-  if (d && d->unpair && comm->rank > peer) {
+  if (d->unpair && comm->rank > peer) {
     int64_t now = time_ns();
     if (now - __atomic_load_n(&d->last_move_ns, __ATOMIC_RELAXED) > UNPAIR_INTERVAL_NS) {
       __atomic_store_n(&d->last_move_ns, now, __ATOMIC_RELAXED);
-      int me = sched_getcpu();
       if (bind_move_off_cpu(me) == 1) {
-        __atomic_store_n(&d->ctrl[comm->rank]->cpu, sched_getcpu(), __ATOMIC_RELAXED);
+        __atomic_store_n(mine, sched_getcpu(), __ATOMIC_RELAXED);
         __atomic_fetch_add(&d->moves, 1, __ATOMIC_RELAXED);
-        return;
+        return ncclSuccess;
       }
     }
   }
   sched_yield();
+  return ncclSuccess;
 }
 
 /* Waits until (int32)(*word - want) >= 0. A peer that last ran on this
@@ -159,9 +156,8 @@ void board_make_way(struct ncclComm* comm, int peer) {
  * symmetric ones too, once a CPU hog had the scheduler put both unbound ranks
  * on one CPU: reduce 8 B took 10 us a call with the 2 ms spin time (every
  * timed loop spun out once), 0.2 us with the yield. Between ranks on
- * different CPUs nothing changes (one_way is kept for the sleep phase). */
-static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* waiters, uint32_t want, int peer,
-                             int one_way) {
+ * different CPUs nothing changes. */
+static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* waiters, uint32_t want, int peer) {
   int64_t deadline = 0, t0 = 0;
   int yields = 0, spinning = 1;
   for (int it = 0;; it++) {
@@ -173,17 +169,15 @@ static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* wa
      * this CPU cannot run while this rank spins: yield to it instead (a
      * yield, not a futex sleep, so nobody has to wake anybody). */
     if (spinning) {
-      /* The first check at comm->min_polls, as comm_keep_polling's own: with
+      /* The first check at comm_min_polls, as comm_keep_polling's own: with
        * no spin time (more ranks than CPUs) this rank yields as soon as there. */
-      if (it < comm->min_polls || ((it - comm->min_polls) & 15) != 0) {
+      int first = comm_min_polls(comm);
+      if (it < first || ((it - first) & 15) != 0) {
         cpu_relax();
         continue;
       }
       if (comm_keep_polling(comm, it, &t0)) {
-        if (same_cpu(comm->direct, peer)) {
-          NCCLCHECK(comm_stop_check(comm));
-          board_make_way(comm, peer);
-        }
+        NCCLCHECK(board_give_way(comm, peer));
         continue;
       }
       spinning = 0;
@@ -224,6 +218,9 @@ void direct_free(struct ncclComm* comm) {
   free(d);
   comm->direct = NULL;
 }
+
+/* Local ranks up to which direct_setup faults every mailbox page in. */
+#define PREFAULT_MAX_RANKS 16
 
 /* Maps every page of a shared mapping writable now (MADV_POPULATE_WRITE,
  * Linux 5.14; else one write per page that keeps its contents). */
@@ -276,8 +273,11 @@ static ncclResult_t direct_setup(struct ncclComm* comm) {
   /* Fault every page in now, on every mapping: a slot's first use would
    * otherwise cost a page fault on the writer and on each reader (64 slots
    * and two large buffers: a loop of 128 B broadcasts, the first to use the
-   * small slots, took 0.66 us a call over its first 100 calls, 0.07 after). */
-  for (int i = 0; res == ncclSuccess && i < n; i++) prefault(d->segs[i].base, d->map_len);
+   * small slots, took 0.66 us a call over its first 100 calls, 0.07 after).
+   * Not on wide hosts: every rank maps every mailbox (~776 KiB each), and
+   * page tables for all of them at hundreds of ranks would cost far more
+   * than the faults of the slots actually used. */
+  for (int i = 0; res == ncclSuccess && i < n && n <= PREFAULT_MAX_RANKS; i++) prefault(d->segs[i].base, d->map_len);
   if (res == ncclSuccess) d->ctrl[comm->rank]->cpu = -1; /* no call run yet: on no CPU */
   /* Moving off a shared CPU helps only when every local rank can have one
    * (the same test that lets waiters spin: see init.c). */
@@ -330,7 +330,7 @@ static ncclResult_t direct_begin(struct ncclComm* comm, size_t bytes, char** min
     for (int i = 0; i < d->n; i++) {
       if (i == comm->rank || (int32_t)(d->peer_done[i] - need) >= 0) continue;
       struct mb_ctrl* c = d->ctrl[i];
-      NCCLCHECK(wait_seq(comm, &c->done, &c->done_waiters, need, i, 1));
+      NCCLCHECK(wait_seq(comm, &c->done, &c->done_waiters, need, i));
       d->peer_done[i] = __atomic_load_n(&c->done, __ATOMIC_ACQUIRE);
     }
   }
@@ -369,15 +369,15 @@ static void describe_token(uint64_t t, char* buf, size_t n) {
 
 /* Publishes my line and waits for peer `src`'s (every peer's if src < 0);
  * then checks that they are on the same call with the same arguments.
- * one_way: the peers waited for return without waiting for this rank. */
-static ncclResult_t direct_exchange(struct ncclComm* comm, int src, int one_way) {
+ */
+static ncclResult_t direct_exchange(struct ncclComm* comm, int src) {
   struct direct_state* d = comm->direct;
   publish_ready(comm);
   ncclResult_t res = ncclSuccess;
   for (int i = 0; i < d->n && res == ncclSuccess; i++) {
     if (i == comm->rank || (src >= 0 && i != src)) continue;
     struct mb_line* l = &d->ctrl[i]->line[d->seq % NSLOTS];
-    res = wait_seq(comm, &l->seq, &l->waiters, d->seq, i, one_way);
+    res = wait_seq(comm, &l->seq, &l->waiters, d->seq, i);
     if (res == ncclSuccess && (l->token != d->call_token || l->root != d->call_root)) {
       /* The board names both calls when it still holds the peer's entry; the
        * line's token decides in any case: never read a disagreeing payload. */
@@ -414,8 +414,6 @@ ncclResult_t board_publish(struct ncclComm* comm, uint64_t token, int root) {
   if (comm->nhosts != 1 || comm->nranks == 1 || comm->shm_disable) return ncclSuccess;
   NCCLCHECK(direct_setup(comm));
   struct direct_state* d = comm->direct;
-  /* Where this rank runs, for its peers' waits (board_same_cpu). */
-  __atomic_store_n(&d->ctrl[comm->rank]->cpu, sched_getcpu(), __ATOMIC_RELAXED);
   d->call_seq++;
   d->call_token = token;
   d->call_root = root;
@@ -507,7 +505,7 @@ static ncclResult_t direct_allreduce(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
   NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
-  NCCLCHECK(direct_exchange(comm, -1, 0));
+  NCCLCHECK(direct_exchange(comm, -1));
   reduce_all(comm->direct, &a->op, a->recvbuff, bytes, 0, a->count, a->avg);
   direct_end(comm);
   return ncclSuccess;
@@ -518,7 +516,7 @@ static ncclResult_t direct_reduce(struct coll_args* a) {
   size_t bytes = a->count * dtype_size(a->dt);
   NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
   if (comm->rank == a->root) {
-    NCCLCHECK(direct_exchange(comm, -1, 1));
+    NCCLCHECK(direct_exchange(comm, -1));
     reduce_all(comm->direct, &a->op, a->recvbuff, bytes, 0, a->count, a->avg);
   } else {
     publish_ready(comm);
@@ -533,7 +531,7 @@ static ncclResult_t direct_reducescatter(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t esz = dtype_size(a->dt), bytes = a->count * esz, total = bytes * (size_t)comm->nranks;
   NCCLCHECK(direct_post(comm, a->sendbuff, total));
-  NCCLCHECK(direct_exchange(comm, -1, 0));
+  NCCLCHECK(direct_exchange(comm, -1));
   reduce_all(comm->direct, &a->op, a->recvbuff, total, (size_t)comm->rank * bytes, a->count, a->avg);
   direct_end(comm);
   return ncclSuccess;
@@ -543,7 +541,7 @@ static ncclResult_t direct_allgather(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
   NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
-  NCCLCHECK(direct_exchange(comm, -1, 0));
+  NCCLCHECK(direct_exchange(comm, -1));
   for (int i = 0; i < comm->nranks; i++) {
     char* dst = (char*)a->recvbuff + (size_t)i * bytes;
     if (i == comm->rank && dst == a->sendbuff) continue;
@@ -560,7 +558,7 @@ static ncclResult_t direct_alltoall(struct coll_args* a) {
   size_t bytes = a->count * dtype_size(a->dt), total = bytes * (size_t)comm->nranks;
   size_t mine = (size_t)comm->rank * bytes;
   NCCLCHECK(direct_post(comm, a->sendbuff, total));
-  NCCLCHECK(direct_exchange(comm, -1, 0));
+  NCCLCHECK(direct_exchange(comm, -1));
   for (int i = 0; i < comm->nranks; i++) {
     /* Never in place (the API front refuses sendbuff == recvbuff). */
     const char* src = i == comm->rank ? (const char*)a->sendbuff + mine : peer_data(comm->direct, i, total) + mine;
@@ -580,7 +578,7 @@ static ncclResult_t direct_broadcast(struct coll_args* a) {
     publish_ready(comm);
     if (a->recvbuff != a->sendbuff) memcpy(a->recvbuff, a->sendbuff, bytes);
   } else {
-    NCCLCHECK(direct_exchange(comm, a->root, 1));
+    NCCLCHECK(direct_exchange(comm, a->root));
     memcpy(a->recvbuff, peer_data(comm->direct, a->root, bytes), bytes);
   }
   comm->direct->last_symmetric = 0;

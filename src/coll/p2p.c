@@ -204,10 +204,9 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     }
     if (comm_keep_polling(comm, ++idle, &t0)) {
       /* A blocked peer on this CPU cannot run while this rank spins. */
-      if (idle >= 64 && (idle & 15) == 0 && blocked && board_same_cpu(comm, blocked->peer)) {
-        if ((res = comm_stop_check(comm)) != ncclSuccess) break;
-        board_make_way(comm, blocked->peer);
-      }
+      if (idle >= comm_min_polls(comm) && (idle & 15) == 0 && blocked &&
+          (res = board_give_way(comm, blocked->peer)) != ncclSuccess)
+        break;
       continue;
     }
     if (yields++ < 16) {

@@ -89,11 +89,7 @@ static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_
   if (comm_keep_polling(comm, it, t0)) {
     /* A peer on this CPU cannot run while this rank spins (unbound ranks
      * that a CPU hog crowded onto one CPU): hand it the CPU. */
-    if (it >= 64 && (it & 15) == 0 && board_same_cpu(comm, c->peer)) {
-      NCCLCHECK(comm_stop_check(comm));
-      board_make_way(comm, c->peer);
-      return ncclSuccess;
-    }
+    if (it >= comm_min_polls(comm) && (it & 15) == 0) NCCLCHECK(board_give_way(comm, c->peer));
     cpu_relax();
     return ncclSuccess;
   }
