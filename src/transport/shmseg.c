@@ -35,6 +35,23 @@ ncclResult_t shmseg_create(size_t len, const char* what, struct shm_seg* s) {
   return ncclSuccess;
 }
 
+/* Whether process pid has exited: gone altogether, or a zombie (killed and
+ * not yet reaped by its parent: kill(pid, 0) still succeeds, but its fds
+ * are closed already, which is why its segment could not be opened). */
+static int pid_gone(int32_t pid) {
+  if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return 1;
+  char path[64], buf[256];
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  FILE* f = fopen(path, "re");
+  if (!f) return 1;
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  /* "pid (comm) S ...": the state follows the last ')' (comm may hold one). */
+  const char* close = strrchr(buf, ')');
+  return close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X' || close[2] == 'x');
+}
+
 ncclResult_t shmseg_open(int32_t pid, int32_t fd, size_t len, int peer, const char* what, struct shm_seg* s) {
   s->base = NULL;
   s->len = len;
@@ -42,7 +59,7 @@ ncclResult_t shmseg_open(int32_t pid, int32_t fd, size_t len, int peer, const ch
   char path[64];
   snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)pid, (int)fd);
   int f = open(path, O_RDWR | O_CLOEXEC);
-  if (f < 0 && errno == ENOENT && kill((pid_t)pid, 0) != 0 && errno == ESRCH)
+  if (f < 0 && errno == ENOENT && pid_gone(pid))
     /* The peer's process is gone (killed while we connected to it): say so,
      * naming it, as the other failure paths do. */
     return err_set(ncclRemoteError, "%s: rank %d (pid %d) failed or exited before its segment could be opened", what,
