@@ -66,6 +66,7 @@ struct ncclComm {
   int nredops;
   struct dev_state* dev;     /* device path (device/dev_exec.c), set up on first use */
   struct dev_regs* dev_regs; /* ncclCommRegister's cache (device/dev_api.c) */
+  uint64_t reg_gen;          /* ncclCommDeregister calls so far (atomic): kept registrations check it */
   /* Failures (failures.h): keep-alive ring, nonblocking worker, revoke. */
   struct health* health;
   struct async_worker* async;
@@ -104,5 +105,8 @@ static inline int comm_keep_polling(const struct ncclComm* comm, int it, int64_t
 /* NULL or a handle that is not a live communicator -> ncclInvalidArgument
  * with a message naming `fn`. */
 ncclResult_t comm_check(ncclComm_t comm, const char* fn);
+/* The range registered with ncclCommRegister that holds [p, p+bytes), if
+ * any: 1 and [*lo, *hi), else 0. Thread-safe (device/dev_api.c). */
+int comm_reg_lookup(struct ncclComm* comm, const void* p, size_t bytes, uintptr_t* lo, uintptr_t* hi);
 
 #endif

@@ -2,8 +2,12 @@
  * ncclMemFree (cudaMalloc on the calling thread's device) and
  * ncclCommRegister / ncclCommDeregister, a per-communicator cache of
  * registered ranges. The staged device path copies every call through host
- * staging, so registration records the range and changes no data path yet;
- * it exists so programs that register (as NCCL recommends) run unchanged. */
+ * staging, so for device memory registration records the range and changes
+ * no data path (programs that register, as NCCL recommends, run unchanged).
+ * Host memory registered here is what the IB transport keeps registered with
+ * the HCA across operations (net_ib.c): the caller promises it stays mapped
+ * until ncclCommDeregister, which bumps comm->reg_gen so that connectors
+ * drop such registrations before their next operation. */
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -41,7 +45,7 @@ ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, vo
   if (!comm->dev_regs) {
     struct dev_regs* r = calloc(1, sizeof(*r));
     if (r) pthread_mutex_init(&r->mu, NULL);
-    comm->dev_regs = r;
+    __atomic_store_n(&comm->dev_regs, r, __ATOMIC_RELEASE);
   }
   pthread_mutex_unlock(&regs_mu);
   struct dev_regs* r = comm->dev_regs;
@@ -68,7 +72,17 @@ ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
   if (rc != 0)
     return err_set(ncclInvalidArgument, "ncclCommDeregister: handle %p was not returned by ncclCommRegister on this comm",
                    handle);
+  __atomic_add_fetch(&comm->reg_gen, 1, __ATOMIC_RELEASE);
   return ncclSuccess;
+}
+
+int comm_reg_lookup(struct ncclComm* comm, const void* p, size_t bytes, uintptr_t* lo, uintptr_t* hi) {
+  struct dev_regs* r = __atomic_load_n(&comm->dev_regs, __ATOMIC_ACQUIRE);
+  if (!r) return 0;
+  pthread_mutex_lock(&r->mu);
+  int found = dev_reg_find(&r->c, p, bytes, lo, hi);
+  pthread_mutex_unlock(&r->mu);
+  return found;
 }
 
 void dev_comm_free(struct ncclComm* comm) {

@@ -88,11 +88,20 @@ int dev_reg_remove(struct dev_regcache* c, uint32_t handle) {
   return -1;
 }
 
-int dev_reg_covers(const struct dev_regcache* c, const void* p, size_t bytes) {
+int dev_reg_find(const struct dev_regcache* c, const void* p, size_t bytes, uintptr_t* rlo, uintptr_t* rhi) {
   uintptr_t lo = (uintptr_t)p, hi = lo + bytes;
   for (int i = 0; i < c->n; i++)
-    if (lo >= c->r[i].lo && hi <= c->r[i].hi) return 1;
+    if (lo >= c->r[i].lo && hi <= c->r[i].hi) {
+      *rlo = c->r[i].lo;
+      *rhi = c->r[i].hi;
+      return 1;
+    }
   return 0;
+}
+
+int dev_reg_covers(const struct dev_regcache* c, const void* p, size_t bytes) {
+  uintptr_t lo, hi;
+  return dev_reg_find(c, p, bytes, &lo, &hi);
 }
 
 void dev_reg_free(struct dev_regcache* c) {

@@ -61,6 +61,8 @@ uint32_t dev_reg_add(struct dev_regcache* c, const void* p, size_t bytes);
 int dev_reg_remove(struct dev_regcache* c, uint32_t handle);
 /* 1 when [p, p+bytes) lies inside one registered range. */
 int dev_reg_covers(const struct dev_regcache* c, const void* p, size_t bytes);
+/* The same, and that range in [*lo, *hi). */
+int dev_reg_find(const struct dev_regcache* c, const void* p, size_t bytes, uintptr_t* lo, uintptr_t* hi);
 void dev_reg_free(struct dev_regcache* c);
 
 #endif

@@ -18,7 +18,10 @@
  * returns, since callers may reuse the memory right after. Memory freed and
  * mapped again at the same address would leave a real HCA reading the old
  * pages, so cache entries live for one operation (its opseq): the next
- * operation registers afresh. Progress is made by whoever waits (poll_cq);
+ * operation registers afresh - except memory inside a range registered with
+ * ncclCommRegister, which is registered whole once and kept until
+ * ncclCommDeregister (comm->reg_gen changes; the next operation drops it).
+ * Progress is made by whoever waits (poll_cq);
  * NCCL_IB_QPS_PER_CONNECTION QPs carry slots round-robin. Table entry:
  * connect.c; chosen by NCCL_NET=IB, or by default when an HCA is usable. */
 #include <arpa/inet.h>
@@ -66,6 +69,7 @@ struct ib_conn {
   struct ibv_mr** held;  /* sender: slot i's write reads user memory through this MR */
   uint64_t rc_opseq;     /* sender: the operation the cache entries belong to */
   uint64_t op_left;      /* sender: payload bytes of that operation still to commit */
+  uint64_t reg_gen;      /* sender: comm->reg_gen when the kept entries were last checked */
   size_t direct_min;     /* sender: payload bytes from which slots go direct (0: never) */
   uint64_t ndirect, nbounce_big; /* sender: slots sent direct / big ones copied (no MR) */
   uint32_t pos;          /* sender: slots committed; receiver: slots consumed */
@@ -195,12 +199,20 @@ static ncclResult_t ib_send_commit(struct conn* c, const struct slot_hdr* h) {
 static struct ibv_mr* ib_direct_mr(struct conn* c, const struct slot_hdr* h, const void* data) {
   struct ib_conn* s = c->priv;
   if (h->opseq != s->rc_opseq) {
-    /* A new operation: the previous one's memory may be gone by now. */
-    ib_reg_invalidate(&s->rc, NULL, UINTPTR_MAX);
+    /* A new operation: the previous one's memory may be gone by now, unless
+     * it is registered with the communicator and still is. */
+    uint64_t gen = __atomic_load_n(&c->comm->reg_gen, __ATOMIC_ACQUIRE);
+    if (gen != s->reg_gen) ib_reg_invalidate(&s->rc, NULL, UINTPTR_MAX);
+    else ib_reg_invalidate_unkept(&s->rc);
+    s->reg_gen = gen;
     s->rc_opseq = h->opseq;
     s->op_left = h->total & 0xffffffffffffull; /* the low 48 bits: bytes of the operation here */
   }
   struct ibv_mr* mr = NULL;
+  /* ncclCommRegister'd memory: the whole range, once, kept across operations. */
+  uintptr_t lo, hi;
+  if (comm_reg_lookup(c->comm, data, h->bytes, &lo, &hi) && ib_reg_try_kept(&s->rc, (void*)lo, hi - lo, &mr) == 0)
+    return mr;
   size_t want = s->op_left > h->bytes ? (size_t)s->op_left : h->bytes;
   if (want > h->bytes && ib_reg_try(&s->rc, (void*)data, want, &mr) == 0) return mr;
   if (ib_reg_try(&s->rc, (void*)data, h->bytes, &mr) == 0) return mr;

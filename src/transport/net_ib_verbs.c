@@ -354,6 +354,7 @@ struct ib_reg {
   struct ibv_mr* mr;
   int refs;
   int stale; /* invalidated while in use: deregistered at the last put */
+  int kept;  /* covers memory its owner promised to keep mapped (ncclCommRegister) */
 };
 
 void ib_regcache_init(struct ib_regcache* c, const struct ib_verbs* v, struct ibv_pd* pd, int capacity) {
@@ -384,7 +385,7 @@ static void reg_drop(struct ib_regcache* c, struct ib_reg* e) {
   free(e);
 }
 
-static ncclResult_t reg_get(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr, int quiet) {
+static ncclResult_t reg_get(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr, int quiet, int keep) {
   uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
   uintptr_t start = (uintptr_t)addr & ~(pg - 1);
   uintptr_t end = ((uintptr_t)addr + (len ? len : 1) + pg - 1) & ~(pg - 1);
@@ -394,6 +395,7 @@ static ncclResult_t reg_get(struct ib_regcache* c, void* addr, size_t len, struc
       reg_push_front(c, e);
       e->refs++;
       c->hits++;
+      e->kept |= keep;
       *mr = e->mr;
       return ncclSuccess;
     }
@@ -411,6 +413,7 @@ static ncclResult_t reg_get(struct ib_regcache* c, void* addr, size_t len, struc
   e->start = start;
   e->end = end;
   e->refs = 1;
+  e->kept = keep;
   reg_push_front(c, e);
   c->n++;
   c->misses++;
@@ -427,11 +430,15 @@ static ncclResult_t reg_get(struct ib_regcache* c, void* addr, size_t len, struc
 }
 
 ncclResult_t ib_reg_get(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr) {
-  return reg_get(c, addr, len, mr, 0);
+  return reg_get(c, addr, len, mr, 0, 0);
 }
 
 int ib_reg_try(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr) {
-  return reg_get(c, addr, len, mr, 1) == ncclSuccess ? 0 : -1;
+  return reg_get(c, addr, len, mr, 1, 0) == ncclSuccess ? 0 : -1;
+}
+
+int ib_reg_try_kept(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr) {
+  return reg_get(c, addr, len, mr, 1, 1) == ncclSuccess ? 0 : -1;
 }
 
 void ib_reg_put(struct ib_regcache* c, struct ibv_mr* mr) {
@@ -443,16 +450,21 @@ void ib_reg_put(struct ib_regcache* c, struct ibv_mr* mr) {
   }
 }
 
-void ib_reg_invalidate(struct ib_regcache* c, void* addr, size_t len) {
-  uintptr_t s = (uintptr_t)addr, t = s + len;
+static void reg_invalidate(struct ib_regcache* c, uintptr_t s, uintptr_t t, int kept_too) {
   for (struct ib_reg* e = c->head; e;) {
     struct ib_reg* next = e->next;
-    if (e->start < t && s < e->end) {
+    if (e->start < t && s < e->end && (kept_too || !e->kept)) {
       if (e->refs == 0) reg_drop(c, e); else e->stale = 1;
     }
     e = next;
   }
 }
+
+void ib_reg_invalidate(struct ib_regcache* c, void* addr, size_t len) {
+  reg_invalidate(c, (uintptr_t)addr, (uintptr_t)addr + len, 1);
+}
+
+void ib_reg_invalidate_unkept(struct ib_regcache* c) { reg_invalidate(c, 0, UINTPTR_MAX, 0); }
 
 void ib_regcache_destroy(struct ib_regcache* c) {
   while (c->head) reg_drop(c, c->head);

@@ -140,10 +140,15 @@ ncclResult_t ib_reg_get(struct ib_regcache* c, void* addr, size_t len, struct ib
 /* The same without recording an error: 0, or -1 (errno says why) when the
  * range cannot be registered (a caller with a fallback, e.g. a copy). */
 int ib_reg_try(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr);
+/* ib_reg_try for memory its owner keeps mapped until it says otherwise
+ * (ncclCommRegister): the entry survives ib_reg_invalidate_unkept. */
+int ib_reg_try_kept(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr);
 void ib_reg_put(struct ib_regcache* c, struct ibv_mr* mr);
 /* The memory [addr, addr+len) is going away (free, munmap, deregister): MRs
  * overlapping it are deregistered now, or at their last put if in use. */
 void ib_reg_invalidate(struct ib_regcache* c, void* addr, size_t len);
+/* Every entry not taken with ib_reg_try_kept is going away. */
+void ib_reg_invalidate_unkept(struct ib_regcache* c);
 /* Deregisters everything (entries still held are released regardless). */
 void ib_regcache_destroy(struct ib_regcache* c);
 

@@ -10,7 +10,8 @@
  * registration counter (ibemu_get_counts: same library instance the transport
  * dlopens) tells whether user memory was registered: per big send in
  * `direct` (one registration covering the whole buffer: later slots reuse
- * it), never in `copy`. Uses tests/mp/harness.h. */
+ * it), never in `copy`; for a buffer registered with ncclCommRegister once
+ * for all operations until ncclCommDeregister. Uses tests/mp/harness.h. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +87,47 @@ static int rank_main(int rank, int nranks, const ncclUniqueId* ids, int nids, vo
     long d = regs() - r0;
     if (g_direct) MP_CHECK(d >= 1 && d <= 2, "direct mode: %ld registrations for one %u-byte send (want 1-2)", d, BIG);
     else MP_CHECK(d == 0, "copy mode: %ld registrations of user memory", d);
+  }
+
+  /* Registered with the communicator: registered with the HCA once, kept
+   * across operations until ncclCommDeregister; then registered afresh per
+   * operation, and a registered mapping that is deregistered, unmapped and
+   * mapped again sends its new pages. */
+  void* handle = NULL;
+  MP_NCCL(ncclCommRegister(comm, sb, BIG + 64, &handle));
+  long before = regs();
+  for (int round = 30; round < 35; round++) {
+    long r1 = regs();
+    if (swap_check(comm, rank, sb + 1, rb, BIG, round, "registered buffer")) return 1;
+    long d = regs() - r1;
+    if (!g_direct) MP_CHECK(d == 0, "copy mode: %ld registrations of user memory", d);
+    else if (round == 30) MP_CHECK(d == 1, "registered buffer, first send: %ld registrations (want 1)", d);
+    else MP_CHECK(d == 0, "registered buffer, send %d: %ld registrations (want 0: kept)", round - 30, d);
+  }
+  if (allreduce_check(comm, rank, (float*)(sb + 64), (float*)rb, BIG / sizeof(float) - 64, 1)) return 1;
+  if (g_direct) MP_CHECK(regs() - before == 1, "registered buffer: %ld registrations in 6 operations (want 1)",
+                         regs() - before);
+  MP_NCCL(ncclCommDeregister(comm, handle));
+  for (int round = 40; round < 42; round++) {
+    long r1 = regs();
+    if (swap_check(comm, rank, sb, rb, BIG, round, "deregistered buffer")) return 1;
+    if (g_direct) MP_CHECK(regs() > r1, "direct mode: a deregistered buffer was not registered again");
+  }
+  {
+    size_t len = BIG;
+    unsigned char* m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    MP_CHECK(m != MAP_FAILED, "mmap");
+    MP_NCCL(ncclCommRegister(comm, m, len, &handle));
+    if (swap_check(comm, rank, m, rb, len, 50, "registered mapping")) return 1;
+    if (swap_check(comm, rank, m, rb, len, 51, "registered mapping, again")) return 1;
+    MP_NCCL(ncclCommDeregister(comm, handle));
+    MP_CHECK(munmap(m, len) == 0, "munmap");
+    unsigned char* m2 = mmap(m, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    MP_CHECK(m2 == m, "mapping again at %p gave %p", (void*)m, (void*)m2);
+    long r1 = regs();
+    if (swap_check(comm, rank, m2, rb, len, 52, "mapping registered, deregistered and mapped again")) return 1;
+    if (g_direct) MP_CHECK(regs() > r1, "direct mode: the remapped, deregistered buffer was not registered again");
+    MP_CHECK(munmap(m2, len) == 0, "munmap");
   }
 
   /* Unmapped and mapped again at the same address, new contents. */

@@ -275,6 +275,21 @@ static int test_regcache(void) {
   ibemu_get_counts(&cnt);
   CHECK(cnt.mrs == mrs - 1);
   ib_reg_put(&c, a2);
+  /* Kept entries (ncclCommRegister'd memory) survive the per-operation
+   * invalidation of everything else, not an explicit one. */
+  ib_reg_invalidate(&c, NULL, UINTPTR_MAX);
+  CHECK(c.n == 0);
+  CHECK(ib_reg_try_kept(&c, m + len, len, &b) == 0);
+  CHECK(ib_reg_try(&c, m + 2 * len, len, &d) == 0);
+  ib_reg_put(&c, b);
+  ib_reg_put(&c, d);
+  ib_reg_invalidate_unkept(&c);
+  CHECK(c.n == 1);
+  misses = c.misses;
+  CHECK(ib_reg_try(&c, m + len + 10, 100, &a) == 0 && a == b && c.misses == misses);
+  ib_reg_put(&c, a);
+  ib_reg_invalidate(&c, m + len, 1);
+  CHECK(c.n == 0);
   ib_regcache_destroy(&c);
   ibemu_get_counts(&cnt);
   CHECK(cnt.mrs == 0 && c.n == 0);
