@@ -26,6 +26,7 @@
  * connect.c; chosen by NCCL_NET=IB, or by default when an HCA is usable. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -436,9 +437,11 @@ static int ib_nports = -1;
 static pthread_mutex_t ib_ports_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* The port of this rank (ports discovered once per process): among the
- * ports NCCL_IB_HCA allows, those whose device is local to the CPUs this
- * process may run on (sysfs local_cpulist), dealt round-robin over the local
- * ranks; none local (or unknown): all ports, round-robin. */
+ * ports NCCL_IB_HCA allows, with a GPU (its PCI bus id known at init) those
+ * nearest to it in the PCI tree (sysfs paths); else, or when no place is
+ * known, those whose device is local to the CPUs this process may run on
+ * (sysfs local_cpulist); dealt round-robin over the local ranks; none
+ * local (or unknown): all ports, round-robin. */
 static const struct ib_port* ib_chosen(struct ncclComm* comm) {
   pthread_mutex_lock(&ib_ports_mu);
   if (ib_nports < 0 && ib_discover(ib_ports, IB_MAX_PORTS, &ib_nports) != ncclSuccess) ib_nports = 0;
@@ -447,10 +450,22 @@ static const struct ib_port* ib_chosen(struct ncclComm* comm) {
   if (n <= 0) return NULL;
   cpu_set_t mine;
   int have = sched_getaffinity(0, sizeof(mine), &mine) == 0, local = 0;
-  int i = ib_port_pick(ib_ports, n, have ? &mine : NULL, comm->local_rank, &local);
-  const struct ib_port* p = &ib_ports[i];
   char cpus[128] = "unknown";
   if (have) bind_cpulist(&mine, cpus, sizeof(cpus));
+  const char* gpu = comm->peers ? comm->peers[comm->rank].pci_bus_id : "";
+  char gpu_path[PATH_MAX];
+  int hops = -1;
+  if (gpu[0] && ib_pci_path("/sys", gpu, gpu_path, sizeof(gpu_path)) == 0) {
+    int g = ib_port_pick_gpu(ib_ports, n, gpu_path, comm->local_rank, &hops);
+    if (g >= 0) {
+      const struct ib_port* p = &ib_ports[g];
+      INFO_ONCE(LOG_NET | LOG_INIT, "NET/IB: using %s:%d (%s) for rank %d (GPU %s): nearest to its GPU (%d PCI hops)",
+                p->dev_name, p->port, p->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "IB", comm->rank, gpu, hops);
+      return p;
+    }
+  }
+  int i = ib_port_pick(ib_ports, n, have ? &mine : NULL, comm->local_rank, &local);
+  const struct ib_port* p = &ib_ports[i];
   INFO_ONCE(LOG_NET | LOG_INIT, "NET/IB: using %s:%d (%s) for rank %d (CPUs %s): %s", p->dev_name, p->port,
             p->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "IB", comm->rank, cpus,
             local ? "local to its CPUs" : n > 1 ? "no NIC local to its CPUs, round-robin" : "the only port");

@@ -5,8 +5,10 @@
  * Tested against the emulator in tests/ibemu/test_net_ib_verbs.c. */
 #include "transport/net_ib_verbs.h"
 
+#include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,6 +89,59 @@ static int dev_local_cpus(struct ibv_device* dev, cpu_set_t* out) {
   while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == ' ')) n--;
   buf[n] = '\0';
   return n > 0 && bind_cpulist_parse(buf, out) == 0 && CPU_COUNT(out) > 0 ? 0 : -1;
+}
+
+/* The device's place in the PCI tree: <ibdev_path>/device resolved (a
+ * symlink into /sys/devices/pci...). "" when it cannot be resolved. */
+static void dev_pci_path(struct ibv_device* dev, char* out, size_t len) {
+  char path[IBV_SYSFS_PATH_MAX + 16], real[PATH_MAX];
+  snprintf(path, sizeof(path), "%s/device", dev->ibdev_path);
+  if (len) out[0] = '\0';
+  if (realpath(path, real) && strlen(real) < len) snprintf(out, len, "%s", real);
+}
+
+int ib_pci_path(const char* root, const char* bus_id, char* out, size_t len) {
+  char id[64], path[PATH_MAX], real[PATH_MAX];
+  size_t i = 0;
+  for (; bus_id[i] && i + 1 < sizeof(id); i++) id[i] = (char)tolower((unsigned char)bus_id[i]);
+  id[i] = '\0';
+  if (len) out[0] = '\0';
+  if (!id[0]) return -1;
+  snprintf(path, sizeof(path), "%s/bus/pci/devices/%s", root, id);
+  if (!realpath(path, real) || strlen(real) >= len) return -1;
+  snprintf(out, len, "%s", real);
+  return 0;
+}
+
+int ib_pci_distance(const char* a, const char* b) {
+  if (!a || !b || !a[0] || !b[0]) return -1;
+  /* Walk both paths component by component while they agree. */
+  size_t i = 0, common = 0;
+  while (a[i] && a[i] == b[i]) {
+    if (a[i] == '/') common = i;
+    i++;
+  }
+  if ((a[i] == '\0' || a[i] == '/') && (b[i] == '\0' || b[i] == '/')) common = i; /* one is a prefix of the other */
+  int hops = 0;
+  for (const char* p = a + common; *p; p++) hops += *p == '/';
+  for (const char* p = b + common; *p; p++) hops += *p == '/';
+  return hops;
+}
+
+int ib_port_pick_gpu(const struct ib_port* ports, int n, const char* gpu_path, int local_rank, int* hops) {
+  int best = -1, cand[IB_MAX_PORTS], nc = 0;
+  for (int i = 0; i < n && i < IB_MAX_PORTS; i++) {
+    int d = ib_pci_distance(gpu_path, ports[i].pci_path);
+    if (d < 0) continue;
+    if (best < 0 || d < best) {
+      best = d;
+      nc = 0;
+    }
+    if (d == best) cand[nc++] = i;
+  }
+  if (nc == 0) return -1;
+  *hops = best;
+  return cand[(local_rank < 0 ? 0 : local_rank) % nc];
 }
 
 int ib_port_pick(const struct ib_port* ports, int n, const cpu_set_t* mine, int local_rank, int* local) {
@@ -205,6 +260,7 @@ ncclResult_t ib_discover(struct ib_port* ports, int max, int* n) {
       p->lid = pa.lid;
       p->mtu = pa.active_mtu;
       p->has_cpus = dev_local_cpus(list[d], &p->cpus) == 0;
+      dev_pci_path(list[d], p->pci_path, sizeof(p->pci_path));
       if (p->link_layer == IBV_LINK_LAYER_ETHERNET) {
         if (roce_pick_gid(v, ctx, p, pa.gid_tbl_len) != 0) {
           WARN("NET/IB: %s:%d: no usable GID (NCCL_IB_GID_INDEX=%s); port skipped", name, port,

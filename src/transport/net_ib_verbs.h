@@ -63,6 +63,7 @@ struct ib_port {
   enum ibv_mtu mtu;     /* active MTU */
   int has_cpus;         /* the device's sysfs local_cpulist was read */
   cpu_set_t cpus;       /* CPUs local to the device (its NUMA node / PCI root) */
+  char pci_path[256];   /* the device's place in the PCI tree (sysfs, resolved), or "" */
 };
 
 /* Picks this process's port among n discovered ones: those local to the CPUs
@@ -70,6 +71,22 @@ struct ib_port {
  * (or none local: all of them) the local_rank-th modulo their number, so ranks
  * of one host spread over the NICs near them. Exposed for tests. */
 int ib_port_pick(const struct ib_port* ports, int n, const cpu_set_t* mine, int local_rank, int* local);
+
+/* PCI hops between two devices given as resolved sysfs paths
+ * (/sys/devices/pci0000:00/0000:00:01.0/0000:03:00.0): the path components
+ * below their deepest common bridge, both sides counted; -1 if either is
+ * empty. Two functions of one card: 0; behind one switch: 2 or more; under
+ * different root complexes (often different CPU sockets): the most. */
+int ib_pci_distance(const char* a, const char* b);
+/* The resolved sysfs path of PCI device `bus_id` ("0000:3B:00.0", as CUDA
+ * writes it; any case) under sysfs root `root` ("/sys"), into out; 0, or -1
+ * when there is no such device. Exposed for tests. */
+int ib_pci_path(const char* root, const char* bus_id, char* out, size_t len);
+/* With the rank's GPU known (its resolved PCI path): the ports nearest to
+ * it in the PCI tree, dealt over local ranks as ib_port_pick does; -1 when
+ * the GPU's or every port's place is unknown (the caller falls back to
+ * ib_port_pick). *hops: the chosen port's distance. Exposed for tests. */
+int ib_port_pick_gpu(const struct ib_port* ports, int n, const char* gpu_path, int local_rank, int* hops);
 
 /* Does the device/port pass an NCCL_IB_HCA filter? Syntax (NCCL's): a comma
  * list of name[:port]; names match as prefixes unless the list starts with

@@ -2,12 +2,15 @@
  * against the emulator (libibemu.so, loaded through COLLIE_IBVERBS_LIBRARY):
  * NCCL_IB_HCA selection, RoCE GID choice, the unavailable-library path, QP
  * bring-up between two processes (NCCL_IB_QPS_PER_CONNECTION QPs) and the
- * registration cache. Usage: test_net_ib_verbs hca|unavailable|qp DEV|regcache */
+ * registration cache, NIC choice by PCI distance to a GPU (a fake sysfs
+ * tree). Usage: test_net_ib_verbs hca|unavailable|qp DEV|regcache|pci */
 #include <arpa/inet.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -299,13 +302,105 @@ static int test_regcache(void) {
   return 0;
 }
 
+/* Makes directory path and its parents. */
+static void mkdirs(const char* path) {
+  char p[1024];
+  snprintf(p, sizeof(p), "%s", path);
+  for (char* s = p + 1; *s; s++)
+    if (*s == '/') {
+      *s = '\0';
+      mkdir(p, 0700);
+      *s = '/';
+    }
+  mkdir(p, 0700);
+}
+
+/* NIC choice by PCI distance to the rank's GPU, on a fake sysfs tree:
+ * the GPU 0000:04:00.0 sits behind a switch (03:08.0) under root complex
+ * pci0000:00; mlx5_0 is under another root complex, mlx5_1 behind the same
+ * switch, mlx5_10 under the same root complex through another bridge.
+ * The emulator's devices point at it (COLLIE_IBEMU_SYSFS: <dir>/<name>/device
+ * is a symlink into <dir>/devices, as sysfs links /sys/class/infiniband). */
+static int test_pci(void) {
+  char dir[] = "/tmp/collie-pci-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  char p[1024], q[1024];
+  static const char* gpu = "devices/pci0000:00/0000:00:01.0/0000:02:00.0/0000:03:08.0/0000:04:00.0";
+  static const struct { const char* name; const char* at; } nics[] = {
+      {"mlx5_0", "devices/pci0000:80/0000:80:01.0/0000:81:00.0"},
+      {"mlx5_1", "devices/pci0000:00/0000:00:01.0/0000:02:00.0/0000:03:10.0/0000:05:00.0"},
+      {"mlx5_10", "devices/pci0000:00/0000:00:02.0/0000:06:00.0"},
+  };
+  snprintf(p, sizeof(p), "%s/%s", dir, gpu);
+  mkdirs(p);
+  snprintf(p, sizeof(p), "%s/bus/pci/devices", dir);
+  mkdirs(p);
+  snprintf(p, sizeof(p), "%s/bus/pci/devices/0000:04:00.0", dir);
+  snprintf(q, sizeof(q), "../../../%s", gpu);
+  CHECK(symlink(q, p) == 0);
+  for (int i = 0; i < 3; i++) {
+    snprintf(p, sizeof(p), "%s/%s", dir, nics[i].at);
+    mkdirs(p);
+    snprintf(p, sizeof(p), "%s/%s", dir, nics[i].name);
+    mkdirs(p);
+    snprintf(p, sizeof(p), "%s/%s/device", dir, nics[i].name);
+    snprintf(q, sizeof(q), "../%s", nics[i].at);
+    CHECK(symlink(q, p) == 0);
+  }
+  /* Distances on plain paths. */
+  CHECK(ib_pci_distance("/s/devices/pci0000:00/a/b", "/s/devices/pci0000:00/a/b") == 0);
+  CHECK(ib_pci_distance("/s/devices/pci0000:00/a/b", "/s/devices/pci0000:00/a/c") == 2);
+  CHECK(ib_pci_distance("/s/devices/pci0000:00/a/b", "/s/devices/pci0000:00/a/bc") == 2);
+  CHECK(ib_pci_distance("/s/devices/pci0000:00/a", "/s/devices/pci0000:00/a/b") == 1);
+  CHECK(ib_pci_distance("/s/devices/pci0000:00/a/b", "/s/devices/pci0000:80/x/y") == 6);
+  CHECK(ib_pci_distance("", "/s/a") == -1 && ib_pci_distance("/s/a", "") == -1);
+  /* The GPU's place from its bus id as CUDA writes it (upper case). */
+  char gp[PATH_MAX], want[PATH_MAX];
+  CHECK(ib_pci_path(dir, "0000:04:00.0", gp, sizeof(gp)) == 0);
+  snprintf(p, sizeof(p), "%s/%s", dir, gpu);
+  CHECK(realpath(p, want) && !strcmp(gp, want));
+  CHECK(ib_pci_path(dir, "0000:04:00.0", gp, sizeof(gp)) == 0 && ib_pci_path(dir, "0000:04:00.0", gp, sizeof(gp)) == 0);
+  CHECK(ib_pci_path(dir, "0000:0A:00.0", q, sizeof(q)) == -1 && q[0] == '\0');
+  CHECK(ib_pci_path(dir, "", q, sizeof(q)) == -1);
+  /* Discovery reads each device's place; the GPU picks the nearest. */
+  setenv("COLLIE_IBEMU_SYSFS", dir, 1);
+  struct ib_port ports[IB_MAX_PORTS];
+  int n = 0, hops = -1;
+  setenv("NCCL_IB_HCA", "=mlx5_0,mlx5_1:1,mlx5_10", 1);
+  CHECK(ib_discover(ports, IB_MAX_PORTS, &n) == ncclSuccess && n == 3);
+  for (int i = 0; i < n; i++) CHECK(strstr(ports[i].pci_path, "/devices/pci0000:") != NULL);
+  int g = ib_port_pick_gpu(ports, n, gp, 0, &hops);
+  CHECK(g >= 0 && !strcmp(ports[g].dev_name, "mlx5_1") && hops == 4);
+  CHECK(ib_port_pick_gpu(ports, n, gp, 1, &hops) == g); /* one nearest port: every local rank */
+  CHECK(ib_port_pick_gpu(ports, n, "", 0, &hops) == -1);
+  /* Without mlx5_1: the same root complex beats the other one. */
+  setenv("NCCL_IB_HCA", "=mlx5_0,mlx5_10", 1);
+  CHECK(ib_discover(ports, IB_MAX_PORTS, &n) == ncclSuccess && n == 2);
+  g = ib_port_pick_gpu(ports, n, gp, 0, &hops);
+  CHECK(g >= 0 && !strcmp(ports[g].dev_name, "mlx5_10") && hops == 6);
+  /* No place known for any port: -1 (the caller falls back to CPU locality). */
+  for (int i = 0; i < n; i++) ports[i].pci_path[0] = '\0';
+  CHECK(ib_port_pick_gpu(ports, n, gp, 0, &hops) == -1);
+  /* Two equally near ports are dealt over the local ranks. */
+  snprintf(ports[0].pci_path, sizeof(ports[0].pci_path), "%s/devices/pci0000:00/0000:00:01.0/0000:02:00.0/x", dir);
+  snprintf(ports[1].pci_path, sizeof(ports[1].pci_path), "%s/devices/pci0000:00/0000:00:01.0/0000:02:00.0/y", dir);
+  CHECK(ib_port_pick_gpu(ports, n, gp, 0, &hops) == 0 && hops == 3 && ib_port_pick_gpu(ports, n, gp, 1, &hops) == 1);
+  unsetenv("NCCL_IB_HCA");
+  char cmd[1200];
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+  expect_zero_counts();
+  return 0;
+}
+
 int main(int argc, char** argv) {
   int rc;
   if (argc == 2 && !strcmp(argv[1], "hca")) rc = test_hca();
   else if (argc == 2 && !strcmp(argv[1], "unavailable")) rc = test_unavailable();
   else if (argc == 3 && !strcmp(argv[1], "qp")) rc = test_qp(argv[2]);
   else if (argc == 2 && !strcmp(argv[1], "regcache")) rc = test_regcache();
-  else { fprintf(stderr, "usage: %s hca|unavailable|qp DEV|regcache\n", argv[0]); return 2; }
+  else if (argc == 2 && !strcmp(argv[1], "pci")) rc = test_pci();
+  else { fprintf(stderr, "usage: %s hca|unavailable|qp DEV|regcache|pci\n", argv[0]); return 2; }
   if (rc == 0) printf("PASS %s\n", argv[1]);
   return rc;
 }
