@@ -128,10 +128,15 @@ libs=()
 for m in "${modes[@]}"; do libs+=("collie-$m"); done
 libs+=(mpi)
 
-# One series: LIB TRANSPORT N OP ROUND -> "size time" rows (out-of-place) in
-# $out/LIB_TR_N_OP.rROUND.
+# One series: LIB TRANSPORT N OP ROUND -> "size time" rows in
+# $out/LIB_TR_N_OP.rROUND: out-of-place, except broadcast in place. MPI_Bcast
+# has one buffer (mpi-perf's out-of-place broadcast sends from the root's send
+# buffer and leaves its receive buffer alone), while an out-of-place
+# ncclBroadcast also copies the root's send buffer into its receive buffer;
+# in place both do exactly the same work.
 run_series() {
-  local lib=$1 tr=$2 n=$3 op=$4 r=$5 key="$1_$2_$3_$4" band rc=0
+  local lib=$1 tr=$2 n=$3 op=$4 r=$5 key="$1_$2_$3_$4" band rc=0 col=6
+  [ "$op" = broadcast ] && col=10
   : >"$out/$key.r$r"
   for band in "${bands[@]}"; do
     local cmd
@@ -143,7 +148,7 @@ run_series() {
     [ $s -ne 0 ] && rc=$s
     # Size 0: the sweep's smallest size split over more ranks than it has
     # elements (8 B all_gather at 4 ranks); a no-op on both sides, not a cell.
-    awk '$1 ~ /^[0-9]+$/ && $1 > 0 && NF >= 9 { print $1, $6 }' "$out/$key.band" >>"$out/$key.r$r"
+    awk -v col=$col '$1 ~ /^[0-9]+$/ && $1 > 0 && NF >= 13 { print $1, $col }' "$out/$key.band" >>"$out/$key.r$r"
   done
   rm -f "$out/$key.band"
   [ $rc -ne 0 ] && echo "$rc" >"$out/$key.failed"
@@ -261,7 +266,9 @@ section=$out/section.md
   echo "(CONFIGS=\"${configs[*]}\" OPS=\"${ops[*]}\" ROUNDS=$rounds MODES=\"${modes[*]}\")."
   echo
   echo "Each cell: Open MPI time / collie time, medians of $rounds interleaved rounds, float sum,"
-  echo "out-of-place; above 1 when collie is faster, below 1 in bold. Two figures per cell:"
+  echo "out-of-place (broadcast in place: MPI_Bcast has one buffer, and an out-of-place ncclBroadcast"
+  echo "also copies the root's send buffer into its receive buffer, which MPI_Bcast never does; the"
+  echo "out-of-place times are in the raw logs); above 1 when collie is faster, below 1 in bold. Two figures per cell:"
   echo "collie ${modes[*]} (\"unbound\": \`collie-run --bind-to none\`, which also sets COLLIE_BIND=none:"
   echo "nothing binds, the scheduler places the ranks; \"bound\": collie-run's default binding, a disjoint share of the cores per rank, none with more ranks than cores$([ $bind_native = 0 ] && echo ' (taskset wrapper: this collie-run has no --bind-to)')); Open MPI with its default binding"
   echo "(\`mpirun --oversubscribe\`, ob1, vader or tcp BTL). Timing: tools/perf_common.c for both"
