@@ -58,6 +58,29 @@ static int allreduce_check(ncclComm_t comm, int rank, float* a, float* b, size_t
   return 0;
 }
 
+/* A fresh mapping (registered with the communicator while in use when
+ * `reg`) swapped, unmapped, mapped again at the same address with new
+ * contents and swapped again: the new pages must arrive, and in direct mode
+ * they must be registered afresh. */
+static int remap_check(ncclComm_t comm, int rank, unsigned char* rb, int round, int reg) {
+  size_t len = BIG;
+  void* handle = NULL;
+  unsigned char* m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  MP_CHECK(m != MAP_FAILED, "mmap");
+  if (reg) MP_NCCL(ncclCommRegister(comm, m, len, &handle));
+  if (swap_check(comm, rank, m, rb, len, round, "mapped buffer")) return 1;
+  if (reg && swap_check(comm, rank, m, rb, len, round + 1, "registered mapping, again")) return 1;
+  if (reg) MP_NCCL(ncclCommDeregister(comm, handle));
+  MP_CHECK(munmap(m, len) == 0, "munmap");
+  unsigned char* m2 = mmap(m, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  MP_CHECK(m2 == m, "mapping again at %p gave %p", (void*)m, (void*)m2);
+  long r0 = regs();
+  if (swap_check(comm, rank, m2, rb, len, round + 2, "buffer mapped again at the same address")) return 1;
+  if (g_direct) MP_CHECK(regs() > r0, "direct mode: the remapped buffer was not registered again");
+  MP_CHECK(munmap(m2, len) == 0, "munmap");
+  return 0;
+}
+
 static int rank_main(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
   (void)nids, (void)arg;
   char h[32];
@@ -113,35 +136,10 @@ static int rank_main(int rank, int nranks, const ncclUniqueId* ids, int nids, vo
     if (swap_check(comm, rank, sb, rb, BIG, round, "deregistered buffer")) return 1;
     if (g_direct) MP_CHECK(regs() > r1, "direct mode: a deregistered buffer was not registered again");
   }
-  {
-    size_t len = BIG;
-    unsigned char* m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    MP_CHECK(m != MAP_FAILED, "mmap");
-    MP_NCCL(ncclCommRegister(comm, m, len, &handle));
-    if (swap_check(comm, rank, m, rb, len, 50, "registered mapping")) return 1;
-    if (swap_check(comm, rank, m, rb, len, 51, "registered mapping, again")) return 1;
-    MP_NCCL(ncclCommDeregister(comm, handle));
-    MP_CHECK(munmap(m, len) == 0, "munmap");
-    unsigned char* m2 = mmap(m, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
-    MP_CHECK(m2 == m, "mapping again at %p gave %p", (void*)m, (void*)m2);
-    long r1 = regs();
-    if (swap_check(comm, rank, m2, rb, len, 52, "mapping registered, deregistered and mapped again")) return 1;
-    if (g_direct) MP_CHECK(regs() > r1, "direct mode: the remapped, deregistered buffer was not registered again");
-    MP_CHECK(munmap(m2, len) == 0, "munmap");
-  }
+  if (remap_check(comm, rank, rb, 50, 1)) return 1;
 
   /* Unmapped and mapped again at the same address, new contents. */
-  size_t len = BIG;
-  unsigned char* m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  MP_CHECK(m != MAP_FAILED, "mmap");
-  if (swap_check(comm, rank, m, rb, len, 20, "mapped buffer")) return 1;
-  MP_CHECK(munmap(m, len) == 0, "munmap");
-  unsigned char* m2 = mmap(m, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
-  MP_CHECK(m2 == m, "mapping again at %p gave %p", (void*)m, (void*)m2);
-  long r0 = regs();
-  if (swap_check(comm, rank, m2, rb, len, 21, "buffer mapped again at the same address")) return 1;
-  if (g_direct) MP_CHECK(regs() > r0, "direct mode: the remapped buffer was not registered again");
-  MP_CHECK(munmap(m2, len) == 0, "munmap");
+  if (remap_check(comm, rank, rb, 20, 0)) return 1;
 
   MP_NCCL(ncclCommDestroy(comm));
   struct ibemu_counts k;
