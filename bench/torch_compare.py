@@ -19,10 +19,13 @@ mean time per call (collie-perf -a 3). K and W come from one table (BANDS)
 used for both. The torch backends' warm-up calls come right before their own
 timed calls, so neither starts with the other's data in the caches (a single
 cold call after gloo's 8 MiB round measured 1.3-2x a warm one). One round is
-one torch job (collie, lib and gloo once per size, which goes first
-rotating) followed by one collie-perf sweep; --reps rounds alternate so
-the noise of a shared machine falls on both sides alike, and each cell is the
-median over the rounds.
+one torch job followed by one collie-perf sweep. In the job, per operation,
+collie and lib run size by size (which of the two goes first alternates by
+round), then gloo runs over the same sizes in a pass of its own: calls timed
+right after gloo's measured up to 1.5x slower at 4 ranks on 2 cores, and an
+earlier rotation of all three series made collie follow gloo every time.
+--reps rounds alternate so the noise of a shared machine falls on both sides
+alike, and each cell is the median over the rounds.
 Then the step time (forward, backward, SGD step) of a model on synthetic data:
 torchvision's ResNet-18 (python3-torchvision) on 3x64x64 images, else a
 comparable small CNN, under DDP over collie, DDP over gloo, and
@@ -137,31 +140,41 @@ def worker(args):
             # into views of one output tensor (no extra copy on gloo's side).
             dist.all_gather(list(b.chunk(n)), a, group=g)
 
-    # Rounds rotate which series goes first (--round: the driver's round).
-    order = ("collie", "lib", "gloo")
-    order = order[args.round % 3:] + order[:args.round % 3]
+    # Which series runs right after gloo matters: at 4 ranks on 2 cores the
+    # collie calls timed right after gloo's measured up to 1.5x slower than the
+    # same calls timed a moment later (a rotation of all three made collie
+    # follow gloo in every round). So per operation the collie and lib series
+    # run first, size by size, alternating by round which of the two goes
+    # first (--round: the driver's round); gloo's series follows in a pass of
+    # its own over the same sizes.
+    pair = ("collie", "lib") if args.round % 2 == 0 else ("lib", "collie")
+
+    def timed(op, backend, a, b, size):
+        # As collie-perf: warm-up calls of this backend, a barrier, then the
+        # timed calls; the slowest rank's mean per call.
+        iters, warm = band(size)
+        for _ in range(warm):
+            call(op, backend, a, b)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            call(op, backend, a, b)
+        return slowest((time.perf_counter() - t0) / iters) * 1e6
+
     for op in args.ops:
-        for size in sizes:
-            if op == "all_gather" and size < 4 * n:
-                continue  # less than one float per rank
-            a, b = make(op, size)
-            iters, warm = band(size)
-            cell = {}
-            for backend in order:
-                # As collie-perf: warm-up calls of this backend, a barrier, then
-                # the timed calls; the slowest rank's mean per call.
-                for _ in range(warm):
-                    call(op, backend, a, b)
-                dist.barrier()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    call(op, backend, a, b)
-                cell[backend] = slowest((time.perf_counter() - t0) / iters) * 1e6
-            result["coll"].setdefault(op, {})[size] = cell
-            if rank == 0:
-                print("torch_compare: %d ranks %-10s %10s collie %10.1f us  lib %10.1f us  gloo %10.1f us" % (
-                    n, op, human(size), cell["collie"], cell["lib"], cell["gloo"]), flush=True)
-            del a, b
+        cells = result["coll"].setdefault(op, {})
+        for series in (pair, ("gloo",)):
+            for size in sizes:
+                if op == "all_gather" and size < 4 * n:
+                    continue  # less than one float per rank
+                a, b = make(op, size)
+                cell = cells.setdefault(size, {})
+                for backend in series:
+                    cell[backend] = timed(op, backend, a, b, size)
+                if rank == 0 and "gloo" in cell:
+                    print("torch_compare: %d ranks %-10s %10s collie %10.1f us  lib %10.1f us  gloo %10.1f us" % (
+                        n, op, human(size), cell["collie"], cell["lib"], cell["gloo"]), flush=True)
+                del a, b
 
     if args.model != "none":
         result["model"] = model_steps(args, groups, rank, n, slowest)
@@ -480,8 +493,10 @@ def main():
             "", "float32. Both sides timed alike, as collie-perf does: per size W warm-up calls, a barrier, K "
             "back-to-back calls (K/W: 100/5 up to 32 KiB, 20/2 up to 2 MiB, 10/2 up to 32 MiB, 3/1 above), "
             "the slowest rank's mean per call (collie-perf -a 3); each backend's warm-up right before its own "
-            "timed calls. A round is one torch job (collie, lib and gloo once per size, which goes first "
-            "rotating by round) followed by one collie-perf sweep; each cell is the median over %d rounds. "
+            "timed calls. A round is one torch job followed by one collie-perf sweep; in the job, per operation, "
+            "collie and lib run size by size (which goes first alternates by round), then gloo in a pass of its "
+            "own over the same sizes (calls timed right after gloo's ran up to 1.5x slower at 4 ranks); each "
+            "cell is the median over %d rounds. "
             "all_gather's size is the gathered output (collie: all_gather_into_tensor, gloo: all_gather into "
             "chunks of one tensor). collie-perf: in place for all_reduce and broadcast (torch calls them in "
             "place), out of place for all_gather. lib: the same collective on the same tensors through "
