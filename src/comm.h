@@ -67,6 +67,7 @@ struct ncclComm {
   struct dev_state* dev;     /* device path (device/dev_exec.c), set up on first use */
   struct dev_regs* dev_regs; /* ncclCommRegister's cache (device/dev_api.c) */
   uint64_t reg_gen;          /* ncclCommDeregister calls so far (atomic): kept registrations check it */
+  int gdr_state;             /* GPUDirect RDMA for device sends: 0 not probed yet, 1 works, -1 off (transport_dev_send_ok) */
   /* Failures (failures.h): keep-alive ring, nonblocking worker, revoke. */
   struct health* health;
   struct async_worker* async;

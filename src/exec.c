@@ -74,7 +74,7 @@ ncclResult_t enqueue_run_host(struct coll_args* a, int n) {
   if (!ts) return err_set(ncclSystemError, "%s: out of memory", coll_name(a[0].kind));
   for (int i = 0; i < n; i++) {
     ts[i].a = a[i];
-    ts[i].a.mem = MEM_HOST; /* staged: host memory now */
+    ts[i].a.mem = MEM_HOST | (a[i].mem & MEM_GDR); /* staged: host memory now, but for sends the NIC reads itself */
     ts[i].next = i + 1 < n ? &ts[i + 1] : NULL;
   }
   ncclResult_t res = exec_run_tasks(ts);
@@ -111,7 +111,8 @@ ncclResult_t exec_run_tasks(struct task* t) {
         size_t bytes = t->a.count * dtype_size(t->a.dt);
         ops[i] = (struct p2p_op){.peer = t->a.peer, .is_send = t->a.kind == COLL_SEND,
                                  .buf = t->a.kind == COLL_SEND ? (char*)t->a.sendbuff : (char*)t->a.recvbuff,
-                                 .bytes = bytes, .token = coll_token(&t->a, bytes)};
+                                 .bytes = bytes, .token = coll_token(&t->a, bytes),
+                                 .devmem = t->a.kind == COLL_SEND && (t->a.mem & MEM_GDR)};
       }
       res = p2p_run(comm, ops, n, 1);
       if (ops != stack_ops) free(ops);

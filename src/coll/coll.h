@@ -144,6 +144,7 @@ struct p2p_op {
   size_t bytes;
   uint64_t token;
   int cma; /* single copy: a descriptor slot; the receiver reads from the sender's buffer */
+  int devmem; /* send: buf is device memory only the NIC reads (GPUDirect RDMA: send_commit_dev) */
   /* progress */
   size_t done;
   int slots_done, nslots;

@@ -84,7 +84,11 @@ static ncclResult_t step(struct p2p_op* op, size_t slot, int* moved) {
     if (op->is_send) {
       void* p = c->ops->send_slot(c);
       if (!p) break;
-      if (len && c->ops->send_commit_ext) {
+      if (len && op->devmem) {
+        /* GPUDirect RDMA: the NIC reads the device buffer; the CPU never does. */
+        struct slot_hdr h = {op->link.opseq, op->link.total, (uint32_t)len, 0};
+        NCCLCHECK(c->ops->send_commit_dev(c, &h, op->buf + op->done));
+      } else if (len && c->ops->send_commit_ext) {
         /* Bytes leave by system call: straight from the caller's buffer. */
         struct slot_hdr h = {op->link.opseq, op->link.total, (uint32_t)len, 0};
         NCCLCHECK(c->ops->send_commit_ext(c, &h, op->buf + op->done));
@@ -156,6 +160,11 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     op->slots_done = 0;
     /* Both sides decide alike: same caps (agreed at init), same size (or the token differs). */
     op->cma = (conn_caps(c) & TRANSPORT_CAP_READ_PEER_MEM) && op->bytes >= comm->cma_min_bytes && op->bytes > 0;
+    if (op->devmem && (!c->ops->send_commit_dev || op->cma)) {
+      res = err_set(ncclInternalError, "rank %d: a send of device memory to rank %d was not staged, but its %s "
+                    "connector cannot read device memory", comm->rank, op->peer, conn_transport_name(c));
+      goto out;
+    }
     op->nslots = op->cma ? (op->is_send ? 2 : 1) : nslots_for(op->bytes, comm->slot_bytes);
     active++;
   }

@@ -8,8 +8,11 @@
  * the HCA across operations (net_ib.c): the caller promises it stays mapped
  * until ncclCommDeregister, which bumps comm->reg_gen so that connectors
  * drop such registrations before their next operation. */
+#include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "../comm.h"
 #include "device.h"
@@ -94,4 +97,25 @@ void dev_comm_free(struct ncclComm* comm) {
     free(r);
     comm->dev_regs = NULL;
   }
+}
+
+static device_dmabuf_exporter dmabuf_exporter; /* tests only; NULL: the driver's */
+
+void device_dmabuf_set_exporter(device_dmabuf_exporter fn) { __atomic_store_n(&dmabuf_exporter, fn, __ATOMIC_RELEASE); }
+
+int device_dmabuf_export(const void* p, size_t bytes, struct device_dmabuf* out, char* why, size_t why_len) {
+  if (why_len) why[0] = '\0';
+  out->fd = -1;
+  device_dmabuf_exporter fn = __atomic_load_n(&dmabuf_exporter, __ATOMIC_ACQUIRE);
+  int rc = fn ? fn(p, bytes, out, why, why_len) : device_dmabuf_export_driver(p, bytes, out, why, why_len);
+  if (rc == 0 && ((uintptr_t)p < out->base || bytes > out->size || (uintptr_t)p - out->base > out->size - bytes)) {
+    /* An exporter that does not cover what was asked is a bug: refuse. */
+    if (out->fd >= 0) close(out->fd);
+    out->fd = -1;
+    if (why_len) snprintf(why, why_len, "the exported range %#lx + %zu does not hold %p + %zu", (unsigned long)out->base,
+                          out->size, p, bytes);
+    errno = EINVAL;
+    return -1;
+  }
+  return rc;
 }

@@ -27,6 +27,7 @@
 #include "device/dev_plan.h"
 #include "device/kernels.h"
 #include "param.h"
+#include "transport/transport.h"
 
 #define DEV_PINNED_BYTES ((size_t)8 << 20)
 
@@ -161,6 +162,20 @@ static ncclResult_t stream_wait(struct dev_state* d, cudaStream_t s) {
   }
 }
 
+/* GPUDirect RDMA: a send of device memory to a rank whose transport's NIC
+ * can read it from the device (NCCL_NET_GDR_READ, transport_dev_send_ok) is
+ * not staged. Receives and collectives always are: the host algorithms
+ * read, reduce and copy their buffers with the CPU. Written and compiled
+ * here; never run on a GPU with an HCA (docs/IB.md). */
+static int gdr_send(struct ncclComm* comm, const struct coll_args* a, size_t bytes) {
+  if (a->kind != COLL_SEND || !(a->mem & MEM_DEVICE) || comm->gdr_state < 0) return 0;
+  if (!param_int(P_NCCL_NET_GDR_READ, 0, 1)) return 0;
+  char why[256];
+  if (transport_dev_send_ok(comm, a->peer, a->sendbuff, bytes, why, sizeof(why))) return 1;
+  INFO(LOG_NET, "device path: send of %zu bytes to rank %d staged: %s", bytes, a->peer, why);
+  return 0;
+}
+
 static ncclResult_t job_run(struct dev_state* d, struct dev_job* j) {
   struct ncclComm* comm = d->comm;
   ncclResult_t res = ncclSuccess;
@@ -184,6 +199,10 @@ static ncclResult_t job_run(struct dev_state* d, struct dev_job* j) {
     struct coll_args* a = &j->a[i];
     struct dev_roles r = {0, 0};
     if (a->mem & MEM_DEVICE) dev_roles(a->kind, comm->rank, comm->nranks, a->root, a->count, dtype_size(a->dt), &r);
+    if (r.send_bytes && gdr_send(comm, a, r.send_bytes)) {
+      a->mem |= MEM_GDR; /* the NIC reads the device buffer: nothing to stage */
+      r.send_bytes = 0;
+    }
     dev_stage_plan(&st[i], a->sendbuff, r.send_bytes, a->recvbuff, r.recv_bytes, &total);
     scalar_off[i] = (size_t)-1;
     if (a->scalar_ptr && device_mem_class(a->scalar_ptr) == MEM_DEVICE) {

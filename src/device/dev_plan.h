@@ -10,7 +10,11 @@
 #include <stdint.h>
 
 /* Memory classes of the buffers one call uses (bits). */
-enum { MEM_HOST = 1, MEM_DEVICE = 2 };
+enum { MEM_HOST = 1, MEM_DEVICE = 2,
+       /* A send whose device buffer the NIC reads itself (GPUDirect RDMA):
+        * not staged; the host code hands the device pointer to the
+        * transport's send_commit_dev and never touches it. */
+       MEM_GDR = 4 };
 
 /* What a call does with its buffers at one rank. `kind` is coll.h's
  * coll_kind; count is the API's count, esz the element size. */

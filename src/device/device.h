@@ -5,6 +5,7 @@
 #define COLLIE_DEVICE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "nccl.h"
 
@@ -25,6 +26,32 @@ int device_mem_class(const void* p);
 /* ncclMemAlloc / ncclMemFree on the calling thread's device. */
 ncclResult_t device_mem_alloc(void** p, size_t bytes);
 ncclResult_t device_mem_free(void* p);
+
+/* ---- GPUDirect RDMA: device memory a NIC reads through a dma-buf ----
+ * A device allocation exported as a dma-buf: fd covers the device addresses
+ * [base, base + size) (the whole allocation holding the pointer, page
+ * aligned), offset 0 of the dma-buf being `base`. The caller closes fd once it
+ * has registered it (the registration holds its own reference). */
+struct device_dmabuf {
+  int fd;
+  uintptr_t base;
+  size_t size;
+};
+/* Exports the device allocation holding [p, p + bytes): 0 and *out, or -1
+ * with errno set and a reason in why (ENODEV: no device or not device memory,
+ * ENOSYS: the driver has no dma-buf export, EOPNOTSUPP: the device or the
+ * memory (managed, host) cannot be exported). dev_api.c: calls the exporter
+ * set with device_dmabuf_set_exporter, else the CUDA driver's. */
+int device_dmabuf_export(const void* p, size_t bytes, struct device_dmabuf* out, char* why, size_t why_len);
+/* The CUDA driver's exporter (cuMemGetHandleForAddressRange; device_cuda.c,
+ * or device_stub.c without CUDA: always -1). */
+int device_dmabuf_export_driver(const void* p, size_t bytes, struct device_dmabuf* out, char* why, size_t why_len);
+/* Tests: replaces the exporter for the whole process (NULL: the driver's), so
+ * that the GPUDirect path runs on machines without a GPU over memory that
+ * stands for device memory. */
+typedef int (*device_dmabuf_exporter)(const void* p, size_t bytes, struct device_dmabuf* out, char* why,
+                                      size_t why_len);
+void device_dmabuf_set_exporter(device_dmabuf_exporter fn);
 
 /* ---- the device executor (dev_exec.c with CUDA, device_stub.c without) ----
  * Calls with device buffers are enqueued on their streams and run by a

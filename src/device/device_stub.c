@@ -1,5 +1,8 @@
 /* device.h for builds without the CUDA toolkit (COLLIE_CUDA=OFF or not found):
  * no devices, and one INFO line saying the device path is off. */
+#include <errno.h>
+#include <stdio.h>
+
 #include "../core.h"
 #include "device.h"
 #include "device/dev_plan.h"
@@ -30,6 +33,14 @@ ncclResult_t device_mem_alloc(void** p, size_t bytes) {
 ncclResult_t device_mem_free(void* p) {
   (void)p;
   return err_set(ncclInvalidUsage, "ncclMemFree: collie was built without CUDA (COLLIE_CUDA=OFF or no toolkit)");
+}
+int device_dmabuf_export_driver(const void* p, size_t bytes, struct device_dmabuf* out, char* why, size_t why_len) {
+  (void)p;
+  (void)bytes;
+  out->fd = -1;
+  if (why_len) snprintf(why, why_len, "collie was built without CUDA");
+  errno = ENODEV;
+  return -1;
 }
 /* Without CUDA no buffer is ever classed as device memory, so these are not reached. */
 ncclResult_t dev_submit(struct ncclComm* comm, const struct coll_args* a, int n, int host_wait) {

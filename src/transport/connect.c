@@ -68,6 +68,22 @@ static const struct transport* choose(struct ncclComm* comm, int peer) {
   return NULL;
 }
 
+int transport_dev_send_ok(struct ncclComm* comm, int peer, const void* p, size_t bytes, char* why, size_t len) {
+  if (len) why[0] = '\0';
+  if (peer < 0 || peer >= comm->nranks || peer == comm->rank) {
+    snprintf(why, len, "not a send to another rank");
+    return 0;
+  }
+  /* The transport of a connector already made, else the one setup would pick. */
+  struct conn* c = comm->send_conns ? comm->send_conns[peer] : NULL;
+  const struct transport* t = c && c->tp ? c->tp : choose(comm, peer);
+  if (!t || !(t->caps & TRANSPORT_CAP_DEVICE_SEND) || !t->dev_send_probe) {
+    snprintf(why, len, "rank %d is reached over %s, which cannot read device memory", peer, t ? t->name : "nothing");
+    return 0;
+  }
+  return t->dev_send_probe(comm, peer, p, bytes, why, len) == 0;
+}
+
 static const struct transport* by_name(const char* name) {
   for (int i = 0; i < NTRANSPORTS; i++)
     if (strcmp(transports[i]->name, name) == 0) return transports[i];

@@ -27,6 +27,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,7 @@
 #include "../bootstrap/bootstrap.h"
 #include "../comm.h"
 #include "../comm_err.h"
+#include "../device/device.h"
 #include "../graph/bind.h"
 #include "net_ib_verbs.h"
 #include "transport.h"
@@ -73,6 +75,7 @@ struct ib_conn {
   uint64_t reg_gen;      /* sender: comm->reg_gen when the kept entries were last checked */
   size_t direct_min;     /* sender: payload bytes from which slots go direct (0: never) */
   uint64_t ndirect, nbounce_big; /* sender: slots sent direct / big ones copied (no MR) */
+  uint64_t ndevice;      /* sender: slots read from device memory (GPUDirect RDMA) */
   uint32_t pos;          /* sender: slots committed; receiver: slots consumed */
   uint32_t done;         /* sender: writes completed; receiver: slots landed in order */
   int outstanding;       /* send WRs not completed yet */
@@ -197,7 +200,7 @@ static ncclResult_t ib_send_commit(struct conn* c, const struct slot_hdr* h) {
  * (later slots of a stream through one buffer then hit), else just this
  * slot's bytes. NULL when it cannot be registered (e.g. read-only memory):
  * the slot is then copied. */
-static struct ibv_mr* ib_direct_mr(struct conn* c, const struct slot_hdr* h, const void* data) {
+static void ib_op_begin(struct conn* c, const struct slot_hdr* h) {
   struct ib_conn* s = c->priv;
   if (h->opseq != s->rc_opseq) {
     /* A new operation: the previous one's memory may be gone by now, unless
@@ -209,6 +212,11 @@ static struct ibv_mr* ib_direct_mr(struct conn* c, const struct slot_hdr* h, con
     s->rc_opseq = h->opseq;
     s->op_left = h->total & 0xffffffffffffull; /* the low 48 bits: bytes of the operation here */
   }
+}
+
+static struct ibv_mr* ib_direct_mr(struct conn* c, const struct slot_hdr* h, const void* data) {
+  struct ib_conn* s = c->priv;
+  ib_op_begin(c, h);
   struct ibv_mr* mr = NULL;
   /* ncclCommRegister'd memory: the whole range, once, kept across operations. */
   uintptr_t lo, hi;
@@ -221,6 +229,8 @@ static struct ibv_mr* ib_direct_mr(struct conn* c, const struct slot_hdr* h, con
             data, h->bytes, strerror(errno));
   return NULL;
 }
+
+static ncclResult_t ib_write_direct(struct conn* c, const struct slot_hdr* h, const void* data, struct ibv_mr* mr);
 
 /* Sender: the slot's payload is at `data` (unchanged until the operation
  * ends). Big slots are written from there, small ones copied into the slot. */
@@ -237,6 +247,35 @@ static ncclResult_t ib_send_commit_ext(struct conn* c, const struct slot_hdr* h,
     if (data && h->bytes) memcpy(slot + IB_HDR_BYTES, data, h->bytes);
     return ib_send_commit(c, h);
   }
+  NCCLCHECK(ib_write_direct(c, h, data, mr));
+  s->ndirect++;
+  return ncclSuccess;
+}
+
+/* Sender, GPUDirect RDMA: `data` is device memory the CPU never touches; the
+ * HCA reads it through a dma-buf registration (ib_reg_get_dmabuf: the whole
+ * allocation, once per operation, or kept while it is registered with
+ * ncclCommRegister), whatever the slot's size. */
+static ncclResult_t ib_send_commit_dev(struct conn* c, const struct slot_hdr* h, const void* data) {
+  struct ib_conn* s = c->priv;
+  if (!h->bytes) return ib_send_commit(c, h);
+  ib_op_begin(c, h);
+  struct ibv_mr* mr = NULL;
+  uintptr_t lo, hi;
+  if (comm_reg_lookup(c->comm, data, h->bytes, &lo, &hi))
+    NCCLCHECK(ib_reg_get_dmabuf(&s->rc, (void*)lo, hi - lo, 1, &mr));
+  else
+    NCCLCHECK(ib_reg_get_dmabuf(&s->rc, (void*)data, h->bytes, 0, &mr));
+  s->ndevice++;
+  return ib_write_direct(c, h, data, mr);
+}
+
+/* One write gathering the slot's header (registered slot) and its payload
+ * from `data` through `mr` (held until the write completes, which it does
+ * before this returns). */
+static ncclResult_t ib_write_direct(struct conn* c, const struct slot_hdr* h, const void* data, struct ibv_mr* mr) {
+  struct ib_conn* s = c->priv;
+  char* slot = ib_slot(c, s->pos);
   memcpy(slot, h, sizeof(*h));
   uint32_t i = s->pos % (uint32_t)c->nslots;
   struct ibv_qp* qp = s->q.qp[s->pos % (uint32_t)s->q.nqps];
@@ -250,7 +289,6 @@ static ncclResult_t ib_send_commit_ext(struct conn* c, const struct slot_hdr* h,
     ib_reg_put(&s->rc, mr);
     return res;
   }
-  s->ndirect++;
   s->pos++;
   /* The HCA reads the payload at some point before the completion, and
    * callers may write to `data` before the operation ends (the one-shot
@@ -337,10 +375,10 @@ static void ib_close(struct conn* c) {
   if (v && s->slots_mr) v->dereg_mr(s->slots_mr);
   if (v && s->ctrl_mr) v->dereg_mr(s->ctrl_mr);
   if (c->is_send && s->rc.v) {
-    INFO(LOG_NET, "NET/IB: rank %d -> rank %d: %llu slots written straight from user memory (%llu registrations, "
-         "%llu reused), %llu big ones copied (not registrable)", c->comm->rank, c->peer,
-         (unsigned long long)s->ndirect, (unsigned long long)s->rc.misses, (unsigned long long)s->rc.hits,
-         (unsigned long long)s->nbounce_big);
+    INFO(LOG_NET, "NET/IB: rank %d -> rank %d: %llu slots written straight from user memory and %llu from device "
+         "memory (%llu registrations, %llu reused), %llu big ones copied (not registrable)", c->comm->rank, c->peer,
+         (unsigned long long)s->ndirect, (unsigned long long)s->ndevice, (unsigned long long)s->rc.misses,
+         (unsigned long long)s->rc.hits, (unsigned long long)s->nbounce_big);
     ib_regcache_destroy(&s->rc);
   }
   ib_qps_close(&s->q);
@@ -356,6 +394,7 @@ static const struct conn_ops ib_ops = {
     .send_slot = ib_send_slot,
     .send_commit = ib_send_commit,
     .send_commit_ext = ib_send_commit_ext,
+    .send_commit_dev = ib_send_commit_dev,
     .recv_slot = ib_recv_slot,
     .recv_release = ib_recv_release,
     .progress = ib_progress,
@@ -477,10 +516,63 @@ static int ib_can_connect(struct ncclComm* comm, int peer) {
   return ib_chosen(comm) != NULL;
 }
 
+/* GPUDirect RDMA for a send of device memory (the device executor asks
+ * before staging it): once per communicator, registering the first such
+ * buffer's dma-buf on this rank's port tells whether libibverbs, the CUDA
+ * driver and the HCA's driver all support it (one INFO line either way);
+ * after that, per call, whether this buffer can be exported. */
+static int ib_dev_send_probe(struct ncclComm* comm, int peer, const void* p, size_t bytes, char* why, size_t len) {
+  (void)peer;
+  if (comm->gdr_state < 0) {
+    snprintf(why, len, "GPUDirect RDMA is off for this communicator (see the NET/IB INFO line)");
+    return -1;
+  }
+  /* Memory that cannot be exported says nothing about the HCA: the next
+   * buffer is asked again. */
+  struct device_dmabuf d;
+  if (device_dmabuf_export(p, bytes, &d, why, len) != 0) return -1;
+  if (comm->gdr_state > 0) {
+    close(d.fd);
+    return 0;
+  }
+  const struct ib_port* port = ib_chosen(comm);
+  const struct ib_verbs* v = ib_verbs_get();
+  struct ib_qps q;
+  memset(&q, 0, sizeof(q));
+  if (!port || !v) {
+    snprintf(why, len, "no usable HCA port");
+  } else if (!v->reg_dmabuf_mr) {
+    snprintf(why, len, "libibverbs has no ibv_reg_dmabuf_mr (rdma-core 34+)");
+  } else if (ib_qps_open(&q, port, 1, 4, 1, 1) != ncclSuccess) {
+    snprintf(why, len, "%s", err_last_thread());
+  } else {
+    struct ibv_mr* mr = v->reg_dmabuf_mr(q.pd, 0, d.size, (uint64_t)d.base, d.fd,
+                                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    if (mr) {
+      v->dereg_mr(mr);
+      comm->gdr_state = 1;
+    } else {
+      snprintf(why, len, "ibv_reg_dmabuf_mr failed: %s (the HCA's driver has no dma-buf support?)", strerror(errno));
+    }
+  }
+  ib_qps_close(&q);
+  close(d.fd);
+  if (comm->gdr_state > 0) {
+    INFO(LOG_NET | LOG_INIT, "NET/IB: GPUDirect RDMA on %s:%d for rank %d: sends read device memory through dma-buf "
+         "registrations", port->dev_name, port->port, comm->rank);
+    return 0;
+  }
+  comm->gdr_state = -1;
+  INFO(LOG_NET | LOG_INIT, "NET/IB: GPUDirect RDMA off for rank %d: %s; device buffers are staged through host memory",
+       comm->rank, why);
+  return -1;
+}
+
 const struct transport transport_ib = {
     .name = "IB",
-    .caps = TRANSPORT_CAP_PROGRESS | TRANSPORT_CAP_FLUSH | TRANSPORT_CAP_NET,
+    .caps = TRANSPORT_CAP_PROGRESS | TRANSPORT_CAP_FLUSH | TRANSPORT_CAP_NET | TRANSPORT_CAP_DEVICE_SEND,
     .can_connect = ib_can_connect,
+    .dev_send_probe = ib_dev_send_probe,
     .send = {ib_setup, ib_connect, ib_close},
     .recv = {ib_setup, ib_connect, ib_close},
     .ops = &ib_ops,

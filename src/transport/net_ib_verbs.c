@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "core.h"
+#include "device/device.h"
 #include "graph/bind.h"
 
 /* ---- loading ----------------------------------------------------------- */
@@ -411,6 +412,7 @@ struct ib_reg {
   int refs;
   int stale; /* invalidated while in use: deregistered at the last put */
   int kept;  /* covers memory its owner promised to keep mapped (ncclCommRegister) */
+  int dmabuf; /* device memory registered through a dma-buf */
 };
 
 void ib_regcache_init(struct ib_regcache* c, const struct ib_verbs* v, struct ibv_pd* pd, int capacity) {
@@ -441,12 +443,44 @@ static void reg_drop(struct ib_regcache* c, struct ib_reg* e) {
   free(e);
 }
 
-static ncclResult_t reg_get(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr, int quiet, int keep) {
+/* Registers the device allocation holding [addr, addr+len) from its dma-buf
+ * (GPUDirect RDMA): the whole allocation, with its device addresses as the
+ * MR's addresses (iova), so work requests name device pointers as they are.
+ * Fills [*start, *end); NULL with errno set (and why) on failure. */
+static struct ibv_mr* reg_dmabuf(struct ib_regcache* c, void* addr, size_t len, uintptr_t* start, uintptr_t* end,
+                                 char* why, size_t why_len) {
+  if (!c->v->reg_dmabuf_mr) {
+    snprintf(why, why_len, "libibverbs has no ibv_reg_dmabuf_mr (rdma-core 34+)");
+    errno = ENOSYS;
+    return NULL;
+  }
+  struct device_dmabuf d;
+  if (device_dmabuf_export(addr, len ? len : 1, &d, why, why_len) != 0) return NULL;
+  struct ibv_mr* mr = c->v->reg_dmabuf_mr(c->pd, 0, d.size, (uint64_t)d.base, d.fd, c->access);
+  int err = errno;
+  close(d.fd);
+  if (!mr) {
+    snprintf(why, why_len, "ibv_reg_dmabuf_mr(%#lx + %zu) failed: %s (no GPUDirect RDMA support in the HCA driver?)",
+             (unsigned long)d.base, d.size, strerror(err));
+    errno = err;
+    return NULL;
+  }
+  *start = d.base;
+  *end = d.base + d.size;
+  return mr;
+}
+
+static ncclResult_t reg_get(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr, int quiet, int keep,
+                            int dev) {
   uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
   uintptr_t start = (uintptr_t)addr & ~(pg - 1);
   uintptr_t end = ((uintptr_t)addr + (len ? len : 1) + pg - 1) & ~(pg - 1);
+  if (dev) { /* a hit needs the exact bytes: the allocation around them is not known yet */
+    start = (uintptr_t)addr;
+    end = (uintptr_t)addr + (len ? len : 1);
+  }
   for (struct ib_reg* e = c->head; e; e = e->next) {
-    if (!e->stale && e->start <= start && end <= e->end) {
+    if (!e->stale && e->dmabuf == dev && e->start <= start && end <= e->end) {
       reg_unlink(c, e);
       reg_push_front(c, e);
       e->refs++;
@@ -458,11 +492,19 @@ static ncclResult_t reg_get(struct ib_regcache* c, void* addr, size_t len, struc
   }
   struct ib_reg* e = calloc(1, sizeof(*e));
   if (!e) return err_set(ncclSystemError, "NET/IB: out of memory for a registration entry");
-  e->mr = c->v->reg_mr(c->pd, (void*)start, end - start, c->access);
+  char why[256] = "";
+  if (dev) {
+    e->mr = reg_dmabuf(c, addr, len, &start, &end, why, sizeof(why));
+    e->dmabuf = 1;
+  } else {
+    e->mr = c->v->reg_mr(c->pd, (void*)start, end - start, c->access);
+  }
   if (!e->mr) {
     int err = errno;
     free(e);
     if (quiet) return ncclSystemError;
+    if (dev) return err_set(ncclSystemError, "NET/IB: GPUDirect RDMA: cannot register device memory %p + %zu: %s", addr,
+                            len, why);
     return err_set(ncclSystemError, "NET/IB: ibv_reg_mr(%p, %zu bytes) failed: %s", (void*)start,
                    (size_t)(end - start), strerror(err));
   }
@@ -486,15 +528,19 @@ static ncclResult_t reg_get(struct ib_regcache* c, void* addr, size_t len, struc
 }
 
 ncclResult_t ib_reg_get(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr) {
-  return reg_get(c, addr, len, mr, 0, 0);
+  return reg_get(c, addr, len, mr, 0, 0, 0);
 }
 
 int ib_reg_try(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr) {
-  return reg_get(c, addr, len, mr, 1, 0) == ncclSuccess ? 0 : -1;
+  return reg_get(c, addr, len, mr, 1, 0, 0) == ncclSuccess ? 0 : -1;
 }
 
 int ib_reg_try_kept(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr) {
-  return reg_get(c, addr, len, mr, 1, 1) == ncclSuccess ? 0 : -1;
+  return reg_get(c, addr, len, mr, 1, 1, 0) == ncclSuccess ? 0 : -1;
+}
+
+ncclResult_t ib_reg_get_dmabuf(struct ib_regcache* c, void* addr, size_t len, int keep, struct ibv_mr** mr) {
+  return reg_get(c, addr, len, mr, 0, keep, 1);
 }
 
 void ib_reg_put(struct ib_regcache* c, struct ibv_mr* mr) {

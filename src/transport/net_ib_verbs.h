@@ -160,6 +160,12 @@ int ib_reg_try(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr
 /* ib_reg_try for memory its owner keeps mapped until it says otherwise
  * (ncclCommRegister): the entry survives ib_reg_invalidate_unkept. */
 int ib_reg_try_kept(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr);
+/* Device memory (GPUDirect RDMA): an MR covering [addr, addr+len) of a
+ * device allocation, registered from its dma-buf (device.h's exporter; the
+ * whole allocation, addressed by its device addresses); `keep` as in
+ * ib_reg_try_kept. An error (with the reason) when libibverbs, the driver,
+ * the memory or the HCA cannot do it. */
+ncclResult_t ib_reg_get_dmabuf(struct ib_regcache* c, void* addr, size_t len, int keep, struct ibv_mr** mr);
 void ib_reg_put(struct ib_regcache* c, struct ibv_mr* mr);
 /* The memory [addr, addr+len) is going away (free, munmap, deregister): MRs
  * overlapping it are deregistered now, or at their last put if in use. */

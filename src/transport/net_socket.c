@@ -334,9 +334,21 @@ static void sock_close(struct conn* c) {
   c->priv = NULL;
 }
 
-static const struct conn_ops sock_ops = {sock_send_slot, sock_send_commit, sock_send_commit_ext, sock_recv_slot, sock_recv_post, sock_recv_release,
-                                         sock_progress,  sock_wait,        sock_fail,      sock_pending, sock_pollfds,
-                                         sock_peer_failed, sock_close, NULL, NULL, NULL, NULL};
+static const struct conn_ops sock_ops = {
+    .send_slot = sock_send_slot,
+    .send_commit = sock_send_commit,
+    .send_commit_ext = sock_send_commit_ext,
+    .recv_slot = sock_recv_slot,
+    .recv_post = sock_recv_post,
+    .recv_release = sock_recv_release,
+    .progress = sock_progress,
+    .wait = sock_wait,
+    .fail = sock_fail,
+    .pending = sock_pending,
+    .pollfds = sock_pollfds,
+    .peer_failed = sock_peer_failed,
+    .close = sock_close,
+};
 
 static int nsocks_wanted(void) {
   int64_t per = param_int(P_NCCL_NSOCKS_PERTHREAD, 1, SOCK_MAX_CONNS);

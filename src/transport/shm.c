@@ -170,10 +170,22 @@ static void shm_wait_released(struct conn* c, int timeout_ms) {
   __atomic_store_n(&s->ctrl->head_waiters, 0, __ATOMIC_RELAXED);
 }
 
-static const struct conn_ops shm_ops = {shm_send_slot,   shm_send_commit, NULL,        shm_recv_slot,  NULL,
-                                        shm_recv_release, shm_progress,   shm_wait,    shm_fail,       shm_pending,
-                                        NULL,            shm_peer_failed, shm_close,   shm_wake,       shm_read_peer,
-                                        shm_unreleased,  shm_wait_released};
+static const struct conn_ops shm_ops = {
+    .send_slot = shm_send_slot,
+    .send_commit = shm_send_commit,
+    .recv_slot = shm_recv_slot,
+    .recv_release = shm_recv_release,
+    .progress = shm_progress,
+    .wait = shm_wait,
+    .fail = shm_fail,
+    .pending = shm_pending,
+    .peer_failed = shm_peer_failed,
+    .close = shm_close,
+    .wake = shm_wake,
+    .read_peer = shm_read_peer,
+    .unreleased = shm_unreleased,
+    .wait_released = shm_wait_released,
+};
 
 static struct shm_conn* shm_alloc(struct conn* c) {
   struct shm_conn* s = calloc(1, sizeof(*s));

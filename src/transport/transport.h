@@ -69,6 +69,10 @@ struct conn_ops {
    * payload taken from `data` (caller memory, unchanged until the operation
    * ends) instead of the slot: saves a copy where bytes leave by system call. */
   ncclResult_t (*send_commit_ext)(struct conn* c, const struct slot_hdr* h, const void* data);
+  /* Sender, TRANSPORT_CAP_DEVICE_SEND (else NULL): publish the acquired slot
+   * with its payload read from device memory at `data` by the NIC (GPUDirect
+   * RDMA); the CPU never touches it. Any size; complete when it returns. */
+  ncclResult_t (*send_commit_dev)(struct conn* c, const struct slot_hdr* h, const void* data);
   /* Receiver: the oldest filled slot (its header copied to *h), or NULL. */
   const void* (*recv_slot)(struct conn* c, struct slot_hdr* h);
   /* Receiver, optional: the payload of the next slot to consume should land
@@ -138,6 +142,10 @@ ncclResult_t transport_progress(struct ncclComm* comm, int ch);
  * move bytes we want moved (data to read into a free slot, or room for a
  * pending send), or the communicator stops, or timeout_ms. */
 void transport_wait_fds(struct ncclComm* comm, int ch, int timeout_ms);
+/* GPUDirect RDMA: 1 if a send of device memory [p, p+bytes) to `peer` goes
+ * over a transport whose NIC reads it from the device (the send then needs
+ * no staging: coll_args.mem gets MEM_GDR), else 0 with the reason in why. */
+int transport_dev_send_ok(struct ncclComm* comm, int peer, const void* p, size_t bytes, char* why, size_t len);
 /* Waits until every slot committed on a TRANSPORT_CAP_FLUSH connector has
  * left this process: an operation is complete only then (the caller may destroy the
  * communicator next, and closing a socket drops what it still holds). */
@@ -161,6 +169,9 @@ ncclResult_t transport_flush(struct ncclComm* comm);
 #define TRANSPORT_CAP_READ_PEER_MEM 0x10u
 /* A network transport: chosen by NCCL_NET=<name>. */
 #define TRANSPORT_CAP_NET 0x20u
+/* Sends can read device memory (GPUDirect RDMA: send_commit_dev), for the
+ * buffers dev_send_probe accepts. */
+#define TRANSPORT_CAP_DEVICE_SEND 0x40u
 
 /* Opaque blobs exchanged through the bootstrap during setup. */
 #define TRANSPORT_INFO_BYTES 256
@@ -190,6 +201,9 @@ struct transport {
   /* Can this transport connect this rank with `peer` (both sides must answer
    * alike: only exchanged peer info and shared settings may decide)? */
   int (*can_connect)(struct ncclComm* comm, int peer);
+  /* TRANSPORT_CAP_DEVICE_SEND: 0 if a send of device memory [p, p+bytes) to
+   * `peer` can be read by the NIC straight from the device, else -1 and why. */
+  int (*dev_send_probe)(struct ncclComm* comm, int peer, const void* p, size_t bytes, char* why, size_t len);
   struct transport_side send, recv;
   const struct conn_ops* ops; /* data operations of its connectors */
 };

@@ -54,6 +54,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -85,6 +86,8 @@ struct emu_mr {
   struct emu_mr* next;
   uint64_t iova;
   int access;
+  uint8_t* base;   /* where iova maps to in this process: the user's memory, or the dma-buf's mapping */
+  size_t map_len;  /* dma-buf MRs: the mapping to unmap at deregistration (0: none) */
 };
 
 struct emu_cq {
@@ -474,6 +477,8 @@ EXPORT int ibv_dealloc_pd(struct ibv_pd* pd) {
   return 0;
 }
 
+static void mr_add(struct emu_mr* m);
+
 EXPORT struct ibv_mr* ibv_reg_mr_iova2(struct ibv_pd* pd, void* addr, size_t length, uint64_t iova,
                                        unsigned int access) {
   int remote = access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
@@ -489,6 +494,13 @@ EXPORT struct ibv_mr* ibv_reg_mr_iova2(struct ibv_pd* pd, void* addr, size_t len
   m->ibv.length = length;
   m->iova = iova;
   m->access = (int)access;
+  m->base = addr;
+  mr_add(m);
+  return &m->ibv;
+}
+
+/* With the MR filled in: gives it keys and links it (takes E.mu). */
+static void mr_add(struct emu_mr* m) {
   pthread_mutex_lock(&E.mu);
   /* Keys stay below 2^31 so a corrupted key (bit 31 flipped) never names an MR. */
   E.next_key += 0x100;
@@ -498,8 +510,8 @@ EXPORT struct ibv_mr* ibv_reg_mr_iova2(struct ibv_pd* pd, void* addr, size_t len
   E.mrs = m;
   E.n.mrs++;
   E.n.mr_regs++;
+  if (m->map_len) E.n.dmabuf_regs++;
   pthread_mutex_unlock(&E.mu);
-  return &m->ibv;
 }
 
 EXPORT struct ibv_mr* ibv_reg_mr(struct ibv_pd* pd, void* addr, size_t length, int access) {
@@ -511,12 +523,41 @@ EXPORT struct ibv_mr* ibv_reg_mr_iova(struct ibv_pd* pd, void* addr, size_t leng
   return ibv_reg_mr_iova2(pd, addr, length, iova, (unsigned)access);
 }
 
-/* No device memory here: dma-buf registration (GPUDirect) is unsupported. */
+/* dma-buf registration (GPUDirect RDMA): [offset, offset+length) of the
+ * buffer behind fd, addressed by the HCA as [iova, iova+length). There is no
+ * GPU here: the emulator maps the fd (tests pass a memfd standing for device
+ * memory) and reads and writes through that mapping, so the registering
+ * process's own view of those addresses, if any, is never used. Like a real
+ * dma-buf MR it holds its own reference: fd may be closed after this.
+ * COLLIE_IBEMU_DMABUF=0 answers EOPNOTSUPP, as an HCA driver without
+ * dma-buf support does. */
 EXPORT struct ibv_mr* ibv_reg_dmabuf_mr(struct ibv_pd* pd, uint64_t offset, size_t length,
                                         uint64_t iova, int fd, int access) {
-  (void)pd; (void)offset; (void)length; (void)iova; (void)fd; (void)access;
-  errno = EOPNOTSUPP;
-  return NULL;
+  const char* off = getenv("COLLIE_IBEMU_DMABUF");
+  if (off && strcmp(off, "0") == 0) {
+    errno = EOPNOTSUPP;
+    return NULL;
+  }
+  int remote = access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+  long pg = sysconf(_SC_PAGESIZE);
+  if (!pd || fd < 0 || length == 0 || (remote && !(access & IBV_ACCESS_LOCAL_WRITE)) || offset % (uint64_t)pg) {
+    errno = EINVAL;
+    return NULL;
+  }
+  void* map = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
+  if (map == MAP_FAILED) return NULL; /* errno from mmap (EBADF, ENODEV: not a mappable buffer) */
+  struct emu_mr* m = calloc(1, sizeof(*m));
+  if (!m) { munmap(map, length); errno = ENOMEM; return NULL; }
+  m->ibv.context = pd->context;
+  m->ibv.pd = pd;
+  m->ibv.addr = (void*)(uintptr_t)offset; /* as rdma-core fills it for dma-buf MRs */
+  m->ibv.length = length;
+  m->iova = iova;
+  m->access = access;
+  m->base = map;
+  m->map_len = length;
+  mr_add(m);
+  return &m->ibv;
 }
 
 EXPORT int ibv_rereg_mr(struct ibv_mr* mr, int flags, struct ibv_pd* pd, void* addr, size_t length,
@@ -533,7 +574,9 @@ EXPORT int ibv_dereg_mr(struct ibv_mr* mr) {
   if (found) { *pp = (*pp)->next; E.n.mrs--; }
   pthread_mutex_unlock(&E.mu);
   if (!found) return EINVAL;
-  free(mr);
+  struct emu_mr* m = (struct emu_mr*)mr;
+  if (m->map_len) munmap(m->base, m->map_len);
+  free(m);
   return 0;
 }
 
@@ -548,7 +591,7 @@ static struct emu_mr* mr_find(uint32_t key, struct ibv_pd* pd) {
  * pointer, or NULL when it is outside the region. */
 static uint8_t* mr_range(struct emu_mr* m, uint64_t addr, uint64_t len) {
   if (addr < m->iova || len > m->ibv.length || addr - m->iova > m->ibv.length - len) return NULL;
-  return (uint8_t*)m->ibv.addr + (addr - m->iova);
+  return m->base + (addr - m->iova);
 }
 
 /* ---- completion channels and queues ------------------------------------ */
@@ -1548,7 +1591,14 @@ static int ops_post_send(struct ibv_qp* qp, struct ibv_send_wr* wr, struct ibv_s
     struct wire_sge sg[MAX_SGE];
     uint8_t inl_buf[MAX_INLINE];
     size_t nsg = inl ? 0 : (size_t)wr->num_sge, ilen = 0;
-    for (size_t i = 0; i < nsg; i++) sg[i] = (struct wire_sge){wr->sg_list[i].addr, wr->sg_list[i].length};
+    /* The responder reads the bytes from this process where the lkey's MR
+     * maps them (its iova translated: user memory or a dma-buf mapping). */
+    for (size_t i = 0; i < nsg; i++) {
+      const struct ibv_sge* e = &wr->sg_list[i];
+      struct emu_mr* m = e->length ? mr_find(e->lkey, q->ibv.pd) : NULL;
+      uint8_t* p = m ? mr_range(m, e->addr, e->length) : NULL; /* checked by sge_ok above */
+      sg[i] = (struct wire_sge){p ? (uint64_t)(uintptr_t)p : e->addr, e->length};
+    }
     if (inl)
       for (int i = 0; i < wr->num_sge; i++) {
         if (wr->sg_list[i].length) memcpy(inl_buf + ilen, (void*)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);

@@ -7,6 +7,7 @@
 struct ibemu_counts {
   int contexts, pds, mrs, cqs, qps, channels;
   long mr_regs; /* not a live count: MRs registered since the process started */
+  long dmabuf_regs; /* of which through ibv_reg_dmabuf_mr */
 };
 
 /* Live object counts of this process (all zero after a clean teardown). */

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <dirent.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -394,6 +395,89 @@ static int side_access(int rank, struct pipes p, const char* const* args) {
   return 0;
 }
 
+/* dma-buf MRs (what GPUDirect RDMA registers): a memfd stands for device
+ * memory. Rank 0 writes from its dma-buf MR, addressed by an iova that is a
+ * PROT_NONE view of the buffer in its own process (so a read through the
+ * registering process's addresses would fault: the bytes must come through
+ * the emulator's own mapping), into rank 1's dma-buf MR, addressed by an iova
+ * that is not mapped in rank 1 at all; rank 1 finds the bytes in the memfd.
+ * The fds are closed right after registering (the MR holds its own
+ * reference). Also: the MR's fields, bad arguments, and
+ * COLLIE_IBEMU_DMABUF=0 refusing as a driver without dma-buf support does. */
+static int side_dmabuf(int rank, struct pipes p, const char* const* args) {
+  (void)args;
+  const size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = 2 * pg, n = 5000;
+  struct end e;
+  end_open(&e, "mlx5_0", 1, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  int fd = memfd_create("ibemu-test-dmabuf", MFD_CLOEXEC);
+  CHECK(fd >= 0 && ftruncate(fd, (off_t)(3 * pg)) == 0);
+  uint8_t* rw = mmap(NULL, 3 * pg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  uint8_t* dv = mmap(NULL, 3 * pg, PROT_NONE, MAP_SHARED, fd, 0); /* "device" addresses */
+  CHECK(rw != MAP_FAILED && dv != MAP_FAILED);
+  int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  uint64_t iova = rank == 0 ? (uintptr_t)(dv + pg) : 0x100000000000ull; /* rank 1: mapped nowhere */
+  CHECK(ibv_reg_dmabuf_mr(e.pd, pg + 1, len, iova, fd, access) == NULL && errno == EINVAL); /* offset not paged */
+  CHECK(ibv_reg_dmabuf_mr(e.pd, pg, len, iova, fd, IBV_ACCESS_REMOTE_WRITE) == NULL && errno == EINVAL);
+  setenv("COLLIE_IBEMU_DMABUF", "0", 1);
+  CHECK(ibv_reg_dmabuf_mr(e.pd, pg, len, iova, fd, access) == NULL && errno == EOPNOTSUPP);
+  unsetenv("COLLIE_IBEMU_DMABUF");
+  struct ibv_mr* dm = ibv_reg_dmabuf_mr(e.pd, pg, len, iova, fd, access);
+  CHECK(dm && dm->addr == (void*)(uintptr_t)pg && dm->length == len && dm->lkey == dm->rkey);
+  close(fd);
+  struct ibemu_counts k;
+  ibemu_get_counts(&k);
+  CHECK(k.mrs == 2 && k.dmabuf_regs == 1 && k.mr_regs == 2);
+  struct info me = end_info(&e), peer;
+  me.addr = iova;
+  me.rkey = dm->rkey;
+  me.len = len;
+  xwrite(p.wr, &me, sizeof(me));
+  xread(p.rd, &peer, sizeof(peer));
+  CHECK(qp_rtr_rts(e.qp, &e, &peer, DEFAULT_OPTS) == 0);
+  if (rank == 1) {
+    memset(rw, 0xee, 3 * pg);
+    post_recv(&e, 9, 0, 0);
+  } else {
+    for (size_t i = 0; i < 3 * pg; i++) rw[i] = pattern(0, 1, i);
+  }
+  sync_pipe(p);
+  if (rank == 0) {
+    /* n bytes from 100 bytes into the MR (file offset pg + 100) to 200 bytes
+     * into the peer's MR (its file offset pg + 200). */
+    struct ibv_sge sg = {iova + 100, (uint32_t)n, dm->lkey};
+    struct ibv_send_wr wr, *bad = NULL;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = 5;
+    wr.sg_list = &sg;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.imm_data = htonl(77);
+    wr.wr.rdma.remote_addr = peer.addr + 200;
+    wr.wr.rdma.rkey = peer.rkey;
+    CHECK(ibv_post_send(e.qp, &wr, &bad) == 0);
+    struct ibv_wc wc;
+    CHECK(wait_wc(e.cq, &wc, 1) == 1 && wc.wr_id == 5 && wc.status == IBV_WC_SUCCESS);
+  } else {
+    struct ibv_wc wc;
+    CHECK(wait_wc(e.cq, &wc, 1) == 1 && wc.wr_id == 9 && wc.status == IBV_WC_SUCCESS && ntohl(wc.imm_data) == 77);
+    for (size_t i = 0; i < 3 * pg; i++) {
+      int in = i >= pg + 200 && i < pg + 200 + n;
+      uint8_t want = in ? pattern(0, 1, i - 100) : 0xee;
+      if (rw[i] != want) {
+        fprintf(stderr, "rank 1: byte %zu of the dma-buf is %u, want %u\n", i, rw[i], want);
+        return 1;
+      }
+    }
+  }
+  sync_pipe(p);
+  CHECK(ibv_dereg_mr(dm) == 0);
+  munmap(rw, 3 * pg);
+  munmap(dv, 3 * pg);
+  end_close(&e);
+  return 0;
+}
+
 /* Rank 1 posts no receive: rank 0's write with immediate data is not ready
  * at the receiver; "exceeded" gives up after rnr_retry=2, "late" (infinite
  * retries) succeeds once rank 1 posts a receive 100 ms later. */
@@ -551,7 +635,7 @@ static int test_devices(void) {
   struct ibv_pd* pd = ibv_alloc_pd(c0);
   char buf[64];
   errno = 0;
-  CHECK(ibv_reg_dmabuf_mr(pd, 0, 4096, 0, 3, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EOPNOTSUPP);
+  CHECK(ibv_reg_dmabuf_mr(pd, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EINVAL);
   CHECK(ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_REMOTE_WRITE) == NULL); /* needs LOCAL_WRITE */
   struct ibv_mr* mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
   CHECK(mr && mr->addr == buf && mr->length == sizeof(buf));
@@ -840,7 +924,7 @@ static int test_report(void) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s devices|qp_states|wrong_address|events|flood|early|pair DEV PORT|access bounds|flags|"
-                    "rnr exceeded|late|peer_killed|fail drop|corrupt_rkey|kill_qp|report\n", argv[0]);
+                    "rnr exceeded|late|peer_killed|fail drop|corrupt_rkey|kill_qp|report|dmabuf\n", argv[0]);
     return 2;
   }
   const char* t = argv[1];
@@ -858,6 +942,7 @@ int main(int argc, char** argv) {
   else if (!strcmp(t, "rnr") && argc == 3) rc = run_two(side_rnr, args, 0);
   else if (!strcmp(t, "peer_killed")) rc = run_two(side_peer_killed, args, 1);
   else if (!strcmp(t, "fail") && argc == 3) rc = run_two(side_fail, args, 0);
+  else if (!strcmp(t, "dmabuf")) rc = run_two(side_dmabuf, args, 0);
   else { fprintf(stderr, "unknown case %s\n", t); return 2; }
   if (rc == 0) printf("PASS %s\n", t);
   return rc;
