@@ -310,6 +310,15 @@ def median_cells(rounds):
     out = {"ranks": rounds[0]["ranks"], "model": {}, "rounds": len(rounds), "samples": coll,
            "coll": {op: {size: {bk: statistics.median(v) for bk, v in cell.items()} for size, cell in cells.items()}
                     for op, cells in coll.items()}}
+    # collie and lib of one round ran back to back in the same processes, so
+    # their ratio is taken per round (paired) and the median of those ratios
+    # reported: this machine's speed moves in phases of seconds (a neighbour's
+    # cache use), which a ratio of two medians mixes in.
+    for op, cells in coll.items():
+        for size, cell in cells.items():
+            pairs = [c / l for c, l in zip(cell.get("collie", []), cell.get("lib", [])) if l]
+            if pairs:
+                out["coll"][op][size]["collie/lib"] = statistics.median(pairs)
     for data in rounds:
         out["model"] = data.get("model") or out["model"]
     return out
@@ -326,11 +335,12 @@ def tables(results, perf, args):
                       "|---:|---:|---:|---:|---:|---:|---:|---:|"]
             for size in sorted(cells):
                 c, g, lib = cells[size]["collie"], cells[size]["gloo"], cells[size].get("lib")
+                cl = cells[size].get("collie/lib")
                 p = perf.get((n, op), {}).get(size)
                 lines.append("| %s | %.1f | %.1f | %.1f | %s | %s | %s | %s |" % (
                     human(size), c, g, g / c if c else 0, "%.1f" % p if p else "-",
                     "%.2f" % (c / p) if p else "-", "%.1f" % lib if lib else "-",
-                    "%.2f" % (c / lib) if lib else "-"))
+                    "%.2f" % cl if cl else "-"))
         m = data.get("model") or {}
         if m:
             lines += ["", "#### Step time, %s, batch %d per rank of 3x64x64, %d ranks" % (m.get("model"), args.batch, n),
@@ -348,11 +358,12 @@ def summary(results, perf, args):
     for n, data in results.items():
         for op in args.ops:
             for size, cell in sorted(data["coll"].get(op, {}).items()):
-                c, g, lib = cell["collie"], cell["gloo"], cell.get("lib")
+                c, g = cell["collie"], cell["gloo"]
                 p = perf.get((n, op), {}).get(size)
                 where = "%s %d ranks %s" % (op, n, human(size))
-                if lib and size >= (1 << 20) and (worst_lib is None or c / lib > worst_lib[0]):
-                    worst_lib = (c / lib, where)
+                cl = cell.get("collie/lib")
+                if cl and size >= (1 << 20) and (worst_lib is None or cl > worst_lib[0]):
+                    worst_lib = (cl, where)
                 if p and size >= (1 << 20):
                     if worst_perf is None or c / p > worst_perf[0]:
                         worst_perf = (c / p, where)
@@ -501,8 +512,10 @@ def main():
             "chunks of one tensor). collie-perf: in place for all_reduce and broadcast (torch calls them in "
             "place), out of place for all_gather. lib: the same collective on the same tensors through "
             "collie.nccl's raw-pointer calls (ctypes, no torch), timed in the torch job next to the collie "
-            "calls, so 'collie / lib' is the cost of the torch and process-group layers under the same load, "
-            "while collie-perf runs minutes apart (on a loaded machine its ratio carries that noise). "
+            "calls, so 'collie / lib' is the cost of the torch and process-group layers under the same load "
+            "(the median over rounds of each round's ratio: the two ran back to back, while this machine's "
+            "speed moves in phases of seconds), while collie-perf runs minutes apart (on a loaded machine "
+            "its ratio carries that noise). "
             "Above 1 in 'gloo / collie': collie faster." % args.reps]
     head += [""] + summary(results, perf, args)
     png = os.path.join(ROOT, "docs", "plots", "torch_compare.png")
