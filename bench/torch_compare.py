@@ -20,10 +20,11 @@ used for both. The torch backends' warm-up calls come right before their own
 timed calls, so neither starts with the other's data in the caches (a single
 cold call after gloo's 8 MiB round measured 1.3-2x a warm one). One round is
 one torch job followed by one collie-perf sweep. In the job, per operation,
-collie and lib run size by size (which of the two goes first alternates by
-round), then gloo runs over the same sizes in a pass of its own: calls timed
-right after gloo's measured up to 1.5x slower at 4 ranks on 2 cores, and an
-earlier rotation of all three series made collie follow gloo every time.
+collie and lib run size by size in alternating blocks (4 blocks of K/4 calls
+each, which goes first alternating), then gloo runs over the same sizes in a
+pass of its own: calls timed right after gloo's measured up to 1.5x slower at
+4 ranks on 2 cores, and an earlier rotation of all three series made collie
+follow gloo every time.
 --reps rounds alternate so the noise of a shared machine falls on both sides
 alike, and each cell is the median over the rounds.
 Then the step time (forward, backward, SGD step) of a model on synthetic data:
@@ -144,33 +145,42 @@ def worker(args):
     # collie calls timed right after gloo's measured up to 1.5x slower than the
     # same calls timed a moment later (a rotation of all three made collie
     # follow gloo in every round). So per operation the collie and lib series
-    # run first, size by size, alternating by round which of the two goes
-    # first (--round: the driver's round); gloo's series follows in a pass of
-    # its own over the same sizes.
-    pair = ("collie", "lib") if args.round % 2 == 0 else ("lib", "collie")
+    # run first, size by size, then gloo's in a pass of its own over the same
+    # sizes. collie and lib are timed in alternating blocks (BLOCKS of them,
+    # K/BLOCKS calls each, which goes first alternating by block and by
+    # round): this machine's speed moves in phases of seconds, and blocks
+    # that close together share the phase.
+    BLOCKS = 4
 
-    def timed(op, backend, a, b, size):
-        # As collie-perf: warm-up calls of this backend, a barrier, then the
-        # timed calls; the slowest rank's mean per call.
+    def timed(op, backends, a, b, size):
+        # As collie-perf: warm-up calls of each backend, a barrier, then the
+        # timed calls; the slowest rank's mean per call, summed over blocks.
         iters, warm = band(size)
-        for _ in range(warm):
-            call(op, backend, a, b)
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            call(op, backend, a, b)
-        return slowest((time.perf_counter() - t0) / iters) * 1e6
+        blocks = min(BLOCKS, iters) if len(backends) > 1 else 1
+        per = [iters // blocks + (1 if j < iters % blocks else 0) for j in range(blocks)]
+        total = dict.fromkeys(backends, 0.0)
+        for backend in backends:
+            for _ in range(warm):
+                call(op, backend, a, b)
+        for j in range(blocks):
+            order = backends if (j + args.round) % 2 == 0 else backends[::-1]
+            for backend in order:
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(per[j]):
+                    call(op, backend, a, b)
+                total[backend] += slowest(time.perf_counter() - t0)
+        return {bk: t / iters * 1e6 for bk, t in total.items()}
 
     for op in args.ops:
         cells = result["coll"].setdefault(op, {})
-        for series in (pair, ("gloo",)):
+        for series in (("collie", "lib"), ("gloo",)):
             for size in sizes:
                 if op == "all_gather" and size < 4 * n:
                     continue  # less than one float per rank
                 a, b = make(op, size)
                 cell = cells.setdefault(size, {})
-                for backend in series:
-                    cell[backend] = timed(op, backend, a, b, size)
+                cell.update(timed(op, series, a, b, size))
                 if rank == 0 and "gloo" in cell:
                     print("torch_compare: %d ranks %-10s %10s collie %10.1f us  lib %10.1f us  gloo %10.1f us" % (
                         n, op, human(size), cell["collie"], cell["lib"], cell["gloo"]), flush=True)
@@ -505,8 +515,9 @@ def main():
             "back-to-back calls (K/W: 100/5 up to 32 KiB, 20/2 up to 2 MiB, 10/2 up to 32 MiB, 3/1 above), "
             "the slowest rank's mean per call (collie-perf -a 3); each backend's warm-up right before its own "
             "timed calls. A round is one torch job followed by one collie-perf sweep; in the job, per operation, "
-            "collie and lib run size by size (which goes first alternates by round), then gloo in a pass of its "
-            "own over the same sizes (calls timed right after gloo's ran up to 1.5x slower at 4 ranks); each "
+            "collie and lib run size by size in 4 alternating blocks of K/4 calls each (which goes first "
+            "alternates), then gloo in a pass of its own over the same sizes (calls timed right after gloo's "
+            "ran up to 1.5x slower at 4 ranks); each "
             "cell is the median over %d rounds. "
             "all_gather's size is the gathered output (collie: all_gather_into_tensor, gloo: all_gather into "
             "chunks of one tensor). collie-perf: in place for all_reduce and broadcast (torch calls them in "
