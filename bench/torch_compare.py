@@ -162,15 +162,23 @@ def worker(args):
         for backend in backends:
             for _ in range(warm):
                 call(op, backend, a, b)
+        pairs = []
         for j in range(blocks):
             order = backends if (j + args.round) % 2 == 0 else backends[::-1]
+            block = {}
             for backend in order:
                 dist.barrier()
                 t0 = time.perf_counter()
                 for _ in range(per[j]):
                     call(op, backend, a, b)
-                total[backend] += slowest(time.perf_counter() - t0)
-        return {bk: t / iters * 1e6 for bk, t in total.items()}
+                block[backend] = slowest(time.perf_counter() - t0)
+                total[backend] += block[backend]
+            if len(backends) > 1 and block[backends[1]] > 0:
+                pairs.append(block[backends[0]] / block[backends[1]])
+        out = {bk: t / iters * 1e6 for bk, t in total.items()}
+        if pairs:
+            out["pairs"] = pairs  # collie / lib per block
+        return out
 
     for op in args.ops:
         cells = result["coll"].setdefault(op, {})
@@ -318,17 +326,19 @@ def median_cells(rounds):
                 for backend, us in cell.items():
                     coll.setdefault(op, {}).setdefault(size, {}).setdefault(backend, []).append(us)
     out = {"ranks": rounds[0]["ranks"], "model": {}, "rounds": len(rounds), "samples": coll,
-           "coll": {op: {size: {bk: statistics.median(v) for bk, v in cell.items()} for size, cell in cells.items()}
-                    for op, cells in coll.items()}}
-    # collie and lib of one round ran back to back in the same processes, so
-    # their ratio is taken per round (paired) and the median of those ratios
-    # reported: this machine's speed moves in phases of seconds (a neighbour's
-    # cache use), which a ratio of two medians mixes in.
+           "coll": {op: {size: {bk: statistics.median(v) for bk, v in cell.items() if bk != "pairs"}
+                         for size, cell in cells.items()} for op, cells in coll.items()}}
+    # collie and lib ran in alternating blocks in the same processes, so their
+    # ratio is taken per block (paired) and the median over every block of
+    # every round reported: this machine's speed moves in phases, and single
+    # calls now and then take milliseconds (the VM's CPUs are shared), which a
+    # ratio of two means or medians mixes in.
     for op, cells in coll.items():
         for size, cell in cells.items():
-            pairs = [c / l for c, l in zip(cell.get("collie", []), cell.get("lib", [])) if l]
+            pairs = [r for block in cell.get("pairs", []) for r in block]
             if pairs:
                 out["coll"][op][size]["collie/lib"] = statistics.median(pairs)
+            cell.pop("pairs", None)
     for data in rounds:
         out["model"] = data.get("model") or out["model"]
     return out
@@ -524,9 +534,9 @@ def main():
             "place), out of place for all_gather. lib: the same collective on the same tensors through "
             "collie.nccl's raw-pointer calls (ctypes, no torch), timed in the torch job next to the collie "
             "calls, so 'collie / lib' is the cost of the torch and process-group layers under the same load "
-            "(the median over rounds of each round's ratio: the two ran back to back, while this machine's "
-            "speed moves in phases of seconds), while collie-perf runs minutes apart (on a loaded machine "
-            "its ratio carries that noise). "
+            "(the median over all blocks of all rounds of each block's ratio: this machine's speed moves in "
+            "phases, and single calls now and then take milliseconds), while collie-perf runs minutes apart "
+            "(on a loaded machine its ratio carries that noise). "
             "Above 1 in 'gloo / collie': collie faster." % args.reps]
     head += [""] + summary(results, perf, args)
     png = os.path.join(ROOT, "docs", "plots", "torch_compare.png")
