@@ -397,6 +397,13 @@ def summary(results, perf, args):
     if worst_perf:
         lines.append("collie / collie-perf at >= 1 MiB: at most %.2f (%s); above 1.3: %s." % (
             worst_perf[0], worst_perf[1], ", ".join(over) if over else "none"))
+        per_op = []
+        for op in args.ops:
+            worst = max((cell["collie"] / perf[(n, op)][size], n, size) for n, data in results.items()
+                        for size, cell in data["coll"].get(op, {}).items()
+                        if size >= (1 << 20) and perf.get((n, op), {}).get(size))
+            per_op.append("%s %.2f (%d ranks %s)" % (op, worst[0], worst[1], human(worst[2])))
+        lines.append("Per operation, the largest collie / collie-perf at >= 1 MiB: %s." % ", ".join(per_op))
     if worst_lib:
         lines.append("collie / lib at >= 1 MiB: at most %.2f (%s)." % worst_lib)
     if worst_gloo:
