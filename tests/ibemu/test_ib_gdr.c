@@ -11,7 +11,8 @@
  * Two ranks, each its own host, NCCL_NET=IB. Rank 0 sends from device
  * memory the way the device executor does for a send it does not stage
  * (coll_args.mem with MEM_GDR, run by enqueue_run_host); rank 1 receives
- * into host memory with ncclRecv and checks every byte. Checked: the probe
+ * into host memory with ncclRecv and checks every byte, also within a group
+ * with a staged receive as the executor runs one. Checked: the probe
  * (transport_dev_send_ok: device memory to an IB peer yes; host memory, self,
  * a peer over sockets no, with the reason), sizes from 1 byte to many slots
  * at unaligned offsets, one dma-buf registration per operation, one for all
@@ -112,7 +113,8 @@ static int rank_main(int rank, int nranks, const ncclUniqueId* ids, int nids, vo
   MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
   unsigned char* rb = malloc(DEVLEN + 1);
   unsigned char* hb = malloc(4096);
-  MP_CHECK(rb && hb, "out of memory");
+  unsigned char* hb2 = malloc(DEVLEN);
+  MP_CHECK(rb && hb && hb2, "out of memory");
   /* Connectors exist after a first exchange (the probe also works before). */
   MP_NCCL(ncclAllReduce(hb, hb, 16, ncclFloat, ncclSum, comm, NULL));
 
@@ -138,6 +140,37 @@ static int rank_main(int rank, int nranks, const ncclUniqueId* ids, int nids, vo
     if (rank == 0)
       MP_CHECK(dmabuf_regs() - r0 == 1, "%zu-byte device send: %ld dma-buf registrations (want 1)", sizes[k],
                dmabuf_regs() - r0);
+  }
+
+  /* A group as the device executor runs one: rank 0's device send (not
+   * staged) and its receive from rank 1 (staged: host memory here) go in one
+   * enqueue_run_host call; rank 1 sends and receives in one NCCL group. */
+  for (int round = 30; round < 32; round++) {
+    size_t bytes = (3u << 20) + 11, off = 4096 + (size_t)round;
+    if (rank == 0) {
+      for (size_t i = 0; i < bytes; i++) rw[off + i] = pat(round, i);
+      memset(rb, 0xee, bytes);
+      struct coll_args g[2];
+      memset(g, 0, sizeof(g));
+      g[0] = (struct coll_args){.comm = comm, .kind = COLL_SEND, .sendbuff = g_dev + off, .count = bytes,
+                                .dt = ncclUint8, .peer = 1, .root = -1, .mem = MEM_DEVICE | MEM_GDR};
+      g[1] = (struct coll_args){.comm = comm, .kind = COLL_RECV, .recvbuff = rb, .count = bytes, .dt = ncclUint8,
+                                .peer = 1, .root = -1, .mem = MEM_HOST};
+      MP_NCCL(enqueue_run_host(g, 2));
+      for (size_t i = 0; i < bytes; i++)
+        MP_CHECK(rb[i] == pat(round + 100, i), "group: byte %zu from rank 1 is %u, want %u", i, rb[i],
+                 pat(round + 100, i));
+    } else {
+      for (size_t i = 0; i < bytes; i++) hb2[i] = pat(round + 100, i);
+      memset(rb, 0xee, bytes);
+      MP_NCCL(ncclGroupStart());
+      MP_NCCL(ncclSend(hb2, bytes, ncclUint8, 0, comm, NULL));
+      MP_NCCL(ncclRecv(rb, bytes, ncclUint8, 0, comm, NULL));
+      MP_NCCL(ncclGroupEnd());
+      for (size_t i = 0; i < bytes; i++)
+        MP_CHECK(rb[i] == pat(round, i), "group: byte %zu from rank 0's device memory is %u, want %u", i, rb[i],
+                 pat(round, i));
+    }
   }
 
   /* Registered with the communicator: one registration for all operations
@@ -208,6 +241,7 @@ static int rank_main(int rank, int nranks, const ncclUniqueId* ids, int nids, vo
   }
   free(rb);
   free(hb);
+  free(hb2);
   return 0;
 }
 
