@@ -87,8 +87,6 @@ struct user_redop {
   uint64_t value;  /* ncclScalarHostImmediate: the bytes of one element */
 };
 
-/* A waiter's polling phase: true while it should keep polling. `it` counts
- * polls so far, *t0 holds when polling started (0 until known). */
 /* Polls before a waiter first reads the clock (spinning) or yields (no spin
  * time). With more local ranks than CPUs the rank waited for is often on
  * this CPU: 4 polls, not 64, halved small allgather/allreduce at 4 ranks on
@@ -96,6 +94,8 @@ struct user_redop {
  * 3.3-6.7) and cut alltoall at 8 ranks from 12-20 to 7-9 us. */
 static inline int comm_min_polls(const struct ncclComm* comm) { return comm->spin_ns > 0 ? 64 : 4; }
 
+/* A waiter's polling phase: true while it should keep polling. `it` counts
+ * polls so far, *t0 holds when polling started (0 until known). */
 static inline int comm_keep_polling(const struct ncclComm* comm, int it, int64_t* t0) {
   if (it < comm_min_polls(comm)) return 1;
   int64_t now = time_ns();

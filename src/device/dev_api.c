@@ -105,10 +105,10 @@ void device_dmabuf_set_exporter(device_dmabuf_exporter fn) { __atomic_store_n(&d
 
 int device_dmabuf_export(const void* p, size_t bytes, struct device_dmabuf* out, char* why, size_t why_len) {
   if (why_len) why[0] = '\0';
-  out->fd = -1;
+  if (out) out->fd = -1;
   device_dmabuf_exporter fn = __atomic_load_n(&dmabuf_exporter, __ATOMIC_ACQUIRE);
   int rc = fn ? fn(p, bytes, out, why, why_len) : device_dmabuf_export_driver(p, bytes, out, why, why_len);
-  if (rc == 0 && ((uintptr_t)p < out->base || bytes > out->size || (uintptr_t)p - out->base > out->size - bytes)) {
+  if (rc == 0 && out && ((uintptr_t)p < out->base || bytes > out->size || (uintptr_t)p - out->base > out->size - bytes)) {
     /* An exporter that does not cover what was asked is a bug: refuse. */
     if (out->fd >= 0) close(out->fd);
     out->fd = -1;

@@ -40,8 +40,10 @@ struct device_dmabuf {
 /* Exports the device allocation holding [p, p + bytes): 0 and *out, or -1
  * with errno set and a reason in why (ENODEV: no device or not device memory,
  * ENOSYS: the driver has no dma-buf export, EOPNOTSUPP: the device or the
- * memory (managed, host) cannot be exported). dev_api.c: calls the exporter
- * set with device_dmabuf_set_exporter, else the CUDA driver's. */
+ * memory (managed, host) cannot be exported). With out NULL it only checks
+ * that it could (no fd is made). dev_api.c: calls the exporter set with
+ * device_dmabuf_set_exporter, else the CUDA driver's; exporters take the
+ * same NULL. */
 int device_dmabuf_export(const void* p, size_t bytes, struct device_dmabuf* out, char* why, size_t why_len);
 /* The CUDA driver's exporter (cuMemGetHandleForAddressRange; device_cuda.c,
  * or device_stub.c without CUDA: always -1). */

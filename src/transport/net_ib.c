@@ -528,35 +528,26 @@ static int ib_dev_send_probe(struct ncclComm* comm, int peer, const void* p, siz
     return -1;
   }
   /* Memory that cannot be exported says nothing about the HCA: the next
-   * buffer is asked again. */
-  struct device_dmabuf d;
-  if (device_dmabuf_export(p, bytes, &d, why, len) != 0) return -1;
-  if (comm->gdr_state > 0) {
-    close(d.fd);
-    return 0;
-  }
+   * buffer is asked again. A check only: the send registers it. */
+  if (device_dmabuf_export(p, bytes, NULL, why, len) != 0) return -1;
+  if (comm->gdr_state > 0) return 0;
   const struct ib_port* port = ib_chosen(comm);
-  const struct ib_verbs* v = ib_verbs_get();
   struct ib_qps q;
   memset(&q, 0, sizeof(q));
-  if (!port || !v) {
+  if (!port) {
     snprintf(why, len, "no usable HCA port");
-  } else if (!v->reg_dmabuf_mr) {
-    snprintf(why, len, "libibverbs has no ibv_reg_dmabuf_mr (rdma-core 34+)");
   } else if (ib_qps_open(&q, port, 1, 4, 1, 1) != ncclSuccess) {
     snprintf(why, len, "%s", err_last_thread());
   } else {
-    struct ibv_mr* mr = v->reg_dmabuf_mr(q.pd, 0, d.size, (uint64_t)d.base, d.fd,
-                                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    uintptr_t lo, hi;
+    struct ibv_mr* mr = ib_dmabuf_mr(q.v, q.pd, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+                                     (void*)p, bytes, &lo, &hi, why, len);
     if (mr) {
-      v->dereg_mr(mr);
+      q.v->dereg_mr(mr);
       comm->gdr_state = 1;
-    } else {
-      snprintf(why, len, "ibv_reg_dmabuf_mr failed: %s (the HCA's driver has no dma-buf support?)", strerror(errno));
     }
   }
   ib_qps_close(&q);
-  close(d.fd);
   if (comm->gdr_state > 0) {
     INFO(LOG_NET | LOG_INIT, "NET/IB: GPUDirect RDMA on %s:%d for rank %d: sends read device memory through dma-buf "
          "registrations", port->dev_name, port->port, comm->rank);

@@ -443,20 +443,16 @@ static void reg_drop(struct ib_regcache* c, struct ib_reg* e) {
   free(e);
 }
 
-/* Registers the device allocation holding [addr, addr+len) from its dma-buf
- * (GPUDirect RDMA): the whole allocation, with its device addresses as the
- * MR's addresses (iova), so work requests name device pointers as they are.
- * Fills [*start, *end); NULL with errno set (and why) on failure. */
-static struct ibv_mr* reg_dmabuf(struct ib_regcache* c, void* addr, size_t len, uintptr_t* start, uintptr_t* end,
-                                 char* why, size_t why_len) {
-  if (!c->v->reg_dmabuf_mr) {
+struct ibv_mr* ib_dmabuf_mr(const struct ib_verbs* v, struct ibv_pd* pd, int access, void* addr, size_t len,
+                            uintptr_t* start, uintptr_t* end, char* why, size_t why_len) {
+  if (!v->reg_dmabuf_mr) {
     snprintf(why, why_len, "libibverbs has no ibv_reg_dmabuf_mr (rdma-core 34+)");
     errno = ENOSYS;
     return NULL;
   }
   struct device_dmabuf d;
   if (device_dmabuf_export(addr, len ? len : 1, &d, why, why_len) != 0) return NULL;
-  struct ibv_mr* mr = c->v->reg_dmabuf_mr(c->pd, 0, d.size, (uint64_t)d.base, d.fd, c->access);
+  struct ibv_mr* mr = v->reg_dmabuf_mr(pd, 0, d.size, (uint64_t)d.base, d.fd, access);
   int err = errno;
   close(d.fd);
   if (!mr) {
@@ -494,7 +490,7 @@ static ncclResult_t reg_get(struct ib_regcache* c, void* addr, size_t len, struc
   if (!e) return err_set(ncclSystemError, "NET/IB: out of memory for a registration entry");
   char why[256] = "";
   if (dev) {
-    e->mr = reg_dmabuf(c, addr, len, &start, &end, why, sizeof(why));
+    e->mr = ib_dmabuf_mr(c->v, c->pd, c->access, addr, len, &start, &end, why, sizeof(why));
     e->dmabuf = 1;
   } else {
     e->mr = c->v->reg_mr(c->pd, (void*)start, end - start, c->access);

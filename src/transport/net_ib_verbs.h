@@ -160,6 +160,13 @@ int ib_reg_try(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr
 /* ib_reg_try for memory its owner keeps mapped until it says otherwise
  * (ncclCommRegister): the entry survives ib_reg_invalidate_unkept. */
 int ib_reg_try_kept(struct ib_regcache* c, void* addr, size_t len, struct ibv_mr** mr);
+/* Registers the device allocation holding [addr, addr+len) from its dma-buf
+ * (device.h's exporter; GPUDirect RDMA): the whole allocation, with its
+ * device addresses as the MR's addresses (iova), so work requests name
+ * device pointers as they are. Fills [*start, *end); NULL with errno set and
+ * the reason in why on failure. */
+struct ibv_mr* ib_dmabuf_mr(const struct ib_verbs* v, struct ibv_pd* pd, int access, void* addr, size_t len,
+                            uintptr_t* start, uintptr_t* end, char* why, size_t why_len);
 /* Device memory (GPUDirect RDMA): an MR covering [addr, addr+len) of a
  * device allocation, registered from its dma-buf (device.h's exporter; the
  * whole allocation, addressed by its device addresses); `keep` as in

@@ -40,6 +40,7 @@
 
 static int g_fd = -1;
 static unsigned char* g_dev; /* PROT_NONE view: the "device pointers" */
+static long g_exports;       /* dma-bufs handed out (checks not counted) */
 
 static int fake_export(const void* p, size_t bytes, struct device_dmabuf* out, char* why, size_t why_len) {
   uintptr_t a = (uintptr_t)p, lo = (uintptr_t)g_dev;
@@ -48,6 +49,8 @@ static int fake_export(const void* p, size_t bytes, struct device_dmabuf* out, c
     errno = ENODEV;
     return -1;
   }
+  g_exports += out != NULL;
+  if (!out) return 0; /* a check only */
   out->fd = dup(g_fd);
   out->base = lo;
   out->size = DEVLEN;
@@ -128,18 +131,24 @@ static int rank_main(int rank, int nranks, const ncclUniqueId* ids, int nids, vo
     MP_CHECK(transport_dev_send_ok(comm, 1, g_dev + 5, 100, why, sizeof(why)), "device memory to an IB peer refused: %s",
              why);
     MP_CHECK(comm->gdr_state == 1, "GPUDirect state %d after a good probe", comm->gdr_state);
+    /* Once it works, a probe only checks the buffer: no dma-buf is made. */
+    long e0 = g_exports;
+    MP_CHECK(transport_dev_send_ok(comm, 1, g_dev + 64, 4096, why, sizeof(why)), "second probe refused: %s", why);
+    MP_CHECK(g_exports == e0, "a probe after GPUDirect was found on exported %ld dma-buf(s)", g_exports - e0);
   }
 
   /* Sizes from one byte to many slots, unaligned; one registration of the
    * whole allocation per operation (all its slots reuse it). */
   static const size_t sizes[] = {1, 100, 4096 + 7, (1u << 20) + 3, DEVLEN - 64};
   for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
-    long r0 = rank == 0 ? dmabuf_regs() : 0;
+    long r0 = rank == 0 ? dmabuf_regs() : 0, e0 = g_exports;
     size_t off = sizes[k] == DEVLEN - 64 ? 13 : 4096 * k + 13;
     if (round_check(comm, rank, rw, rb, off, sizes[k], (int)k, "device send")) return 1;
-    if (rank == 0)
+    if (rank == 0) {
       MP_CHECK(dmabuf_regs() - r0 == 1, "%zu-byte device send: %ld dma-buf registrations (want 1)", sizes[k],
                dmabuf_regs() - r0);
+      MP_CHECK(g_exports - e0 == 1, "%zu-byte device send: %ld dma-bufs exported (want 1)", sizes[k], g_exports - e0);
+    }
   }
 
   /* A group as the device executor runs one: rank 0's device send (not
