@@ -28,6 +28,15 @@ struct ncclComm {
   int cuda_dev; /* -1: no device */
   struct bootstrap* bs;
   collie_peer_info_t* peers; /* nranks entries */
+  /* By rank: the machine it runs on (topo_machine_hash: NCCL_HOSTID may give
+   * ranks of one machine different hosts), and the CPU it last sent to this
+   * rank from, as a socket stamps it (-1: unknown, or another machine). */
+  uint64_t* machine;
+  int32_t* peer_cpu;
+  int machine_size;     /* ranks on this rank's machine */
+  int unpair_fd;        /* COLLIE_UNPAIR for socket waits: every rank of this machine can have a CPU */
+  int64_t unpair_ns;    /* when a socket waiter last moved this rank off a CPU it shared with a peer */
+  uint64_t unpair_moves;
   int local_rank, local_size, nhosts;
   ncclConfig_t config;
   uint32_t abort_flag;
@@ -86,6 +95,10 @@ struct user_redop {
   const void* ptr; /* ncclScalarDevice: read at each call */
   uint64_t value;  /* ncclScalarHostImmediate: the bytes of one element */
 };
+
+/* Minimum time between two moves of one rank off a CPU it shares with a
+ * peer (COLLIE_UNPAIR; ns). */
+#define UNPAIR_INTERVAL_NS 2000000
 
 /* Polls before a waiter first reads the clock (spinning) or yields (no spin
  * time). With more local ranks than CPUs the rank waited for is often on

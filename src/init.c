@@ -4,6 +4,7 @@
  * Talks to bootstrap/ (rank rendezvous), graph/topo.c and device/device.h. */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,6 +111,7 @@ static void fill_local_info(ncclComm_t comm, collie_peer_info_t* me) {
   me->rank = comm->rank;
   me->pid = (int)getpid();
   me->host_hash = topo_host_hash(me->hostname, sizeof(me->hostname));
+  comm->machine[comm->rank] = topo_machine_hash();
   topo_local_placement(&me->numa_node, me->cpuset, sizeof(me->cpuset));
   me->cuda_dev = comm->cuda_dev;
   device_pci_bus_id(comm->cuda_dev, me->pci_bus_id, sizeof(me->pci_bus_id));
@@ -119,7 +121,7 @@ static void fill_local_info(ncclComm_t comm, collie_peer_info_t* me) {
  * collie_peer_info_t: the fixed fields, then each string as a length byte
  * and its characters. About 35 bytes instead of 270 per rank on one host,
  * and every rank receives every other's record. */
-#define PEER_WIRE_MAX (4 + 4 + 8 + 4 + 4 + 3 + 64 + 128 + 32)
+#define PEER_WIRE_MAX (4 + 4 + 8 + 4 + 4 + 8 + 3 + 64 + 128 + 32)
 
 static size_t put_str(uint8_t* p, const char* str, size_t cap) {
   size_t l = strnlen(str, cap - 1);
@@ -128,12 +130,13 @@ static size_t put_str(uint8_t* p, const char* str, size_t cap) {
   return 1 + l;
 }
 
-static size_t peer_pack(const collie_peer_info_t* me, uint8_t* p) {
+static size_t peer_pack(const collie_peer_info_t* me, uint64_t machine, uint8_t* p) {
   int32_t v[2] = {me->rank, me->pid}, w[2] = {me->numa_node, me->cuda_dev};
   memcpy(p, v, 8);
   memcpy(p + 8, &me->host_hash, 8);
   memcpy(p + 16, w, 8);
-  size_t o = 24;
+  memcpy(p + 24, &machine, 8);
+  size_t o = 32;
   o += put_str(p + o, me->hostname, sizeof(me->hostname));
   o += put_str(p + o, me->cpuset, sizeof(me->cpuset));
   o += put_str(p + o, me->pci_bus_id, sizeof(me->pci_bus_id));
@@ -150,14 +153,15 @@ static int get_str(const uint8_t* p, size_t n, size_t* o, char* out, size_t cap)
 }
 
 /* 0, or -1 when the record is not exactly one well-formed packed record. */
-static int peer_unpack(const uint8_t* p, size_t n, collie_peer_info_t* out) {
+static int peer_unpack(const uint8_t* p, size_t n, collie_peer_info_t* out, uint64_t* machine) {
   int32_t v[2], w[2];
-  size_t o = 24;
+  size_t o = 32;
   if (n < o) return -1;
   memset(out, 0, sizeof(*out));
   memcpy(v, p, 8);
   memcpy(&out->host_hash, p + 8, 8);
   memcpy(w, p + 16, 8);
+  memcpy(machine, p + 24, 8);
   out->size = sizeof(*out);
   out->rank = v[0];
   out->pid = v[1];
@@ -192,7 +196,7 @@ static int make_card(void* arg, const union sock_addr* listen_addr, int listen_a
   if (comm->nranks > 1 && health_listen(listen_addr, listen_any, &sc->health_fd, &sc->health_addr) != ncclSuccess)
     return -1;
   memcpy(card, &sc->health_addr, a);
-  return (int)(a + peer_pack(&comm->peers[comm->rank], card + a));
+  return (int)(a + peer_pack(&comm->peers[comm->rank], comm->machine[comm->rank], card + a));
 }
 
 /* Every rank's peer info, from the cards that came with the bootstrap table,
@@ -203,7 +207,7 @@ static ncclResult_t read_cards(ncclComm_t comm, const char* fn, union sock_addr*
   for (int i = 0; i < comm->nranks; i++) {
     uint32_t len;
     const uint8_t* card = bootstrap_card(comm->bs, i, &len);
-    if (!card || len < a || peer_unpack(card + a, len - a, &comm->peers[i]) != 0 || comm->peers[i].rank != i)
+    if (!card || len < a || peer_unpack(card + a, len - a, &comm->peers[i], &comm->machine[i]) != 0 || comm->peers[i].rank != i)
       return err_set(ncclInternalError, "%s: peer info from rank %d is malformed or inconsistent (%u bytes, rank field %d)",
                      fn, i, len, comm->peers[i].rank);
     if (i == prev) memcpy(prev_health, card, a);
@@ -248,6 +252,8 @@ static ncclResult_t compute_locality(ncclComm_t comm) {
   comm->local_rank = comm->peers[comm->rank].local_rank;
   comm->local_size = comm->peers[comm->rank].local_size;
   comm->nhosts = nhosts;
+  comm->machine_size = 0;
+  for (int i = 0; i < n; i++) comm->machine_size += comm->machine[i] == comm->machine[comm->rank];
   return ncclSuccess;
 }
 
@@ -257,6 +263,10 @@ static ncclResult_t compute_locality(ncclComm_t comm) {
 static void comm_release(ncclComm_t comm) {
   health_stop(comm, 1);
   channels_free(comm);
+  if (comm->unpair_moves)
+    INFO(LOG_TUNING, "rank %d moved itself off a CPU it shared with a socket peer %llu time(s) (COLLIE_UNPAIR)",
+         comm->rank, (unsigned long long)comm->unpair_moves);
+  comm->unpair_moves = 0;
   direct_free(comm);
   transport_close_all(comm);
   rings_free(comm);
@@ -273,6 +283,8 @@ static void comm_free(ncclComm_t comm) {
   dev_comm_free(comm); /* drains the device queue: its proxy uses the connectors */
   comm_release(comm);
   free(comm->peers);
+  free(comm->machine);
+  free(comm->peer_cpu);
   if (comm->stop_fd >= 0) close(comm->stop_fd);
   pthread_mutex_destroy(&comm->err_lock);
   comm->magic = 0;
@@ -312,6 +324,13 @@ static ncclResult_t comm_setup(ncclComm_t comm, int nids, const ncclUniqueId* id
     int64_t spin_us = param_str(P_COLLIE_SPIN) ? param_int(P_COLLIE_SPIN, 0, 60 * 1000 * 1000)
                                                : (comm->local_size <= ncpu ? 2000 : 0);
     comm->spin_ns = 1000 * spin_us;
+    /* Socket waits between ranks of one machine may move a rank off a CPU it
+     * shares with its peer (prims.c) when every rank of the machine can have
+     * a CPU of this rank's own. */
+    cpu_set_t mine;
+    int mycpus = sched_getaffinity(0, sizeof(mine), &mine) == 0 ? CPU_COUNT(&mine) : 0;
+    comm->unpair_fd = comm->machine_size > 1 && comm->machine_size <= mycpus && comm->spin_ns > 0 &&
+                      param_int(P_COLLIE_UNPAIR, 0, 1);
   }
   comm->comm_hash = bootstrap_nonce(comm->bs) ^ 0x636f6c6c6965ULL;
   comm->shm_disable = (int)param_int(P_NCCL_SHM_DISABLE, 0, 1);
@@ -388,10 +407,13 @@ ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const ncclUniq
     goto fail;
   }
   comm->peers = calloc((size_t)nranks, sizeof(*comm->peers));
-  if (!comm->peers) {
+  comm->machine = calloc((size_t)nranks, sizeof(*comm->machine));
+  comm->peer_cpu = malloc(sizeof(*comm->peer_cpu) * (size_t)nranks);
+  if (!comm->peers || !comm->machine || !comm->peer_cpu) {
     res = err_set(ncclSystemError, "%s: out of memory for %d peers", fn, nranks);
     goto fail;
   }
+  for (int i = 0; i < nranks; i++) comm->peer_cpu[i] = -1;
   if (comm->nonblocking) {
     /* The worker runs the init; the handle is valid at once and reads
      * ncclInProgress (ncclCommGetAsyncError) until the init is over. */

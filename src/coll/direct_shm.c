@@ -113,9 +113,6 @@ static void publish(uint32_t* word, uint32_t* waiters, uint32_t v) {
   if (__atomic_load_n(waiters, __ATOMIC_RELAXED)) futex_wake(word, 64, 1);
 }
 
-/* Minimum time between two moves of one rank (ns). */
-#define UNPAIR_INTERVAL_NS 2000000
-
 ncclResult_t board_give_way(struct ncclComm* comm, int peer) {
   struct direct_state* d = comm->direct;
   if (!d || peer < 0 || peer >= d->n || peer == comm->rank) return ncclSuccess;

@@ -21,15 +21,9 @@ static uint64_t hash_str(uint64_t h, const char* s) {
   return h;
 }
 
-uint64_t topo_host_hash(char* name, size_t name_len) {
-  const char* hostid = param_str(P_NCCL_HOSTID);
+uint64_t topo_machine_hash(void) {
   char host[256] = "";
   gethostname(host, sizeof(host) - 1);
-  if (hostid) {
-    snprintf(name, name_len, "%s", hostid);
-    return hash_str(0xcbf29ce484222325ULL, hostid);
-  }
-  snprintf(name, name_len, "%s", host);
   /* Two containers can share a hostname; the boot id tells machines apart. */
   char boot[64] = "";
   FILE* f = fopen("/proc/sys/kernel/random/boot_id", "r");
@@ -38,6 +32,18 @@ uint64_t topo_host_hash(char* name, size_t name_len) {
     fclose(f);
   }
   return hash_str(hash_str(0xcbf29ce484222325ULL, host), boot);
+}
+
+uint64_t topo_host_hash(char* name, size_t name_len) {
+  const char* hostid = param_str(P_NCCL_HOSTID);
+  if (hostid) {
+    snprintf(name, name_len, "%s", hostid);
+    return hash_str(0xcbf29ce484222325ULL, hostid);
+  }
+  char host[256] = "";
+  gethostname(host, sizeof(host) - 1);
+  snprintf(name, name_len, "%s", host);
+  return topo_machine_hash();
 }
 
 #ifdef COLLIE_HAVE_HWLOC

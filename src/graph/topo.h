@@ -11,6 +11,9 @@
 
 /* Hostname + boot id (or NCCL_HOSTID), hashed; `name` gets the printable form. */
 uint64_t topo_host_hash(char* name, size_t name_len);
+/* The machine this process runs on (hostname + boot id), whatever
+ * NCCL_HOSTID says: ranks that share CPUs have the same one. */
+uint64_t topo_machine_hash(void);
 /* NUMA node (-1 unknown) and CPU list of the calling process. */
 void topo_local_placement(int* numa_node, char* cpuset, size_t cpuset_len);
 /* Binds the calling thread to the k-th CPU (mod their number) the process may

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -72,6 +73,13 @@ static char* slot_data(struct conn* c, uint32_t i) {
 
 static size_t slot_len(const struct slot_hdr* h) {
   return sizeof(*h) + ((h->flags & SLOT_ERROR) ? 0 : h->bytes);
+}
+
+/* Whether this connector's peer runs on this rank's machine (NCCL_HOSTID may
+ * still make it another host): then the slot headers carry the sender's CPU. */
+static int same_machine(const struct conn* c) {
+  const struct ncclComm* comm = c->comm;
+  return comm->machine[c->peer] == comm->machine[comm->rank];
 }
 
 /* done = the lowest slot some connection has not finished. */
@@ -203,6 +211,8 @@ static ncclResult_t recv_links(struct conn* c, int may_read) {
             return err_set(ncclRemoteError, "socket: rank %d sent a %u-byte slot (max %zu): corrupt stream", c->peer,
                            h->bytes, c->slot_bytes);
           }
+          uint32_t cpu = h->flags >> SLOT_CPU_SHIFT;
+          if (cpu && same_machine(c)) __atomic_store_n(&c->comm->peer_cpu[c->peer], (int32_t)cpu - 1, __ATOMIC_RELAXED);
           need = slot_len(h);
         }
       }
@@ -230,7 +240,12 @@ static void* sock_send_slot(struct conn* c) {
 
 static ncclResult_t sock_send_commit_ext(struct conn* c, const struct slot_hdr* h, const void* data) {
   struct sock_conn* s = c->priv;
-  s->hdrs[s->pos % (uint32_t)c->nslots] = *h;
+  struct slot_hdr* mine = &s->hdrs[s->pos % (uint32_t)c->nslots];
+  *mine = *h;
+  if (same_machine(c)) {
+    int cpu = sched_getcpu();
+    if (cpu >= 0 && cpu < 0xffff) mine->flags = (mine->flags & 0xffffu) | (uint32_t)(cpu + 1) << SLOT_CPU_SHIFT;
+  }
   s->ext[s->pos % (uint32_t)c->nslots] = data;
   s->pos++;
   return sock_progress_send(c);

@@ -32,6 +32,9 @@ struct slot_hdr {
   uint32_t flags;  /* SLOT_ERROR: the sender failed; no payload */
 };
 #define SLOT_ERROR 0x1u
+/* Bits 16-31 of flags: a socket sender on the receiver's machine puts the
+ * CPU it sends from there, plus one (0: not given); see prim_fd_give_way. */
+#define SLOT_CPU_SHIFT 16
 /* The payload is a single-copy descriptor (struct cma_desc): the receiver
  * reads the data from the sender's memory and then releases the slot. */
 #define SLOT_CMA 0x2u

@@ -6,7 +6,9 @@
  *   a2a N    alltoall at every size from 1 element to past the Direct row's
  *            limit, interleaved with broadcasts (whose root runs ahead through
  *            the mailbox slots) and allgathers; every result checked.
- *   paired N every rank starts on the same CPU (see rank_paired).
+ *   paired N every rank starts on the same CPU (see rank_paired); with
+ *            COLLIE_TEST_SOCKETS=1 every rank is a host of its own
+ *            (NCCL_HOSTID), so they talk over sockets on one machine.
  * Run with NCCL_ALGO=Direct too, so the Direct alltoall row takes every size
  * it can. Uses the fork harness (harness.h). */
 #include <sched.h>
@@ -19,6 +21,8 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "comm.h"
+#include "coll/prims.h"
 
 static float val(int it, int from, int to, size_t i) { return (float)((it * 131 + from * 17 + to * 7 + (int)i) % 1000); }
 
@@ -129,12 +133,53 @@ static int rank_a2a(int rank, int nranks, const ncclUniqueId* ids, int nids, voi
   return 0;
 }
 
+/* Sockets between ranks of one machine: every peer's slot headers said
+ * which CPU it sent from; a waiter whose peer last sent from its own CPU
+ * stops polling (1) and, when it may move and is the higher rank, moves
+ * itself off that CPU and goes on polling (0), its mask put back. */
+static int check_give_way(ncclComm_t comm, int rank, int nranks, int first, const cpu_set_t* all) {
+  for (int p = 0; p < nranks; p++) {
+    int cpu = comm->peer_cpu[p];
+    MP_CHECK(p == rank ? cpu == -1 : cpu >= 0 && CPU_ISSET(cpu, all),
+             "rank %d: peer %d's last CPU is %d (its slot headers carry none?)", rank, p, cpu);
+    MP_CHECK(comm->machine[p] == comm->machine[rank], "rank %d: peer %d on another machine", rank, p);
+  }
+  MP_CHECK(comm->nhosts == nranks && comm->machine_size == nranks, "rank %d: %d hosts, %d ranks on this machine",
+           rank, comm->nhosts, comm->machine_size);
+  int peer = rank == 0 ? 1 : 0;
+  cpu_set_t one, now;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  MP_CHECK(sched_setaffinity(0, sizeof(one), &one) == 0, "pin to CPU %d", first);
+  comm->peer_cpu[peer] = first == 0 ? 1 : 0;
+  MP_CHECK(prim_fd_give_way(comm, peer) == 0, "rank %d: gave way to a peer on another CPU", rank);
+  comm->peer_cpu[peer] = first;
+  int unpair = comm->unpair_fd;
+  comm->unpair_fd = 0;
+  MP_CHECK(prim_fd_give_way(comm, peer) == 1, "rank %d: polled on although its peer shares its CPU", rank);
+  comm->unpair_fd = unpair;
+  MP_CHECK(prim_fd_give_way(comm, rank) == 0 && prim_fd_give_way(comm, -1) == 0 && prim_fd_give_way(comm, nranks) == 0,
+           "rank %d: gave way to itself or to no rank", rank);
+  MP_CHECK(sched_setaffinity(0, sizeof(*all), all) == 0, "unpin");
+  if (unpair && rank > peer && CPU_COUNT(all) >= 2) {
+    comm->unpair_ns = 0;
+    uint64_t moves = comm->unpair_moves;
+    MP_CHECK(prim_fd_give_way(comm, peer) == 0, "rank %d: did not move off CPU %d", rank, first);
+    MP_CHECK(comm->unpair_moves == moves + 1 && sched_getcpu() != first, "rank %d: still on CPU %d", rank, first);
+    MP_CHECK(sched_getaffinity(0, sizeof(now), &now) == 0 && CPU_EQUAL(&now, all), "rank %d: mask not put back",
+             rank);
+  }
+  return 0;
+}
+
 /* Every rank starts on one CPU (pinned to the first CPU it may use for a
  * few calls after init, then given its whole mask back) while a busy process holds the last
  * CPU (main), so the ranks wait for peers that sit on their own CPU: symmetric one-shot calls, run-ahead broadcasts, ring
  * allreduces and point-to-point alltoalls, all checked. With COLLIE_UNPAIR
  * on, waiters move themselves off the shared CPU: afterwards every rank's
- * mask must be exactly the one it had. */
+ * mask must be exactly the one it had. Over sockets (COLLIE_TEST_SOCKETS)
+ * the ranks learn each other's CPU from the slot headers: checked, and the
+ * socket waiters' decision (prim_fd_give_way) is checked directly at the end. */
 static int rank_paired(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
   (void)nids;
   (void)arg;
@@ -144,6 +189,12 @@ static int rank_paired(int rank, int nranks, const ncclUniqueId* ids, int nids, 
   while (first < CPU_SETSIZE - 1 && !CPU_ISSET(first, &all)) first++;
   CPU_ZERO(&one);
   CPU_SET(first, &one);
+  int sockets = getenv("COLLIE_TEST_SOCKETS") != NULL;
+  if (sockets) {
+    char h[32];
+    snprintf(h, sizeof(h), "pairhost%d", rank);
+    setenv("NCCL_HOSTID", h, 1);
+  }
   ncclComm_t comm;
   MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
   /* Pinned only after init: at init every rank reports its whole mask, so
@@ -186,6 +237,7 @@ static int rank_paired(int rank, int nranks, const ncclUniqueId* ids, int nids, 
   }
   MP_CHECK(sched_getaffinity(0, sizeof(now), &now) == 0 && CPU_EQUAL(&now, &all),
            "rank %d: the thread's CPU mask changed (%d CPUs, had %d)", rank, CPU_COUNT(&now), CPU_COUNT(&all));
+  if (sockets) MP_CHECK(check_give_way(comm, rank, nranks, first, &all) == 0, "rank %d: socket give-way", rank);
   free(buf);
   free(out);
   MP_NCCL(ncclCommDestroy(comm));
