@@ -208,7 +208,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
       /* Keep progressing for a short while (small replies come fast), then sleep. */
       int64_t now = time_ns();
       if (t0 == 0) t0 = now;
-      if (now - t0 >= 40000 || prim_fd_give_way(comm, blocked->peer)) transport_wait_fds(comm, 0, 100);
+      if (now - t0 >= prim_fd_poll_ns(comm, blocked->peer)) transport_wait_fds(comm, 0, 100);
       continue;
     }
     if (comm_keep_polling(comm, ++idle, &t0)) {

@@ -56,12 +56,20 @@ int prim_conn_ready(struct conn* c) {
   return c->is_send ? c->ops->send_slot(c) != NULL : c->ops->recv_slot(c, &h) != NULL;
 }
 
-int prim_fd_give_way(struct ncclComm* comm, int peer) {
-  if (peer < 0 || peer >= comm->nranks || peer == comm->rank) return 0;
+/* How long a waiter on fds (sockets) keeps polling before it sleeps in poll(). */
+#define SOCKET_POLL_NS 40000
+
+int64_t prim_fd_poll_ns(struct ncclComm* comm, int peer) {
+  if (peer < 0 || peer >= comm->nranks || peer == comm->rank) return SOCKET_POLL_NS;
   int pc = __atomic_load_n(&comm->peer_cpu[peer], __ATOMIC_RELAXED);
-  if (pc < 0) return 0;
+  if (pc < 0) return SOCKET_POLL_NS;
+  /* Polling longer when the peer last sent from another CPU was tried
+   * (2 ms, as shared-memory waiters): a root that only sends has only an
+   * old stamp of its receiver's CPU, and spun out 2 ms on the CPU that
+   * receiver had come to share (8 MiB-256 MiB broadcast and reduce at 2
+   * unbound ranks over TCP: 0.56-0.77x Open MPI against 0.87-1.0). */
   int me = sched_getcpu();
-  if (me != pc) return 0;
+  if (me != pc) return SOCKET_POLL_NS;
   /* Two ranks that take turns on one CPU while another runs something else
    * (unbound ranks beside a CPU hog: the scheduler keeps the pair together,
    * and each polled out its 40 us before the other could run: 55 us a
@@ -74,15 +82,12 @@ int prim_fd_give_way(struct ncclComm* comm, int peer) {
                                                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
       if (bind_move_off_cpu(me) == 1) {
         __atomic_fetch_add(&comm->unpair_moves, 1, __ATOMIC_RELAXED);
-        return 0;
+        return SOCKET_POLL_NS;
       }
     }
   }
-  return 1;
+  return 0;
 }
-
-/* How long a waiter on fds (sockets) keeps polling before it sleeps in poll(). */
-#define SOCKET_POLL_NS 40000
 
 /* One round of waiting for connector c after `it` unsuccessful polls. */
 static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_t* t0) {
@@ -108,7 +113,7 @@ static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_
      * progressing that long (latency), then sleep (bandwidth). */
     int64_t now = time_ns();
     if (*t0 == 0) *t0 = now;
-    if (now - *t0 < SOCKET_POLL_NS && !prim_fd_give_way(comm, c->peer)) return ncclSuccess;
+    if (now - *t0 < prim_fd_poll_ns(comm, c->peer)) return ncclSuccess;
     transport_wait_fds(comm, c->channel, 100);
     return ncclSuccess;
   }

@@ -52,11 +52,11 @@ int64_t prim_deadline(struct ncclComm* comm);
  * communicator) and COLLIE_TIMEOUT (*deadline: 0 until first computed).
  * `peer` names whom we wait for in the message (-1: several). */
 ncclResult_t prim_sleep_checks(struct ncclComm* comm, int peer, int64_t* deadline, int board);
-/* A socket waiter for `peer` asks this while it polls: 1 when the peer last
- * sent from this very CPU (ranks of one machine that NCCL_HOSTID or
- * NCCL_SHM_DISABLE put on sockets), so it cannot run while this rank polls:
- * sleep now. The higher rank of such a pair also moves itself to another
- * CPU (COLLIE_UNPAIR, at most every 2 ms) and then goes on polling (0). */
-int prim_fd_give_way(struct ncclComm* comm, int peer);
+/* How long a socket waiter for `peer` polls before it sleeps in poll() (ns).
+ * 0 when the peer last sent from this very CPU (ranks of one machine that
+ * NCCL_HOSTID or NCCL_SHM_DISABLE put on sockets): it cannot run while this
+ * rank polls. The higher rank of such a pair also moves itself to another
+ * CPU (COLLIE_UNPAIR, at most every 2 ms) and then goes on polling. */
+int64_t prim_fd_poll_ns(struct ncclComm* comm, int peer);
 
 #endif

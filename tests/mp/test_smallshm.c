@@ -135,8 +135,8 @@ static int rank_a2a(int rank, int nranks, const ncclUniqueId* ids, int nids, voi
 
 /* Sockets between ranks of one machine: every peer's slot headers said
  * which CPU it sent from; a waiter whose peer last sent from its own CPU
- * stops polling (1) and, when it may move and is the higher rank, moves
- * itself off that CPU and goes on polling (0), its mask put back. */
+ * stops polling (0 ns) and, when it may move and is the higher rank, moves
+ * itself off that CPU and goes on polling, its mask put back. */
 static int check_give_way(ncclComm_t comm, int rank, int nranks, int first, const cpu_set_t* all) {
   for (int p = 0; p < nranks; p++) {
     int cpu = comm->peer_cpu[p];
@@ -152,19 +152,19 @@ static int check_give_way(ncclComm_t comm, int rank, int nranks, int first, cons
   CPU_SET(first, &one);
   MP_CHECK(sched_setaffinity(0, sizeof(one), &one) == 0, "pin to CPU %d", first);
   comm->peer_cpu[peer] = first == 0 ? 1 : 0;
-  MP_CHECK(prim_fd_give_way(comm, peer) == 0, "rank %d: gave way to a peer on another CPU", rank);
+  MP_CHECK(prim_fd_poll_ns(comm, peer) > 0, "rank %d: gave way to a peer on another CPU", rank);
   comm->peer_cpu[peer] = first;
   int unpair = comm->unpair_fd;
   comm->unpair_fd = 0;
-  MP_CHECK(prim_fd_give_way(comm, peer) == 1, "rank %d: polled on although its peer shares its CPU", rank);
+  MP_CHECK(prim_fd_poll_ns(comm, peer) == 0, "rank %d: polled on although its peer shares its CPU", rank);
   comm->unpair_fd = unpair;
-  MP_CHECK(prim_fd_give_way(comm, rank) == 0 && prim_fd_give_way(comm, -1) == 0 && prim_fd_give_way(comm, nranks) == 0,
+  MP_CHECK(prim_fd_poll_ns(comm, rank) > 0 && prim_fd_poll_ns(comm, -1) > 0 && prim_fd_poll_ns(comm, nranks) > 0,
            "rank %d: gave way to itself or to no rank", rank);
   MP_CHECK(sched_setaffinity(0, sizeof(*all), all) == 0, "unpin");
   if (unpair && rank > peer && CPU_COUNT(all) >= 2) {
     comm->unpair_ns = 0;
     uint64_t moves = comm->unpair_moves;
-    MP_CHECK(prim_fd_give_way(comm, peer) == 0, "rank %d: did not move off CPU %d", rank, first);
+    MP_CHECK(prim_fd_poll_ns(comm, peer) > 0, "rank %d: did not move off CPU %d", rank, first);
     MP_CHECK(comm->unpair_moves == moves + 1 && sched_getcpu() != first, "rank %d: still on CPU %d", rank, first);
     MP_CHECK(sched_getaffinity(0, sizeof(now), &now) == 0 && CPU_EQUAL(&now, all), "rank %d: mask not put back",
              rank);
@@ -179,7 +179,7 @@ static int check_give_way(ncclComm_t comm, int rank, int nranks, int first, cons
  * on, waiters move themselves off the shared CPU: afterwards every rank's
  * mask must be exactly the one it had. Over sockets (COLLIE_TEST_SOCKETS)
  * the ranks learn each other's CPU from the slot headers: checked, and the
- * socket waiters' decision (prim_fd_give_way) is checked directly at the end. */
+ * socket waiters' decision (prim_fd_poll_ns) is checked directly at the end. */
 static int rank_paired(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
   (void)nids;
   (void)arg;
