@@ -34,8 +34,8 @@ struct ncclComm {
   uint64_t* machine;
   int32_t* peer_cpu;
   int machine_size;     /* ranks on this rank's machine */
-  int unpair_fd;        /* COLLIE_UNPAIR for socket waits: every rank of this machine can have a CPU */
-  int64_t unpair_ns;    /* when a socket waiter last moved this rank off a CPU it shared with a peer */
+  int unpair;           /* COLLIE_UNPAIR and every rank of this machine can have a CPU (prim_unpair) */
+  int64_t unpair_ns;    /* when a waiter last moved this rank off a CPU it shared with a peer */
   uint64_t unpair_moves;
   int local_rank, local_size, nhosts;
   ncclConfig_t config;

@@ -264,7 +264,7 @@ static void comm_release(ncclComm_t comm) {
   health_stop(comm, 1);
   channels_free(comm);
   if (comm->unpair_moves)
-    INFO(LOG_TUNING, "rank %d moved itself off a CPU it shared with a socket peer %llu time(s) (COLLIE_UNPAIR)",
+    INFO(LOG_TUNING, "rank %d moved itself off a CPU it shared with a peer %llu time(s) (COLLIE_UNPAIR)",
          comm->rank, (unsigned long long)comm->unpair_moves);
   comm->unpair_moves = 0;
   direct_free(comm);
@@ -324,13 +324,13 @@ static ncclResult_t comm_setup(ncclComm_t comm, int nids, const ncclUniqueId* id
     int64_t spin_us = param_str(P_COLLIE_SPIN) ? param_int(P_COLLIE_SPIN, 0, 60 * 1000 * 1000)
                                                : (comm->local_size <= ncpu ? 2000 : 0);
     comm->spin_ns = 1000 * spin_us;
-    /* Socket waits between ranks of one machine may move a rank off a CPU it
-     * shares with its peer (prims.c) when every rank of the machine can have
-     * a CPU of this rank's own. */
+    /* Waiters may move this rank off a CPU it shares with a peer
+     * (prim_unpair) when every rank of the machine can have a CPU of this
+     * rank's own. */
     cpu_set_t mine;
     int mycpus = sched_getaffinity(0, sizeof(mine), &mine) == 0 ? CPU_COUNT(&mine) : 0;
-    comm->unpair_fd = comm->machine_size > 1 && comm->machine_size <= mycpus && comm->spin_ns > 0 &&
-                      param_int(P_COLLIE_UNPAIR, 0, 1);
+    comm->unpair = comm->machine_size > 1 && comm->machine_size <= mycpus && comm->spin_ns > 0 &&
+                   param_int(P_COLLIE_UNPAIR, 0, 1);
   }
   comm->comm_hash = bootstrap_nonce(comm->bs) ^ 0x636f6c6c6965ULL;
   comm->shm_disable = (int)param_int(P_NCCL_SHM_DISABLE, 0, 1);

@@ -83,9 +83,6 @@ struct direct_state {
   size_t cap; /* bytes per large mailbox buffer */
   uint32_t seq;
   int last_symmetric; /* the previous direct call had every rank wait for every other */
-  int unpair;          /* board_give_way may move this rank off a CPU it shares with a peer */
-  int64_t last_move_ns;
-  uint64_t moves;
   /* Where this call's payload lives (the same on every rank that agrees on
    * the call): inline in the slot's line, the slot's small buffer, or large
    * buffer `big`; and the direct seq that last used each large buffer. */
@@ -129,16 +126,9 @@ ncclResult_t board_give_way(struct ncclComm* comm, int peer) {
    * together (the wake-ups and yields between them look like one task
    * handing work to another). With room for every local rank, the higher
    * rank of the pair moves itself off the shared CPU, at most every 2 ms. */
-  if (d->unpair && comm->rank > peer) {
-    int64_t now = time_ns();
-    if (now - __atomic_load_n(&d->last_move_ns, __ATOMIC_RELAXED) > UNPAIR_INTERVAL_NS) {
-      __atomic_store_n(&d->last_move_ns, now, __ATOMIC_RELAXED);
-      if (bind_move_off_cpu(me) == 1) {
-        __atomic_store_n(mine, sched_getcpu(), __ATOMIC_RELAXED);
-        __atomic_fetch_add(&d->moves, 1, __ATOMIC_RELAXED);
-        return ncclSuccess;
-      }
-    }
+  if (prim_unpair(comm, peer, me)) {
+    __atomic_store_n(mine, sched_getcpu(), __ATOMIC_RELAXED);
+    return ncclSuccess;
   }
   sched_yield();
   return ncclSuccess;
@@ -203,9 +193,6 @@ static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* wa
 void direct_free(struct ncclComm* comm) {
   struct direct_state* d = comm->direct;
   if (!d) return;
-  if (d->moves)
-    INFO(LOG_TUNING, "rank %d moved itself off a CPU it shared with a peer %llu time(s) (COLLIE_UNPAIR)", comm->rank,
-         (unsigned long long)d->moves);
   for (int i = 0; d->segs && i < d->n; i++) shmseg_free(&d->segs[i]);
   free(d->ctrl);
   free(d->small);
@@ -278,7 +265,6 @@ static ncclResult_t direct_setup(struct ncclComm* comm) {
   if (res == ncclSuccess) d->ctrl[comm->rank]->cpu = -1; /* no call run yet: on no CPU */
   /* Moving off a shared CPU helps only when every local rank can have one
    * (the same test that lets waiters spin: see init.c). */
-  d->unpair = comm->spin_ns > 0 && param_int(P_COLLIE_UNPAIR, 0, 1);
   /* Everybody mapped everything before anyone drops its fd. */
   ncclResult_t r2 = bootstrap_barrier(comm->bs);
   if (res == ncclSuccess) res = r2;

@@ -75,18 +75,19 @@ int64_t prim_fd_poll_ns(struct ncclComm* comm, int peer) {
    * and each polled out its 40 us before the other could run: 55 us a
    * 2-rank allreduce of 8 B against 16 us sleeping at once and 6-7 us on two
    * CPUs). */
-  if (comm->unpair_fd && comm->rank > peer) {
-    int64_t now = time_ns();
-    int64_t last = __atomic_load_n(&comm->unpair_ns, __ATOMIC_RELAXED);
-    if (now - last > UNPAIR_INTERVAL_NS && __atomic_compare_exchange_n(&comm->unpair_ns, &last, now, 0,
-                                                                       __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-      if (bind_move_off_cpu(me) == 1) {
-        __atomic_fetch_add(&comm->unpair_moves, 1, __ATOMIC_RELAXED);
-        return SOCKET_POLL_NS;
-      }
-    }
-  }
-  return 0;
+  return prim_unpair(comm, peer, me) ? SOCKET_POLL_NS : 0;
+}
+
+int prim_unpair(struct ncclComm* comm, int peer, int cpu) {
+  if (!comm->unpair || comm->rank < peer) return 0;
+  int64_t now = time_ns();
+  int64_t last = __atomic_load_n(&comm->unpair_ns, __ATOMIC_RELAXED);
+  if (now - last <= UNPAIR_INTERVAL_NS ||
+      !__atomic_compare_exchange_n(&comm->unpair_ns, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+    return 0;
+  if (bind_move_off_cpu(cpu) != 1) return 0;
+  __atomic_fetch_add(&comm->unpair_moves, 1, __ATOMIC_RELAXED);
+  return 1;
 }
 
 /* One round of waiting for connector c after `it` unsuccessful polls. */

@@ -58,5 +58,12 @@ ncclResult_t prim_sleep_checks(struct ncclComm* comm, int peer, int64_t* deadlin
  * rank polls. The higher rank of such a pair also moves itself to another
  * CPU (COLLIE_UNPAIR, at most every 2 ms) and then goes on polling. */
 int64_t prim_fd_poll_ns(struct ncclComm* comm, int peer);
+/* COLLIE_UNPAIR's move, for a waiter whose `peer` last ran on this rank's
+ * CPU `cpu`: the higher rank of the pair moves itself to another CPU it may
+ * use (bind_move_off_cpu: its mask is put back), when every rank of the
+ * machine can have a CPU, at most every UNPAIR_INTERVAL_NS per rank. 1 when
+ * it moved. Shared-memory waiters (board_give_way) and socket waiters
+ * (prim_fd_poll_ns) both call it. */
+int prim_unpair(struct ncclComm* comm, int peer, int cpu);
 
 #endif

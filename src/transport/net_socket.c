@@ -58,6 +58,9 @@ struct sock_conn {
   uint32_t pos;  /* sender: slots committed; receiver: slots consumed */
   uint32_t done; /* slots moved completely: every slot below is done */
   int failed;    /* the link broke or the peer poisoned/closed it */
+  /* The peer runs on this rank's machine (NCCL_HOSTID may still make it
+   * another host): slot headers carry the sender's CPU (prim_fd_poll_ns). */
+  int same_machine;
 };
 
 struct sock_hello {
@@ -73,13 +76,6 @@ static char* slot_data(struct conn* c, uint32_t i) {
 
 static size_t slot_len(const struct slot_hdr* h) {
   return sizeof(*h) + ((h->flags & SLOT_ERROR) ? 0 : h->bytes);
-}
-
-/* Whether this connector's peer runs on this rank's machine (NCCL_HOSTID may
- * still make it another host): then the slot headers carry the sender's CPU. */
-static int same_machine(const struct conn* c) {
-  const struct ncclComm* comm = c->comm;
-  return comm->machine[c->peer] == comm->machine[comm->rank];
 }
 
 /* done = the lowest slot some connection has not finished. */
@@ -212,7 +208,7 @@ static ncclResult_t recv_links(struct conn* c, int may_read) {
                            h->bytes, c->slot_bytes);
           }
           uint32_t cpu = h->flags >> SLOT_CPU_SHIFT;
-          if (cpu && same_machine(c)) __atomic_store_n(&c->comm->peer_cpu[c->peer], (int32_t)cpu - 1, __ATOMIC_RELAXED);
+          if (cpu && s->same_machine) __atomic_store_n(&c->comm->peer_cpu[c->peer], (int32_t)cpu - 1, __ATOMIC_RELAXED);
           need = slot_len(h);
         }
       }
@@ -242,7 +238,7 @@ static ncclResult_t sock_send_commit_ext(struct conn* c, const struct slot_hdr* 
   struct sock_conn* s = c->priv;
   struct slot_hdr* mine = &s->hdrs[s->pos % (uint32_t)c->nslots];
   *mine = *h;
-  if (same_machine(c)) {
+  if (s->same_machine) {
     int cpu = sched_getcpu();
     if (cpu >= 0 && cpu < 0xffff) mine->flags = (mine->flags & 0xffffu) | (uint32_t)(cpu + 1) << SLOT_CPU_SHIFT;
   }
@@ -377,6 +373,7 @@ static ncclResult_t sock_alloc(struct conn* c, int nlinks) {
   if (!s) return err_set(ncclSystemError, "socket transport: out of memory");
   s->listen_fd = -1;
   s->nlinks = nlinks;
+  s->same_machine = c->comm->machine[c->peer] == c->comm->machine[c->comm->rank];
   for (int i = 0; i < SOCK_MAX_CONNS; i++) {
     s->link[i].fd = -1;
     s->link[i].next = (uint32_t)i;

@@ -33,7 +33,7 @@ struct slot_hdr {
 };
 #define SLOT_ERROR 0x1u
 /* Bits 16-31 of flags: a socket sender on the receiver's machine puts the
- * CPU it sends from there, plus one (0: not given); see prim_fd_give_way. */
+ * CPU it sends from there, plus one (0: not given); see prim_fd_poll_ns. */
 #define SLOT_CPU_SHIFT 16
 /* The payload is a single-copy descriptor (struct cma_desc): the receiver
  * reads the data from the sender's memory and then releases the slot. */

@@ -154,14 +154,20 @@ static int check_give_way(ncclComm_t comm, int rank, int nranks, int first, cons
   comm->peer_cpu[peer] = first == 0 ? 1 : 0;
   MP_CHECK(prim_fd_poll_ns(comm, peer) > 0, "rank %d: gave way to a peer on another CPU", rank);
   comm->peer_cpu[peer] = first;
-  int unpair = comm->unpair_fd;
-  comm->unpair_fd = 0;
+  /* Moves are allowed exactly when COLLIE_UNPAIR is on and both ranks can
+   * have a CPU (the affinity at init was the whole mask): the move check
+   * below must not be skipped by a flag that stayed off. */
+  const char* u = getenv("COLLIE_UNPAIR");
+  int want_unpair = (!u || strcmp(u, "0") != 0) && CPU_COUNT(all) >= nranks;
+  MP_CHECK(comm->unpair == want_unpair, "rank %d: unpair %d, want %d", rank, comm->unpair, want_unpair);
+  int unpair = comm->unpair;
+  comm->unpair = 0;
   MP_CHECK(prim_fd_poll_ns(comm, peer) == 0, "rank %d: polled on although its peer shares its CPU", rank);
-  comm->unpair_fd = unpair;
+  comm->unpair = unpair;
   MP_CHECK(prim_fd_poll_ns(comm, rank) > 0 && prim_fd_poll_ns(comm, -1) > 0 && prim_fd_poll_ns(comm, nranks) > 0,
            "rank %d: gave way to itself or to no rank", rank);
   MP_CHECK(sched_setaffinity(0, sizeof(*all), all) == 0, "unpin");
-  if (unpair && rank > peer && CPU_COUNT(all) >= 2) {
+  if (unpair && rank > peer) {
     comm->unpair_ns = 0;
     uint64_t moves = comm->unpair_moves;
     MP_CHECK(prim_fd_poll_ns(comm, peer) > 0, "rank %d: did not move off CPU %d", rank, first);
