@@ -40,6 +40,7 @@ struct sock_link {
   size_t stage_off, stage_len;
   int big;       /* receiver: the last slot's payload skipped the stage (read headers alone) */
   int eof;       /* receiver: the peer closed this connection between slots */
+  int64_t delack_ns; /* receiver: when TCP_QUICKACK was last turned off (0: never) */
 };
 
 struct sock_conn {
@@ -51,6 +52,7 @@ struct sock_conn {
   const char** ext; /* sender: payload outside the slot (send_commit_ext), else NULL;
                      * receiver: where a slot's payload was put when not in the slot */
   int readahead;    /* receiver: read slots before they are asked for (COLLIE_SOCKET_READAHEAD) */
+  int delayed_ack;  /* receiver: keep the kernel's delayed acknowledgements on (COLLIE_SOCKET_DELAYED_ACK) */
   char* post_dst;   /* receiver: recv_post destination for slot post_idx */
   size_t post_len;
   uint32_t post_idx;
@@ -128,6 +130,43 @@ static ncclResult_t sock_progress_send(struct conn* c) {
   return ncclSuccess;
 }
 
+static const struct conn_ops sock_ops;
+
+/* Data flows one way on a connection, so the kernel's acknowledgements
+ * cannot ride on replies: each is a packet of its own, which both ends'
+ * kernels must build and process. TCP_QUICKACK off ("ping-pong" mode)
+ * acknowledges every second small segment instead of each; large transfers
+ * are acknowledged as before (every full segment or two). The kernel leaves
+ * that mode whenever its delayed-ack timer fires (an odd segment left
+ * unacknowledged for its minimum of some tens of ms), so the receiver turns it
+ * back on after data arrives, at most every DELACK_REARM_NS. */
+#define DELACK_REARM_NS (20 * 1000 * 1000)
+
+static void delack_arm(struct sock_conn* s, struct sock_link* l) {
+  if (!s->delayed_ack) return;
+  int64_t now = time_ns();
+  if (l->delack_ns && now - l->delack_ns < DELACK_REARM_NS) return;
+  int off = 0;
+  setsockopt(l->fd, IPPROTO_TCP, TCP_QUICKACK, &off, sizeof(off)); /* a hint: failure changes nothing else */
+  l->delack_ns = now;
+}
+
+int sock_delayed_ack_on(struct conn* c, int* armed) {
+  *armed = 0;
+  if (!c || c->ops != &sock_ops || c->is_send) return -1;
+  struct sock_conn* s = c->priv;
+  int on = 1;
+  for (int i = 0; i < s->nlinks; i++) {
+    if (s->link[i].delack_ns) ++*armed;
+    int quick = 0;
+    socklen_t len = sizeof(quick);
+    /* The kernel answers whether it acknowledges at once (not in ping-pong mode). */
+    if (s->link[i].fd < 0 || getsockopt(s->link[i].fd, IPPROTO_TCP, TCP_QUICKACK, &quick, &len) != 0) return -1;
+    if (quick) on = 0;
+  }
+  return on;
+}
+
 /* Where the payload of the slot link l is filling goes. Decided when its
  * first payload byte is placed, so a consumer that posts its buffer after the
  * header came (but before the payload) still gets the bytes directly. */
@@ -167,6 +206,7 @@ static ncclResult_t recv_links(struct conn* c, int may_read) {
           size_t want = direct ? need - l->off : l->big && l->off < sizeof(*h) ? sizeof(*h) - l->off : SOCK_STAGE_BYTES;
           ssize_t rc = recv(l->fd, p, want, MSG_DONTWAIT);
           if (rc > 0) {
+            delack_arm(s, l);
             if (direct) l->off += (size_t)rc;
             else {
               l->stage_off = 0;
@@ -396,6 +436,7 @@ static ncclResult_t sock_recv_setup(struct conn* c, void* info, size_t* info_len
   NCCLCHECK(sock_alloc(c, nsocks_wanted()));
   struct sock_conn* s = c->priv;
   s->readahead = (int)param_int(P_COLLIE_SOCKET_READAHEAD, 0, 1);
+  s->delayed_ack = (int)param_int(P_COLLIE_SOCKET_DELAYED_ACK, 0, 1);
   for (int i = 0; i < s->nlinks; i++)
     if (!(s->link[i].stage = malloc(SOCK_STAGE_BYTES)))
       return err_set(ncclSystemError, "socket transport: out of memory for a receive stage");

@@ -153,6 +153,11 @@ int transport_dev_send_ok(struct ncclComm* comm, int peer, const void* p, size_t
  * left this process: an operation is complete only then (the caller may destroy the
  * communicator next, and closing a socket drops what it still holds). */
 ncclResult_t transport_flush(struct ncclComm* comm);
+/* For tests: 1 when the kernel has delayed acknowledgements on for every
+ * connection of socket receiver c, 0 when not for some, -1 when c is no
+ * socket receiver or the kernel does not say; *armed: how many of those
+ * connections this library asked for them (COLLIE_SOCKET_DELAYED_ACK). */
+int sock_delayed_ack_on(struct conn* c, int* armed);
 
 /* ---- transports */
 

@@ -9,6 +9,9 @@
  *   paired N every rank starts on the same CPU (see rank_paired); with
  *            COLLIE_TEST_SOCKETS=1 every rank is a host of its own
  *            (NCCL_HOSTID), so they talk over sockets on one machine.
+ *   delack N a host per rank over sockets: small checked allreduces, then
+ *            every receiving connection's kernel acknowledgement mode must
+ *            be what COLLIE_SOCKET_DELAYED_ACK asks (see rank_delack).
  * Run with NCCL_ALGO=Direct too, so the Direct alltoall row takes every size
  * it can. Uses the fork harness (harness.h). */
 #include <sched.h>
@@ -250,14 +253,62 @@ static int rank_paired(int rank, int nranks, const ncclUniqueId* ids, int nids, 
   return 0;
 }
 
+/* Socket receivers turn the kernel's per-segment acknowledgements off
+ * (COLLIE_SOCKET_DELAYED_ACK, default 1) and on again after the kernel
+ * dropped the mode. The kernel leaves it by itself when a delayed
+ * acknowledgement times out (tens of ms without data), so a rank descheduled
+ * that long between its last call and the check may see it off once: the
+ * check retries after a pause, which makes the next call turn it on again.
+ * Turned off, collie must never have asked for the mode (the kernel may still
+ * enter it on its own, so its answer proves nothing there). */
+static int rank_delack(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  char h[32];
+  snprintf(h, sizeof(h), "ackhost%d", rank);
+  setenv("NCCL_HOSTID", h, 1);
+  const char* e = getenv("COLLIE_SOCKET_DELAYED_ACK");
+  int want = !e || strcmp(e, "0") != 0;
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  MP_CHECK(comm->nhosts == nranks && nranks <= 64, "rank %d: %d hosts", rank, comm->nhosts);
+  int state[64], armed[64];
+  int ok = 0;
+  for (int tries = 0; tries < 40 && !ok; tries++) {
+    if (tries) usleep(25 * 1000); /* past the 20 ms re-arm limit */
+    for (int k = 0; k < 50; k++) {
+      int v = rank + k;
+      MP_NCCL(ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, comm, NULL));
+      MP_CHECK(v == nranks * k + nranks * (nranks - 1) / 2, "rank %d: allreduce %d gave %d", rank, k, v);
+    }
+    ok = 1;
+    for (int p = 0; p < nranks; p++) {
+      if (p == rank) continue;
+      state[p] = sock_delayed_ack_on(comm->recv_conns[p], &armed[p]);
+      MP_CHECK(state[p] >= 0, "rank %d: no socket receiver from rank %d (or the kernel does not say)", rank, p);
+      if (want ? state[p] != 1 || armed[p] == 0 : armed[p] != 0) ok = 0;
+    }
+    if (!want) break; /* nothing to wait for */
+  }
+  for (int p = 0; p < nranks; p++) {
+    if (p == rank) continue;
+    MP_CHECK(want ? armed[p] > 0 : armed[p] == 0, "rank %d: asked for delayed acknowledgements from rank %d on %d "
+             "connections, want %s", rank, p, armed[p], want ? "all" : "none");
+    MP_CHECK(!want || state[p] == 1, "rank %d: the kernel has delayed acknowledgements from rank %d off", rank, p);
+  }
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s zero|a2a|paired NRANKS\n", argv[0]);
+    fprintf(stderr, "usage: %s zero|a2a|paired|delack NRANKS\n", argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
   double t0 = mp_now();
   int zero = strcmp(argv[1], "zero") == 0, paired = strcmp(argv[1], "paired") == 0;
+  int delack = strcmp(argv[1], "delack") == 0;
   /* paired: a busy process on the last CPU, as a job beside the ranks, so the
    * scheduler has no idle CPU to spread them to by itself. */
   pid_t hog = -1;
@@ -276,7 +327,7 @@ int main(int argc, char** argv) {
       }
     }
   }
-  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : rank_a2a, NULL, 600);
+  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : rank_a2a, NULL, 600);
   if (hog > 0) {
     kill(hog, SIGKILL);
     waitpid(hog, NULL, 0);
