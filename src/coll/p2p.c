@@ -13,8 +13,9 @@
 
 static int nslots_for(size_t bytes, size_t slot) { return bytes == 0 ? 1 : (int)((bytes + slot - 1) / slot); }
 
-/* Self-messages: the k-th send to self pairs with the k-th receive from self. */
-static ncclResult_t run_self(struct ncclComm* comm, struct p2p_op* ops, int n) {
+/* Self-messages: the k-th send to self pairs with the k-th receive from
+ * self. `copy` 0 only checks that they pair up; 1 copies. */
+static ncclResult_t run_self(struct ncclComm* comm, struct p2p_op* ops, int n, int copy) {
   int s = 0, r = 0;
   for (;;) {
     while (s < n && !(ops[s].peer == comm->rank && ops[s].is_send)) s++;
@@ -26,10 +27,16 @@ static ncclResult_t run_self(struct ncclComm* comm, struct p2p_op* ops, int n) {
     if (ops[s].bytes != ops[r].bytes)
       return err_set(ncclInvalidUsage, "rank %d: send to self of %zu bytes but receive from self of %zu bytes",
                      comm->rank, ops[s].bytes, ops[r].bytes);
-    if (ops[s].bytes && ops[r].buf != ops[s].buf) memmove(ops[r].buf, ops[s].buf, ops[s].bytes);
+    if (copy && ops[s].bytes && ops[r].buf != ops[s].buf) memmove(ops[r].buf, ops[s].buf, ops[s].bytes);
     s++;
     r++;
   }
+}
+
+static int has_self(struct ncclComm* comm, const struct p2p_op* ops, int n) {
+  for (int i = 0; i < n; i++)
+    if (ops[i].peer == comm->rank && ops[i].bytes) return 1;
+  return 0;
 }
 
 /* A single-copy sender waits for its descriptor to be released: only then
@@ -114,13 +121,35 @@ static ncclResult_t step(struct p2p_op* op, size_t slot, int* moved) {
   return ncclSuccess;
 }
 
+/* Receives post where their next slot's payload goes before the sockets are
+ * read (transport_progress reads whatever has arrived), so the bytes land in
+ * the caller's buffer, not in the slot buffer and then again in the caller's.
+ * Only the first unfinished op on each connector may post. */
+static void post_receives(struct ncclComm* comm, struct p2p_op* ops, int n, size_t slot, char* seen) {
+  memset(seen, 0, (size_t)comm->nranks * 2);
+  for (int i = 0; i < n; i++) {
+    struct p2p_op* op = &ops[i];
+    if (op->peer == comm->rank || op->slots_done == op->nslots) continue;
+    char* busy = &seen[2 * op->peer + !op->is_send];
+    if (*busy) continue;
+    *busy = 1;
+    struct conn* c = op->link.c;
+    size_t len = COLLIE_MIN(slot, op->bytes - op->done);
+    if (!op->is_send && !op->cma && len && c->ops->recv_post) c->ops->recv_post(c, op->buf + op->done, len);
+  }
+}
+
 /* Batches up to this many ops on communicators up to this many ranks keep
  * their bookkeeping on the stack: five allocations per small message cost
  * more than moving it. */
 #define P2P_STACK_OPS 32
 
 ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_only) {
-  NCCLCHECK(run_self(comm, ops, n));
+  NCCLCHECK(run_self(comm, ops, n, 0));
+  /* The copies to self wait until the first time the peers' messages do
+   * not move (a full socket, a peer not there yet): they fill that wait
+   * instead of delaying every peer's first bytes. */
+  int self_left = has_self(comm, ops, n);
   int speers_s[P2P_STACK_OPS + 1], rpeers_s[P2P_STACK_OPS + 1];
   struct conn *sc_s[P2P_STACK_OPS + 1], *rc_s[P2P_STACK_OPS + 1];
   char seen_s[2 * P2P_STACK_OPS];
@@ -170,9 +199,14 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
   }
   int idle = 0, yields = 0;
   int64_t deadline = 0, t0 = 0;
+  /* Whether some receive's connector takes posted buffers (sockets). */
+  int posts = 0;
+  for (int i = 0; i < n; i++)
+    if (!ops[i].is_send && ops[i].peer != comm->rank && ops[i].link.c->ops->recv_post) posts = 1;
   while (active > 0 && res == ncclSuccess) {
     int moved = 0;
     /* Pull in what the sockets hold first, so the steps below see it. */
+    if (posts) post_receives(comm, ops, n, comm->slot_bytes, seen);
     if ((res = transport_progress(comm, 0)) != ncclSuccess) break;
     active = 0;
     memset(seen, 0, (size_t)comm->nranks * 2);
@@ -197,6 +231,11 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
       }
     }
     if (res != ncclSuccess || active == 0) break;
+    if (!moved && self_left) {
+      self_left = 0;
+      (void)run_self(comm, ops, n, 1); /* paired up at the start */
+      moved = 1;
+    }
     if (moved) {
       idle = yields = 0;
       t0 = 0;
@@ -236,6 +275,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     if (blocked && releasing) blocked->ops->wait_released(blocked, 1);
     else if (blocked) blocked->ops->wait(blocked, 1);
   }
+  if (res == ncclSuccess && self_left) res = run_self(comm, ops, n, 1);
   if (res != ncclSuccess) transport_poison(comm);
 out:
   if (!on_stack) {
