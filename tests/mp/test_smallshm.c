@@ -9,6 +9,8 @@
  *   paired N every rank starts on the same CPU (see rank_paired); with
  *            COLLIE_TEST_SOCKETS=1 every rank is a host of its own
  *            (NCCL_HOSTID), so they talk over sockets on one machine.
+ *   helpers N a host per rank on one machine, two channels: the ranks' channel
+ *            helper threads must sit on different CPUs (see rank_helpers).
  *   delack N a host per rank over sockets: small checked allreduces, then
  *            every receiving connection's kernel acknowledgement mode must
  *            be what COLLIE_SOCKET_DELAYED_ACK asks (see rank_delack).
@@ -20,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -300,15 +303,92 @@ static int rank_delack(int rank, int nranks, const ncclUniqueId* ids, int nids, 
   return 0;
 }
 
+/* The CPU the one thread of this process pinned to a single CPU sits on (a
+ * channel helper: the main thread keeps its mask), from
+ * /proc/self/task/ID/status; -1 when none, -2 when several. */
+static int pinned_helper_cpu(void) {
+  char path[320], line[256];
+  int found = -1;
+  DIR* d = opendir("/proc/self/task");
+  if (!d) return -1;
+  struct dirent* e;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    snprintf(path, sizeof(path), "/proc/self/task/%s/status", e->d_name);
+    FILE* f = fopen(path, "r");
+    if (!f) continue;
+    while (fgets(line, sizeof(line), f)) {
+      int a, b;
+      if (strncmp(line, "Cpus_allowed_list:", 18) != 0) continue;
+      /* One CPU: "N" alone (a range "N-M" or a list "N,M" reads past it). */
+      int n = sscanf(line + 18, "%d%*[-,]%d", &a, &b);
+      if (n == 1) found = found == -1 ? a : -2;
+    }
+    fclose(f);
+  }
+  closedir(d);
+  return found;
+}
+
+/* Ranks of one machine that NCCL_HOSTID makes hosts of their own (local
+ * rank 0 each) pin their channel helpers by their place among the machine's
+ * ranks: with as many CPUs as helpers, no two share a CPU. */
+static int rank_helpers(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  char h[32];
+  snprintf(h, sizeof(h), "helperhost%d", rank);
+  setenv("NCCL_HOSTID", h, 1);
+  setenv("NCCL_MIN_CTAS", "2", 1);
+  setenv("NCCL_MAX_CTAS", "2", 1);
+  setenv("NCCL_ALGO", "Ring", 1);
+  cpu_set_t all;
+  MP_CHECK(sched_getaffinity(0, sizeof(all), &all) == 0, "sched_getaffinity");
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  MP_CHECK(comm->nhosts == nranks && comm->local_rank == 0 && comm->machine_size == nranks,
+           "rank %d: %d hosts, local rank %d, %d ranks on the machine", rank, comm->nhosts, comm->local_rank,
+           comm->machine_size);
+  size_t count = 4u << 20; /* 16 MiB of floats: a ring in two channels */
+  float* buf = malloc(count * sizeof(float));
+  MP_CHECK(buf != NULL, "out of memory");
+  for (size_t i = 0; i < count; i++) buf[i] = (float)((rank + (int)i) % 5);
+  MP_NCCL(ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, comm, NULL));
+  for (size_t i = 0; i < count; i += 4099) {
+    float want = 0;
+    for (int r = 0; r < nranks; r++) want += (float)((r + (int)i) % 5);
+    MP_CHECK(buf[i] == want, "rank %d: element %zu is %g, want %g", rank, i, buf[i], want);
+  }
+  free(buf);
+  if (CPU_COUNT(&all) < 2 || CPU_COUNT(&all) < nranks) {
+    /* The main thread is on one CPU too, or helpers must share: nothing to tell apart. */
+    if (rank == 0) fprintf(stderr, "helpers: %d CPUs for %d ranks, placement not checked\n", CPU_COUNT(&all), nranks);
+    MP_NCCL(ncclCommDestroy(comm));
+    return 0;
+  }
+  int cpu = pinned_helper_cpu();
+  MP_CHECK(cpu >= 0, "rank %d: %s", rank, cpu == -1 ? "no channel helper pinned to one CPU" : "several threads pinned");
+  /* Every rank learns every helper's CPU. */
+  int32_t* cpus = calloc((size_t)nranks, sizeof(int32_t));
+  MP_CHECK(cpus != NULL, "out of memory");
+  cpus[rank] = cpu;
+  MP_NCCL(ncclAllReduce(cpus, cpus, (size_t)nranks, ncclInt32, ncclSum, comm, NULL));
+  for (int p = 0; p < nranks; p++)
+    MP_CHECK(p == rank || cpus[p] != cpu, "rank %d: its channel helper and rank %d's both sit on CPU %d", rank, p, cpu);
+  free(cpus);
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s zero|a2a|paired|delack NRANKS\n", argv[0]);
+    fprintf(stderr, "usage: %s zero|a2a|paired|delack|helpers NRANKS\n", argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
   double t0 = mp_now();
   int zero = strcmp(argv[1], "zero") == 0, paired = strcmp(argv[1], "paired") == 0;
-  int delack = strcmp(argv[1], "delack") == 0;
+  int delack = strcmp(argv[1], "delack") == 0, helpers = strcmp(argv[1], "helpers") == 0;
   /* paired: a busy process on the last CPU, as a job beside the ranks, so the
    * scheduler has no idle CPU to spread them to by itself. */
   pid_t hog = -1;
@@ -327,7 +407,7 @@ int main(int argc, char** argv) {
       }
     }
   }
-  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : rank_a2a, NULL, 600);
+  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : helpers ? rank_helpers : rank_a2a, NULL, 600);
   if (hog > 0) {
     kill(hog, SIGKILL);
     waitpid(hog, NULL, 0);
