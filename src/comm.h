@@ -34,6 +34,7 @@ struct ncclComm {
   uint64_t* machine;
   int32_t* peer_cpu;
   int machine_size;     /* ranks on this rank's machine */
+  int machine_rank;     /* this rank's place among them (by rank) */
   int unpair;           /* COLLIE_UNPAIR and every rank of this machine can have a CPU (prim_unpair) */
   int64_t unpair_ns;    /* when a waiter last moved this rank off a CPU it shared with a peer */
   uint64_t unpair_moves;

@@ -110,8 +110,8 @@ static void fill_local_info(ncclComm_t comm, collie_peer_info_t* me) {
   me->size = sizeof(*me);
   me->rank = comm->rank;
   me->pid = (int)getpid();
-  me->host_hash = topo_host_hash(me->hostname, sizeof(me->hostname));
   comm->machine[comm->rank] = topo_machine_hash();
+  me->host_hash = topo_host_hash(comm->machine[comm->rank], me->hostname, sizeof(me->hostname));
   topo_local_placement(&me->numa_node, me->cpuset, sizeof(me->cpuset));
   me->cuda_dev = comm->cuda_dev;
   device_pci_bus_id(comm->cuda_dev, me->pci_bus_id, sizeof(me->pci_bus_id));
@@ -252,8 +252,12 @@ static ncclResult_t compute_locality(ncclComm_t comm) {
   comm->local_rank = comm->peers[comm->rank].local_rank;
   comm->local_size = comm->peers[comm->rank].local_size;
   comm->nhosts = nhosts;
-  comm->machine_size = 0;
-  for (int i = 0; i < n; i++) comm->machine_size += comm->machine[i] == comm->machine[comm->rank];
+  comm->machine_size = comm->machine_rank = 0;
+  for (int i = 0; i < n; i++)
+    if (comm->machine[i] == comm->machine[comm->rank]) {
+      comm->machine_size++;
+      if (i < comm->rank) comm->machine_rank++;
+    }
   return ncclSuccess;
 }
 

@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
   int numa;
   char cpus[128], host[64];
   topo_local_placement(&numa, cpus, sizeof(cpus));
-  topo_host_hash(host, sizeof(host));
+  topo_host_hash(topo_machine_hash(), host, sizeof(host));
   printf("collie %d.%d.%d, NCCL API %d.%d.%d\n", COLLIE_VERSION_MAJOR, COLLIE_VERSION_MINOR, COLLIE_VERSION_PATCH,
          NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
   printf("topology: %s; host %s, NUMA node %d, cpus %s\n", topo_backend(), host, numa, cpus);

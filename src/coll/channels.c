@@ -63,10 +63,7 @@ static void* worker_main(void* p) {
   /* Spread the helpers of the ranks on this machine over its CPUs: by the
    * rank's place among the machine's ranks, which NCCL_HOSTID may have
    * split into hosts (local_rank 0 on each, all helpers on one CPU). */
-  struct ncclComm* comm = w->comm;
-  int mrank = 0;
-  for (int i = 0; i < comm->rank; i++) mrank += comm->machine[i] == comm->machine[comm->rank];
-  int where = topo_bind_thread(mrank * (MAX_CHANNELS - 1) + w->index + 1);
+  int where = topo_bind_thread(w->comm->machine_rank * (MAX_CHANNELS - 1) + w->index + 1);
   INFO(LOG_INIT, "channel helper %d of rank %d bound to CPU %d", w->index + 1, w->comm->rank, where);
   pthread_mutex_lock(&w->mu);
   for (;;) {

@@ -263,8 +263,6 @@ static ncclResult_t direct_setup(struct ncclComm* comm) {
    * than the faults of the slots actually used. */
   for (int i = 0; res == ncclSuccess && i < n && n <= PREFAULT_MAX_RANKS; i++) prefault(d->segs[i].base, d->map_len);
   if (res == ncclSuccess) d->ctrl[comm->rank]->cpu = -1; /* no call run yet: on no CPU */
-  /* Moving off a shared CPU helps only when every local rank can have one
-   * (the same test that lets waiters spin: see init.c). */
   /* Everybody mapped everything before anyone drops its fd. */
   ncclResult_t r2 = bootstrap_barrier(comm->bs);
   if (res == ncclSuccess) res = r2;

@@ -121,21 +121,20 @@ static ncclResult_t step(struct p2p_op* op, size_t slot, int* moved) {
   return ncclSuccess;
 }
 
-/* Receives post where their next slot's payload goes before the sockets are
- * read (transport_progress reads whatever has arrived), so the bytes land in
- * the caller's buffer, not in the slot buffer and then again in the caller's.
- * Only the first unfinished op on each connector may post. */
-static void post_receives(struct ncclComm* comm, struct p2p_op* ops, int n, size_t slot, char* seen) {
+/* Before the first read of the sockets (transport_progress reads whatever
+ * has arrived), the first receive on each connector posts where its first
+ * slot's payload goes, so the bytes land in the caller's buffer, not in the
+ * slot buffer and then again in the caller's. From then on step() posts each
+ * next slot before it looks for it. */
+static void post_first_receives(struct ncclComm* comm, struct p2p_op* ops, int n, size_t slot, char* seen) {
   memset(seen, 0, (size_t)comm->nranks * 2);
   for (int i = 0; i < n; i++) {
     struct p2p_op* op = &ops[i];
-    if (op->peer == comm->rank || op->slots_done == op->nslots) continue;
-    char* busy = &seen[2 * op->peer + !op->is_send];
-    if (*busy) continue;
-    *busy = 1;
+    if (op->peer == comm->rank || op->is_send || seen[2 * op->peer + 1]) continue;
+    seen[2 * op->peer + 1] = 1;
     struct conn* c = op->link.c;
-    size_t len = COLLIE_MIN(slot, op->bytes - op->done);
-    if (!op->is_send && !op->cma && len && c->ops->recv_post) c->ops->recv_post(c, op->buf + op->done, len);
+    size_t len = COLLIE_MIN(slot, op->bytes);
+    if (!op->cma && len && c->ops->recv_post) c->ops->recv_post(c, op->buf, len);
   }
 }
 
@@ -197,16 +196,12 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     op->nslots = op->cma ? (op->is_send ? 2 : 1) : nslots_for(op->bytes, comm->slot_bytes);
     active++;
   }
+  post_first_receives(comm, ops, n, comm->slot_bytes, seen);
   int idle = 0, yields = 0;
   int64_t deadline = 0, t0 = 0;
-  /* Whether some receive's connector takes posted buffers (sockets). */
-  int posts = 0;
-  for (int i = 0; i < n; i++)
-    if (!ops[i].is_send && ops[i].peer != comm->rank && ops[i].link.c->ops->recv_post) posts = 1;
   while (active > 0 && res == ncclSuccess) {
     int moved = 0;
     /* Pull in what the sockets hold first, so the steps below see it. */
-    if (posts) post_receives(comm, ops, n, comm->slot_bytes, seen);
     if ((res = transport_progress(comm, 0)) != ncclSuccess) break;
     active = 0;
     memset(seen, 0, (size_t)comm->nranks * 2);

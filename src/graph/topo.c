@@ -34,7 +34,7 @@ uint64_t topo_machine_hash(void) {
   return hash_str(hash_str(0xcbf29ce484222325ULL, host), boot);
 }
 
-uint64_t topo_host_hash(char* name, size_t name_len) {
+uint64_t topo_host_hash(uint64_t machine, char* name, size_t name_len) {
   const char* hostid = param_str(P_NCCL_HOSTID);
   if (hostid) {
     snprintf(name, name_len, "%s", hostid);
@@ -43,7 +43,7 @@ uint64_t topo_host_hash(char* name, size_t name_len) {
   char host[256] = "";
   gethostname(host, sizeof(host) - 1);
   snprintf(name, name_len, "%s", host);
-  return topo_machine_hash();
+  return machine;
 }
 
 #ifdef COLLIE_HAVE_HWLOC

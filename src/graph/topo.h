@@ -9,8 +9,9 @@
 
 #include "nccl.h"
 
-/* Hostname + boot id (or NCCL_HOSTID), hashed; `name` gets the printable form. */
-uint64_t topo_host_hash(char* name, size_t name_len);
+/* The host a rank counts as: NCCL_HOSTID hashed when set, else `machine`
+ * (topo_machine_hash); `name` gets the printable form. */
+uint64_t topo_host_hash(uint64_t machine, char* name, size_t name_len);
 /* The machine this process runs on (hostname + boot id), whatever
  * NCCL_HOSTID says: ranks that share CPUs have the same one. */
 uint64_t topo_machine_hash(void);

@@ -130,8 +130,6 @@ static ncclResult_t sock_progress_send(struct conn* c) {
   return ncclSuccess;
 }
 
-static const struct conn_ops sock_ops;
-
 /* Data flows one way on a connection, so the kernel's acknowledgements
  * cannot ride on replies: each is a packet of its own, which both ends'
  * kernels must build and process. TCP_QUICKACK off ("ping-pong" mode)
@@ -149,22 +147,6 @@ static void delack_arm(struct sock_conn* s, struct sock_link* l) {
   int off = 0;
   setsockopt(l->fd, IPPROTO_TCP, TCP_QUICKACK, &off, sizeof(off)); /* a hint: failure changes nothing else */
   l->delack_ns = now;
-}
-
-int sock_delayed_ack_on(struct conn* c, int* armed) {
-  *armed = 0;
-  if (!c || c->ops != &sock_ops || c->is_send) return -1;
-  struct sock_conn* s = c->priv;
-  int on = 1;
-  for (int i = 0; i < s->nlinks; i++) {
-    if (s->link[i].delack_ns) ++*armed;
-    int quick = 0;
-    socklen_t len = sizeof(quick);
-    /* The kernel answers whether it acknowledges at once (not in ping-pong mode). */
-    if (s->link[i].fd < 0 || getsockopt(s->link[i].fd, IPPROTO_TCP, TCP_QUICKACK, &quick, &len) != 0) return -1;
-    if (quick) on = 0;
-  }
-  return on;
 }
 
 /* Where the payload of the slot link l is filling goes. Decided when its
@@ -400,6 +382,22 @@ static const struct conn_ops sock_ops = {
     .peer_failed = sock_peer_failed,
     .close = sock_close,
 };
+
+int sock_delayed_ack_on(struct conn* c, int* armed) {
+  *armed = 0;
+  if (!c || c->ops != &sock_ops || c->is_send) return -1;
+  struct sock_conn* s = c->priv;
+  int on = 1;
+  for (int i = 0; i < s->nlinks; i++) {
+    if (s->link[i].delack_ns) ++*armed;
+    int quick = 0;
+    socklen_t len = sizeof(quick);
+    /* The kernel answers whether it acknowledges at once (not in ping-pong mode). */
+    if (s->link[i].fd < 0 || getsockopt(s->link[i].fd, IPPROTO_TCP, TCP_QUICKACK, &quick, &len) != 0) return -1;
+    if (quick) on = 0;
+  }
+  return on;
+}
 
 static int nsocks_wanted(void) {
   int64_t per = param_int(P_NCCL_NSOCKS_PERTHREAD, 1, SOCK_MAX_CONNS);
