@@ -5,8 +5,10 @@
  * running. Blocking communicators never come here (no thread hop on their
  * path). Talks to init.c (start, stop) and enqueue.c (task lists). */
 #include <errno.h>
+#include <linux/membarrier.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -165,6 +167,34 @@ ncclResult_t async_make_blocking(struct ncclComm* comm) {
   return ncclSuccess;
 }
 
+int comm_busy_fast_ok;
+
+static void busy_register(void) {
+  /* Refused on kernels before 4.14 and by some sandboxes: the locked counter then. */
+  if (syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0)
+    __atomic_store_n(&comm_busy_fast_ok, 1, __ATOMIC_RELEASE);
+}
+
+void comm_busy_setup(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, busy_register);
+}
+
+/* Makes every owner's busy_fast store that came before this call visible to
+ * this thread's later loads (a full barrier on each CPU running one of the
+ * process's threads; a thread not running was ordered by its switch out). */
+static void busy_fence(void) {
+  if (__atomic_load_n(&comm_busy_fast_ok, __ATOMIC_ACQUIRE))
+    (void)syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+int comm_busy_count(struct ncclComm* comm) {
+  busy_fence();
+  return (__atomic_load_n(&comm->busy, __ATOMIC_ACQUIRE) & ~COMM_BUSY_WAITER) +
+         __atomic_load_n(&comm->busy_fast, __ATOMIC_ACQUIRE);
+}
+
 void comm_busy_exit(struct ncclComm* comm) {
   int* word = &comm->busy;
   /* After the decrement comm may be freed at once (abort waits for it): only
@@ -183,15 +213,26 @@ static struct timespec ms_to_ts(int64_t ms) {
 int comm_wait_idle(struct ncclComm* comm, int ms) {
   int64_t end = time_ms() + ms;
   /* Running calls first: each ends at its next wait, woken by the stop fd
-   * or a futex wake, and the last one out wakes us (comm_busy_exit). */
+   * or a futex wake, and the last one out of the locked counter wakes us
+   * (comm_busy_exit); the owner's plain count is polled, from 20 us up to
+   * 1 ms apart. */
   /* Announce a waiter first: from then on the last one out wakes us. */
   __atomic_fetch_or(&comm->busy, COMM_BUSY_WAITER, __ATOMIC_ACQ_REL);
+  busy_fence();
+  long nap_us = 20;
   for (;;) {
     int b = __atomic_load_n(&comm->busy, __ATOMIC_ACQUIRE);
-    if ((b & ~COMM_BUSY_WAITER) == 0) break;
+    int f = __atomic_load_n(&comm->busy_fast, __ATOMIC_ACQUIRE);
+    if ((b & ~COMM_BUSY_WAITER) == 0 && f == 0) break;
     int64_t left = end - time_ms();
     if (left <= 0) return 0;
-    futex_wait((uint32_t*)&comm->busy, (uint32_t)b, (int)COLLIE_MIN(left, 1 << 30), 0);
+    if (f == 0) {
+      futex_wait((uint32_t*)&comm->busy, (uint32_t)b, (int)COLLIE_MIN(left, 1 << 30), 0);
+      continue;
+    }
+    struct timespec ts = {0, nap_us * 1000L};
+    nanosleep(&ts, NULL);
+    if (nap_us < 1000) nap_us *= 2;
   }
   /* Then the nonblocking worker's queue (its cv is signalled per job). */
   struct async_worker* w = comm->async;

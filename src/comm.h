@@ -84,6 +84,10 @@ struct ncclComm {
   int nonblocking;   /* config.blocking = 0, or NCCL_COMM_BLOCKING=0: work runs on `async` */
   uint32_t revoked;  /* ncclCommRevoke / NCCL_SHRINK_ABORT: running work stops */
   int busy;          /* operations running now: abort frees nothing before 0 (a futex word: comm_wait_idle) */
+  /* The same count for the communicator's first calling thread (busy_owner),
+   * kept with plain stores: failures.h, comm_busy_enter. */
+  uintptr_t busy_owner;
+  int busy_fast;
   int stop_fd;       /* eventfd, readable for good after abort, revoke or a recorded failure: waits poll it */
   pthread_mutex_t err_lock;
   char err_msg[512]; /* why async_error was set */

@@ -244,7 +244,7 @@ out:
   return res == ncclSuccess && any_async ? ncclInProgress : res;
 }
 
-static ncclResult_t submit(const struct coll_args* a0) {
+static ncclResult_t submit(struct coll_args* a0) {
   if (dev_mem_mixed(call_mem))
     return arg_error(err_set(ncclInvalidArgument,
                              "%s: %s is device memory but %s is host memory; the buffers of one call must all be "
@@ -256,14 +256,10 @@ static ncclResult_t submit(const struct coll_args* a0) {
    * the receiver checks that the sizes agree. */
   if (a0->count == 0 && a0->kind != COLL_SEND && a0->kind != COLL_RECV) return ncclSuccess;
   if (group_depth == 0 && !a0->comm->nonblocking) {
-    /* The common case runs straight away, without allocating; the arguments
-     * are copied once, into the task. */
-    struct task t;
-    t.next = NULL;
-    t.a = *a0;
-    t.a.mem = call_mem;
-    t.a.stream = call_stream;
-    return exec_run_tasks(&t);
+    /* The common case runs straight away, without allocating or copying. */
+    a0->mem = call_mem;
+    a0->stream = call_stream;
+    return exec_run_one(a0);
   }
   struct task* t = malloc(sizeof(*t));
   if (!t) return err_set(ncclSystemError, "%s: out of memory", coll_name(a0->kind));

@@ -82,6 +82,16 @@ ncclResult_t enqueue_run_host(struct coll_args* a, int n) {
   return res;
 }
 
+/* After each call: a failure breaks the communicator, except errors found
+ * before any data moved (e.g. an unmatched send to self), which leave it
+ * usable. */
+static ncclResult_t call_done(struct ncclComm* comm, ncclResult_t res) {
+  if (res == ncclSuccess) res = transport_flush(comm);
+  if (res != ncclSuccess && (res != ncclInvalidUsage || comm->broken) && res != ncclInvalidArgument)
+    comm_set_error(comm, res, err_last_thread());
+  return res;
+}
+
 /* Runs one communicator's queued tasks in order; consecutive p2p tasks as one batch. */
 ncclResult_t exec_run_tasks(struct task* t) {
   ncclResult_t res = ncclSuccess;
@@ -90,9 +100,9 @@ ncclResult_t exec_run_tasks(struct task* t) {
   NCCLCHECK(dev_route(t, &routed));
   if (routed) return ncclSuccess;
   struct ncclComm* comm = t->a.comm;
-  /* ncclCommAbort from another thread frees nothing while this is non-zero:
-   * the decrement below is this function's last touch of comm. */
-  __atomic_add_fetch(&comm->busy, 1, __ATOMIC_ACQ_REL);
+  /* ncclCommAbort from another thread frees nothing while this runs: the
+   * busy count's end is this function's last touch of comm. */
+  int fast = comm_busy_enter(comm);
   int saved = log_get_rank(), myrank = comm->rank;
   if (saved != myrank) log_set_rank(myrank);
   while (t && res == ncclSuccess) {
@@ -114,20 +124,35 @@ ncclResult_t exec_run_tasks(struct task* t) {
                                  .bytes = bytes, .token = coll_token(&t->a, bytes),
                                  .devmem = t->a.kind == COLL_SEND && (t->a.mem & MEM_GDR)};
       }
-      res = p2p_run(comm, ops, n, 1);
+      res = call_done(comm, p2p_run(comm, ops, n, 1));
       if (ops != stack_ops) free(ops);
     } else {
-      res = exec_coll(&t->a);
+      res = call_done(comm, exec_coll(&t->a));
       t = t->next;
     }
-    if (res == ncclSuccess) res = transport_flush(comm);
-    /* Errors found before any data moved (e.g. an unmatched send to self)
-     * leave the communicator usable; anything after that breaks it. */
-    if (res != ncclSuccess && (res != ncclInvalidUsage || comm->broken) && res != ncclInvalidArgument)
-      comm_set_error(comm, res, err_last_thread());
   }
   if (saved != myrank) log_set_rank(saved);
-  comm_busy_exit(comm); /* wakes an abort or revoke waiting for it */
+  comm_busy_leave(comm, fast); /* wakes (or is seen by) an abort or revoke waiting for it */
+  return res;
+}
+
+/* One collective outside a group, in host memory: what exec_run_tasks does
+ * for a list of one, without building the list (a 2-rank 8 B broadcast spent
+ * ~5% of its time copying the arguments into a task, the copy's wide loads
+ * waiting for the checks' narrow stores). */
+ncclResult_t exec_run_one(struct coll_args* a) {
+  if ((a->mem & MEM_DEVICE) || a->kind == COLL_SEND || a->kind == COLL_RECV) {
+    struct task t = {NULL, *a};
+    return exec_run_tasks(&t);
+  }
+  struct ncclComm* comm = a->comm;
+  NCCLCHECK(dev_quiesce(comm));
+  int fast = comm_busy_enter(comm);
+  int saved = log_get_rank(), myrank = comm->rank;
+  if (saved != myrank) log_set_rank(myrank);
+  ncclResult_t res = call_done(comm, exec_coll(a));
+  if (saved != myrank) log_set_rank(saved);
+  comm_busy_leave(comm, fast);
   return res;
 }
 

@@ -15,6 +15,9 @@ struct task {
 /* Runs one communicator's tasks in order (consecutive sends/receives as one
  * batch); the list stays the caller's. */
 ncclResult_t exec_run_tasks(struct task* t);
+/* Runs one call outside any list (the API front's common case); `a` may be
+ * changed (resolved operator). */
+ncclResult_t exec_run_one(struct coll_args* a);
 /* Frees a task list. */
 void exec_free_tasks(struct task* t);
 

@@ -389,6 +389,7 @@ ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const ncclUniq
 
   log_reset();
   pthread_once(&version_once, print_version);
+  comm_busy_setup();
   int saved_rank = log_get_rank();
   log_set_rank(rank);
   ncclResult_t res = ncclSuccess;
