@@ -14,6 +14,9 @@
  *   delack N a host per rank over sockets: small checked allreduces, then
  *            every receiving connection's kernel acknowledgement mode must
  *            be what COLLIE_SOCKET_DELAYED_ACK asks (see rank_delack).
+ *   localcc N a host per rank over sockets: checked allreduces, then every
+ *            sending connection's congestion control must be what
+ *            COLLIE_SOCKET_LOCAL_CC asks (see rank_localcc).
  * Run with NCCL_ALGO=Direct too, so the Direct alltoall row takes every size
  * it can. Uses the fork harness (harness.h). */
 #include <sched.h>
@@ -305,6 +308,60 @@ static int rank_delack(int rank, int nranks, const ncclUniqueId* ids, int nids, 
   return 0;
 }
 
+/* The kernel's default congestion control, or "" when it does not say. */
+static void system_cc(char* buf, size_t len) {
+  buf[0] = 0;
+  FILE* f = fopen("/proc/sys/net/ipv4/tcp_congestion_control", "r");
+  if (!f) return;
+  if (fgets(buf, (int)len, f)) buf[strcspn(buf, "\n")] = 0;
+  fclose(f);
+}
+
+static int rank_localcc(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  own_host("cchost", rank);
+  const char* e = getenv("COLLIE_SOCKET_LOCAL_CC");
+  char sys[64];
+  system_cc(sys, sizeof(sys));
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  MP_CHECK(comm->nhosts == nranks, "rank %d: %d hosts", rank, comm->nhosts);
+  /* Small ones connect every pair (the one-shot row), large ones take the ring. */
+  for (int k = 0; k < 20; k++) {
+    int v = rank + k;
+    MP_NCCL(ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, comm, NULL));
+    MP_CHECK(v == nranks * k + nranks * (nranks - 1) / 2, "rank %d: allreduce %d gave %d", rank, k, v);
+  }
+  float* buf = malloc((1u << 20) * sizeof(float));
+  MP_CHECK(buf != NULL, "out of memory");
+  for (int k = 0; k < 4; k++) {
+    for (int i = 0; i < 1 << 20; i++) buf[i] = (float)(rank + k);
+    MP_NCCL(ncclAllReduce(buf, buf, 1u << 20, ncclFloat, ncclSum, comm, NULL));
+    float want = (float)(nranks * k + nranks * (nranks - 1) / 2);
+    MP_CHECK(buf[0] == want && buf[(1 << 20) - 1] == want, "rank %d: allreduce %d gave %g, want %g", rank, k, buf[0],
+             want);
+  }
+  free(buf);
+  for (int p = 0; p < nranks; p++) {
+    if (p == rank) continue;
+    char cc[64];
+    MP_CHECK(sock_congestion(comm->send_conns[p], cc, sizeof(cc)) == 0,
+             "rank %d: no socket sender to rank %d (or its connections differ)", rank, p);
+    if (e && strcmp(e, "system") == 0) {
+      MP_CHECK(!sys[0] || strcmp(cc, sys) == 0, "rank %d: to rank %d: %s, want the kernel's %s", rank, p, cc, sys);
+    } else if (e && strcmp(e, "auto") != 0) {
+      MP_CHECK(strcmp(cc, e) == 0, "rank %d: to rank %d: %s, want %s", rank, p, cc, e);
+    } else {
+      MP_CHECK(strcmp(cc, "cubic") == 0 || strcmp(cc, "reno") == 0, "rank %d: to rank %d: %s, want cubic or reno", rank,
+               p, cc);
+    }
+    if (rank == 0 && p == 1) printf("rank 0 to rank 1: %s (kernel default %s)\n", cc, sys[0] ? sys : "?");
+  }
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
 /* The CPU the one thread of this process pinned to a single CPU sits on (a
  * channel helper: the main thread keeps its mask), from
  * /proc/self/task/ID/status; -1 when none, -2 when several. */
@@ -375,13 +432,14 @@ static int rank_helpers(int rank, int nranks, const ncclUniqueId* ids, int nids,
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s zero|a2a|paired|delack|helpers NRANKS\n", argv[0]);
+    fprintf(stderr, "usage: %s zero|a2a|paired|delack|helpers|localcc NRANKS\n", argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
   double t0 = mp_now();
   int zero = strcmp(argv[1], "zero") == 0, paired = strcmp(argv[1], "paired") == 0;
   int delack = strcmp(argv[1], "delack") == 0, helpers = strcmp(argv[1], "helpers") == 0;
+  int localcc = strcmp(argv[1], "localcc") == 0;
   /* paired: a busy process on the last CPU, as a job beside the ranks, so the
    * scheduler has no idle CPU to spread them to by itself. */
   pid_t hog = -1;
@@ -410,7 +468,7 @@ int main(int argc, char** argv) {
       return 77;
     }
   }
-  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : helpers ? rank_helpers : rank_a2a, NULL, 600);
+  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : helpers ? rank_helpers : localcc ? rank_localcc : rank_a2a, NULL, 600);
   if (hog > 0) {
     kill(hog, SIGKILL);
     waitpid(hog, NULL, 0);
