@@ -92,6 +92,26 @@ static ncclResult_t call_done(struct ncclComm* comm, ncclResult_t res) {
   return res;
 }
 
+/* What running calls on comm holds: ncclCommAbort from another thread frees
+ * nothing until scope_close (the busy count), and log lines name comm's rank. */
+struct call_scope {
+  struct ncclComm* comm;
+  int fast, saved_rank;
+};
+
+static void scope_open(struct call_scope* s, struct ncclComm* comm) {
+  s->comm = comm;
+  s->fast = comm_busy_enter(comm);
+  s->saved_rank = log_get_rank();
+  if (s->saved_rank != comm->rank) log_set_rank(comm->rank);
+}
+
+/* The caller's last touch of comm. */
+static void scope_close(const struct call_scope* s) {
+  if (s->saved_rank != s->comm->rank) log_set_rank(s->saved_rank);
+  comm_busy_leave(s->comm, s->fast); /* wakes (or is seen by) an abort or revoke waiting for it */
+}
+
 /* Runs one communicator's queued tasks in order; consecutive p2p tasks as one batch. */
 ncclResult_t exec_run_tasks(struct task* t) {
   ncclResult_t res = ncclSuccess;
@@ -100,11 +120,8 @@ ncclResult_t exec_run_tasks(struct task* t) {
   NCCLCHECK(dev_route(t, &routed));
   if (routed) return ncclSuccess;
   struct ncclComm* comm = t->a.comm;
-  /* ncclCommAbort from another thread frees nothing while this runs: the
-   * busy count's end is this function's last touch of comm. */
-  int fast = comm_busy_enter(comm);
-  int saved = log_get_rank(), myrank = comm->rank;
-  if (saved != myrank) log_set_rank(myrank);
+  struct call_scope scope;
+  scope_open(&scope, comm);
   while (t && res == ncclSuccess) {
     if (t->a.kind == COLL_SEND || t->a.kind == COLL_RECV) {
       int n = 0;
@@ -131,8 +148,7 @@ ncclResult_t exec_run_tasks(struct task* t) {
       t = t->next;
     }
   }
-  if (saved != myrank) log_set_rank(saved);
-  comm_busy_leave(comm, fast); /* wakes (or is seen by) an abort or revoke waiting for it */
+  scope_close(&scope);
   return res;
 }
 
@@ -145,14 +161,11 @@ ncclResult_t exec_run_one(struct coll_args* a) {
     struct task t = {NULL, *a};
     return exec_run_tasks(&t);
   }
-  struct ncclComm* comm = a->comm;
-  NCCLCHECK(dev_quiesce(comm));
-  int fast = comm_busy_enter(comm);
-  int saved = log_get_rank(), myrank = comm->rank;
-  if (saved != myrank) log_set_rank(myrank);
-  ncclResult_t res = call_done(comm, exec_coll(a));
-  if (saved != myrank) log_set_rank(saved);
-  comm_busy_leave(comm, fast);
+  NCCLCHECK(dev_quiesce(a->comm));
+  struct call_scope scope;
+  scope_open(&scope, a->comm);
+  ncclResult_t res = call_done(a->comm, exec_coll(a));
+  scope_close(&scope);
   return res;
 }
 

@@ -349,7 +349,8 @@ static int rank_localcc(int rank, int nranks, const ncclUniqueId* ids, int nids,
     MP_CHECK(sock_congestion(comm->send_conns[p], cc, sizeof(cc)) == 0,
              "rank %d: no socket sender to rank %d (or its connections differ)", rank, p);
     if (e && strcmp(e, "system") == 0) {
-      MP_CHECK(!sys[0] || strcmp(cc, sys) == 0, "rank %d: to rank %d: %s, want the kernel's %s", rank, p, cc, sys);
+      MP_CHECK(sys[0], "rank %d: the kernel's default congestion control is unreadable", rank);
+      MP_CHECK(strcmp(cc, sys) == 0, "rank %d: to rank %d: %s, want the kernel's %s", rank, p, cc, sys);
     } else if (e && strcmp(e, "auto") != 0) {
       MP_CHECK(strcmp(cc, e) == 0, "rank %d: to rank %d: %s, want %s", rank, p, cc, e);
     } else {

@@ -22,17 +22,26 @@ static struct ncclComm* new_comm(void) {
   return c;
 }
 
-struct other {
+/* A call on another thread: it enters, records what it was counted as and
+ * the count it saw, then leaves once `go` is set. */
+struct held {
   struct ncclComm* comm;
-  int fast;
-  int count_inside;
+  int fast, count_inside;
+  int go, entered;
 };
 
-static void* other_enters(void* p) {
-  struct other* o = p;
-  o->fast = comm_busy_enter(o->comm);
-  o->count_inside = comm_busy_count(o->comm);
-  comm_busy_leave(o->comm, o->fast);
+static void nap_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static void* holds(void* p) {
+  struct held* h = p;
+  h->fast = comm_busy_enter(h->comm);
+  h->count_inside = comm_busy_count(h->comm);
+  __atomic_store_n(&h->entered, 1, __ATOMIC_RELEASE);
+  while (!__atomic_load_n(&h->go, __ATOMIC_ACQUIRE)) nap_ms(1);
+  comm_busy_leave(h->comm, h->fast);
   return NULL;
 }
 
@@ -46,9 +55,9 @@ static void test_owner_and_others(void** state) {
   assert_int_equal(f2, comm_busy_fast_ok);
   assert_int_equal(comm_busy_count(c), 2);
   /* Another thread while the first owns the plain count: the locked one. */
-  struct other o = {c, -1, -1};
+  struct held o = {c, -1, -1, 1, 0};
   pthread_t th;
-  assert_int_equal(pthread_create(&th, NULL, other_enters, &o), 0);
+  assert_int_equal(pthread_create(&th, NULL, holds, &o), 0);
   pthread_join(th, NULL);
   assert_int_equal(o.fast, 0);
   assert_int_equal(o.count_inside, 3);
@@ -59,8 +68,8 @@ static void test_owner_and_others(void** state) {
   assert_int_equal(comm_busy_count(c), 0);
   assert_int_equal(c->busy, 0);
   /* The owner stays the owner after its calls end. */
-  struct other o2 = {c, -1, -1};
-  assert_int_equal(pthread_create(&th, NULL, other_enters, &o2), 0);
+  struct held o2 = {c, -1, -1, 1, 0};
+  assert_int_equal(pthread_create(&th, NULL, holds, &o2), 0);
   pthread_join(th, NULL);
   assert_int_equal(o2.fast, 0);
   assert_int_equal(o2.count_inside, 1);
@@ -81,11 +90,6 @@ static void* waits_idle(void* p) {
   return NULL;
 }
 
-static void nap_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
 /* A waiter neither returns while the owner's call runs, nor misses its end. */
 static void test_wait_idle_sees_the_owner(void** state) {
   (void)state;
@@ -104,30 +108,16 @@ static void test_wait_idle_sees_the_owner(void** state) {
 }
 
 /* The same for a call counted by the locked counter (not the owner). */
-struct held {
-  struct ncclComm* comm;
-  int fast;
-  int go, entered;
-};
-
-static void* holds(void* p) {
-  struct held* h = p;
-  h->fast = comm_busy_enter(h->comm);
-  __atomic_store_n(&h->entered, 1, __ATOMIC_RELEASE);
-  while (!__atomic_load_n(&h->go, __ATOMIC_ACQUIRE)) nap_ms(1);
-  comm_busy_leave(h->comm, h->fast);
-  return NULL;
-}
-
 static void test_wait_idle_sees_other_threads(void** state) {
   (void)state;
   struct ncclComm* c = new_comm();
   comm_busy_leave(c, comm_busy_enter(c)); /* this thread owns the plain count */
-  struct held h = {c, -1, 0, 0};
+  struct held h = {c, -1, -1, 0, 0};
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, holds, &h), 0);
   while (!__atomic_load_n(&h.entered, __ATOMIC_ACQUIRE)) nap_ms(1);
   assert_int_equal(h.fast, 0);
+  assert_int_equal(h.count_inside, 1);
   assert_int_equal(comm_busy_count(c), 1);
   assert_int_equal(comm_wait_idle(c, 30), 0);
   __atomic_store_n(&h.go, 1, __ATOMIC_RELEASE);
