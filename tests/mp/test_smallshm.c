@@ -297,6 +297,9 @@ static int rank_delack(int rank, int nranks, const ncclUniqueId* ids, int nids, 
       if (want ? state[p] != 1 || armed[p] == 0 : armed[p] != 0) ok = 0;
     }
     if (!want) break; /* nothing to wait for */
+    /* Another round only if some rank needs one, and then on every rank: a
+     * rank that stopped alone left the others waiting in its allreduces. */
+    MP_NCCL(ncclAllReduce(&ok, &ok, 1, ncclInt32, ncclMin, comm, NULL));
   }
   for (int p = 0; p < nranks; p++) {
     if (p == rank) continue;
