@@ -38,6 +38,9 @@ struct slot_hdr {
 /* The payload is a single-copy descriptor (struct cma_desc): the receiver
  * reads the data from the sender's memory and then releases the slot. */
 #define SLOT_CMA 0x2u
+/* Socket streams only: no slot; every later slot of this connection comes on
+ * the connection of the opposite connector (net_socket.c, COLLIE_SOCKET_DUPLEX). */
+#define SLOT_SWITCH 0x4u
 struct cma_desc {
   uint64_t addr;
   uint64_t bytes;
@@ -162,6 +165,11 @@ int sock_delayed_ack_on(struct conn* c, int* armed);
  * c into name (0), or -1 when c is no socket sender, the kernel does not say,
  * or its connections differ. */
 int sock_congestion(struct conn* c, char* name, size_t len);
+/* For tests: 1 when socket connector c moves its bytes over the TCP
+ * connection of its opposite connector (same peer and channel, the other
+ * direction; COLLIE_SOCKET_DUPLEX), 0 when over its own, -1 when c is no
+ * socket connector. */
+int sock_duplex(struct conn* c);
 
 /* ---- transports */
 

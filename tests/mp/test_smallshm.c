@@ -17,6 +17,13 @@
  *   localcc N a host per rank over sockets: checked allreduces, then every
  *            sending connection's congestion control must be what
  *            COLLIE_SOCKET_LOCAL_CC asks (see rank_localcc).
+ *   duplex N a host per rank over sockets: point-to-point groups that mix
+ *            small and larger messages (so the higher rank's sender changes
+ *            connection at every second message, and each receiver finds
+ *            bytes past a marker in its stage), then collectives; every
+ *            result checked, then which connectors used the shared
+ *            connection must be what COLLIE_SOCKET_DUPLEX and
+ *            NCCL_NSOCKS_PERTHREAD ask (see rank_duplex).
  * Run with NCCL_ALGO=Direct too, so the Direct alltoall row takes every size
  * it can. Uses the fork harness (harness.h). */
 #include <sched.h>
@@ -366,6 +373,101 @@ static int rank_localcc(int rank, int nranks, const ncclUniqueId* ids, int nids,
   return 0;
 }
 
+/* Messages of a duplex group: small ones (shared connection) alternate with
+ * ones past COLLIE_SOCKET_DUPLEX's default (the sender's own). */
+#define DX_MSGS 7
+static size_t dx_count(int k) { return k % 2 ? 300 : 1 + (size_t)k; }
+
+static int rank_duplex(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  own_host("dxhost", rank);
+  const char* e = getenv("COLLIE_SOCKET_DUPLEX");
+  const char* ns = getenv("NCCL_NSOCKS_PERTHREAD");
+  int want = (!e || atoi(e) > 0) && (!ns || atoi(ns) == 1);
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  MP_CHECK(comm->nhosts == nranks && nranks <= 8, "rank %d: %d hosts", rank, comm->nhosts);
+  size_t per = 0;
+  for (int k = 0; k < DX_MSGS; k++) per += dx_count(k);
+  float* sb = malloc(per * (size_t)nranks * sizeof(float));
+  float* rb = malloc(per * (size_t)nranks * sizeof(float));
+  MP_CHECK(sb && rb, "out of memory");
+  for (int it = 0; it < 6; it++) {
+    for (int p = 0; p < nranks; p++)
+      for (size_t i = 0; i < per; i++) sb[(size_t)p * per + i] = val(it, rank, p, i);
+    memset(rb, 0, per * (size_t)nranks * sizeof(float));
+    /* Odd rounds: the senders write everything before anyone reads, so a
+     * receiver's first read on a connection brings markers and the slots past
+     * them at once. */
+    if (it % 2) {
+      MP_NCCL(ncclGroupStart());
+      for (int p = 0; p < nranks; p++) {
+        size_t off = (size_t)p * per;
+        for (int k = 0; k < DX_MSGS && p != rank; k++) {
+          MP_NCCL(ncclSend(sb + off, dx_count(k), ncclFloat, p, comm, NULL));
+          off += dx_count(k);
+        }
+      }
+      MP_NCCL(ncclGroupEnd());
+      usleep(50 * 1000);
+      MP_NCCL(ncclGroupStart());
+      for (int p = 0; p < nranks; p++) {
+        size_t off = (size_t)p * per;
+        for (int k = 0; k < DX_MSGS && p != rank; k++) {
+          MP_NCCL(ncclRecv(rb + off, dx_count(k), ncclFloat, p, comm, NULL));
+          off += dx_count(k);
+        }
+      }
+      MP_NCCL(ncclGroupEnd());
+    } else {
+      MP_NCCL(ncclGroupStart());
+      for (int p = 0; p < nranks; p++) {
+        size_t off = (size_t)p * per;
+        for (int k = 0; k < DX_MSGS && p != rank; k++) {
+          MP_NCCL(ncclSend(sb + off, dx_count(k), ncclFloat, p, comm, NULL));
+          MP_NCCL(ncclRecv(rb + off, dx_count(k), ncclFloat, p, comm, NULL));
+          off += dx_count(k);
+        }
+      }
+      MP_NCCL(ncclGroupEnd());
+    }
+    for (int p = 0; p < nranks; p++)
+      for (size_t i = 0; i < per && p != rank; i++)
+        MP_CHECK(rb[(size_t)p * per + i] == val(it, p, rank, i), "rank %d round %d: element %zu from rank %d is %g, "
+                 "want %g", rank, it, i, p, rb[(size_t)p * per + i], val(it, p, rank, i));
+    /* Collectives on the same connections: one-shot (small) and ring (large). */
+    for (size_t count = 1; count <= per * (size_t)nranks; count *= 37) {
+      for (size_t i = 0; i < count; i++) rb[i] = (float)(rank + (int)(i % 3));
+      MP_NCCL(ncclAllReduce(rb, rb, count, ncclFloat, ncclSum, comm, NULL));
+      for (size_t i = 0; i < count; i++) {
+        float w = (float)(nranks * (nranks - 1) / 2 + nranks * (int)(i % 3));
+        MP_CHECK(rb[i] == w, "rank %d: allreduce of %zu, element %zu is %g, want %g", rank, count, i, rb[i], w);
+      }
+    }
+  }
+  free(sb);
+  free(rb);
+  /* The higher rank of each pair sends on the shared connection (the lower
+   * rank's) and the lower rank receives there; a lower rank's sender never
+   * leaves its own. */
+  for (int p = 0; p < nranks; p++) {
+    if (p == rank) continue;
+    int s = sock_duplex(comm->send_conns[p]), r = sock_duplex(comm->recv_conns[p]);
+    MP_CHECK(s >= 0 && r >= 0, "rank %d: no socket connectors with rank %d", rank, p);
+    if (rank > p) {
+      MP_CHECK(s == want, "rank %d: its sender to rank %d %s the shared connection", rank, p, s ? "used" : "never used");
+      MP_CHECK(r == 0, "rank %d: its receiver from rank %d left its own connection", rank, p);
+    } else {
+      MP_CHECK(r == want, "rank %d: its receiver from rank %d %s the shared connection", rank, p,
+               r ? "used" : "never used");
+      MP_CHECK(s == 0, "rank %d: its sender to rank %d left its own connection", rank, p);
+    }
+  }
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
 /* The CPU the one thread of this process pinned to a single CPU sits on (a
  * channel helper: the main thread keeps its mask), from
  * /proc/self/task/ID/status; -1 when none, -2 when several. */
@@ -436,14 +538,14 @@ static int rank_helpers(int rank, int nranks, const ncclUniqueId* ids, int nids,
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s zero|a2a|paired|delack|helpers|localcc NRANKS\n", argv[0]);
+    fprintf(stderr, "usage: %s zero|a2a|paired|delack|helpers|localcc|duplex NRANKS\n", argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
   double t0 = mp_now();
   int zero = strcmp(argv[1], "zero") == 0, paired = strcmp(argv[1], "paired") == 0;
   int delack = strcmp(argv[1], "delack") == 0, helpers = strcmp(argv[1], "helpers") == 0;
-  int localcc = strcmp(argv[1], "localcc") == 0;
+  int localcc = strcmp(argv[1], "localcc") == 0, duplex = strcmp(argv[1], "duplex") == 0;
   /* paired: a busy process on the last CPU, as a job beside the ranks, so the
    * scheduler has no idle CPU to spread them to by itself. */
   pid_t hog = -1;
@@ -472,7 +574,7 @@ int main(int argc, char** argv) {
       return 77;
     }
   }
-  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : helpers ? rank_helpers : localcc ? rank_localcc : rank_a2a, NULL, 600);
+  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : helpers ? rank_helpers : localcc ? rank_localcc : duplex ? rank_duplex : rank_a2a, NULL, 600);
   if (hog > 0) {
     kill(hog, SIGKILL);
     waitpid(hog, NULL, 0);
