@@ -42,10 +42,10 @@ for r in $(seq "$rounds"); do
   for series in "$@"; do
     label=${series%%=*}
     IFS=, read -r -a vars <<<"${series#*=}"
-    env "${vars[@]}" "$build/collie-run" -n 2 "${bind[@]}" "${wrap[@]}" "$build/collie-perf" "${args[@]}" 2>&1 | rows "$label"
+    env "${vars[@]}" "$build/collie-run" -n "${NP:-2}" "${bind[@]}" "${wrap[@]}" "$build/collie-perf" "${args[@]}" 2>&1 | rows "$label"
   done
   if [ "${MPI:-1}" = 1 ]; then
-    mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ob1 "${btl[@]}" "$build/mpi-perf" "${args[@]}" 2>&1 |
+    mpirun --allow-run-as-root --oversubscribe -np "${NP:-2}" --mca pml ob1 "${btl[@]}" "$build/mpi-perf" "${args[@]}" 2>&1 |
       rows mpi
   fi
 done | awk '{k = $2 " " $1; v[k] = v[k] " " $3; if (!(k in seen)) { seen[k] = 1; keys[++nk] = k }}
