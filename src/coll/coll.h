@@ -103,7 +103,7 @@ static inline int coll_shm_only(const struct ncclComm* comm) { return comm->nhos
 static inline int coll_cma_eligible(const struct coll_args* a, size_t min) {
   const struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
-  return comm->cma && coll_shm_only(comm) && comm->nranks > 1 &&
+  return comm->cma && comm->cma_rows && coll_shm_only(comm) && comm->nranks > 1 &&
          bytes >= (comm->cma_min_bytes > 1 ? COLLIE_MAX(comm->cma_min_bytes, min) : 1);
 }
 

@@ -39,6 +39,7 @@ void tune_table_builtin(struct tune_table* t) {
   t->copy_cache_bw = 12.0e3;
   t->copy_stream_bw = 12.0e3;
   t->cma_bw = 24.0e3; /* the CMA rows' old model: one copy instead of two at the shm rate */
+  t->cma_cache_bw = 24.0e3;
   t->cache_bytes = 8.0 * (1 << 20);
   t->source = TUNE_SRC_BUILTIN;
 }
@@ -108,6 +109,8 @@ void tune_calibrate(struct tune_table* t) {
   if (plausible(bw)) t->copy_stream_bw = bw, t->measured |= 2;
   bw = copy_rate(src, dst, big, 2, 1);
   if (plausible(bw)) t->cma_bw = bw, t->measured |= 4;
+  bw = copy_rate(src, dst, small, 8, 1);
+  if (plausible(bw)) t->cma_cache_bw = bw, t->measured |= 16;
 out:
   if (src != MAP_FAILED) munmap(src, big);
   if (dst != MAP_FAILED) munmap(dst, big);
@@ -182,9 +185,9 @@ static int format_body(char* buf, size_t size, const struct tune_table* t, const
   return snprintf(buf, size,
                   "collie-tuning %d\nhost %s\ncpu %s\nshm_alpha_us %.17g\noversub_alpha_us %.17g\n"
                   "net_alpha_us %.17g\nnet_bw %.17g\ncopy_cache_bw %.17g\ncopy_stream_bw %.17g\ncma_bw %.17g\n"
-                  "cache_bytes %.17g\nmeasured %d\n",
+                  "cma_cache_bw %.17g\ncache_bytes %.17g\nmeasured %d\n",
                   TUNE_TABLE_VERSION, host, cpu, t->shm_alpha_us, t->oversub_alpha_us, t->net_alpha_us, t->net_bw,
-                  t->copy_cache_bw, t->copy_stream_bw, t->cma_bw, t->cache_bytes, t->measured);
+                  t->copy_cache_bw, t->copy_stream_bw, t->cma_bw, t->cma_cache_bw, t->cache_bytes, t->measured);
 }
 
 int tune_cache_store(const struct tune_table* t, const char* host, const char* cpu, char* why, size_t why_size) {
@@ -263,10 +266,11 @@ int tune_cache_load(struct tune_table* t) {
     else if (sscanf(line, "cma_bw %lf", &v) == 1) r.cma_bw = v, fields |= 512;
     else if (sscanf(line, "cache_bytes %lf", &v) == 1) r.cache_bytes = v, fields |= 1024;
     else if (sscanf(line, "measured %d", &r.measured) == 1) fields |= 2048;
+    else if (sscanf(line, "cma_cache_bw %lf", &v) == 1) r.cma_cache_bw = v, fields |= 4096;
     line = end + 1;
   }
   if (version != TUNE_TABLE_VERSION) return load_bad(path, "has another format version");
-  if (fields != 4095) return load_bad(path, "is corrupted (fields missing)");
+  if (fields != 8191) return load_bad(path, "is corrupted (fields missing)");
   host_name(host, sizeof(host));
   tune_cpu_model(cpu, sizeof(cpu));
   if (strcmp(fhost, host) != 0 || strcmp(fcpu, cpu) != 0) {
@@ -275,7 +279,8 @@ int tune_cache_load(struct tune_table* t) {
              fhost, fcpu, host, cpu);
     return load_bad(path, why);
   }
-  double pos[] = {r.shm_alpha_us, r.net_alpha_us, r.net_bw, r.copy_cache_bw, r.copy_stream_bw, r.cma_bw, r.cache_bytes};
+  double pos[] = {r.shm_alpha_us, r.net_alpha_us, r.net_bw, r.copy_cache_bw, r.copy_stream_bw, r.cma_bw, r.cma_cache_bw,
+                  r.cache_bytes};
   for (size_t i = 0; i < sizeof(pos) / sizeof(pos[0]); i++)
     if (!isfinite(pos[i]) || pos[i] <= 0) return load_bad(path, "is corrupted (a value is not positive)");
   if (!isfinite(r.oversub_alpha_us) || r.oversub_alpha_us < 0) return load_bad(path, "is corrupted (negative value)");

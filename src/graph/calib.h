@@ -9,7 +9,7 @@
 
 #include "../core.h"
 
-#define TUNE_TABLE_VERSION 1
+#define TUNE_TABLE_VERSION 2
 
 /* Where a table came from. */
 enum { TUNE_SRC_BUILTIN, TUNE_SRC_CACHE, TUNE_SRC_CALIBRATED };
@@ -23,10 +23,12 @@ struct tune_table {
   double net_bw;           /* socket payload rate (built-in) */
   double copy_cache_bw;    /* memcpy of a block that stays in cache (measured) */
   double copy_stream_bw;   /* memcpy of a block larger than the last-level cache (measured) */
-  double cma_bw;           /* process_vm_readv rate, single copy (measured) */
+  double cma_bw;           /* process_vm_readv rate, single copy, of a block larger than the last-level cache (measured) */
+  double cma_cache_bw;     /* the same of a block that stays in cache (measured) */
   double cache_bytes;      /* a host's calls whose data fit in this count as cache-resident (sysconf) */
   int source;              /* TUNE_SRC_* */
-  int measured;            /* bit per measured field: 1 copy_cache_bw, 2 copy_stream_bw, 4 cma_bw, 8 cache_bytes */
+  int measured;            /* bit per measured field: 1 copy_cache_bw, 2 copy_stream_bw, 4 cma_bw, 8 cache_bytes,
+                            * 16 cma_cache_bw */
 };
 
 enum { TUNE_LOAD_OK, TUNE_LOAD_MISSING, TUNE_LOAD_BAD, TUNE_LOAD_OFF };

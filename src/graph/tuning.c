@@ -66,8 +66,9 @@ static ncclResult_t tuning_agree(struct ncclComm* comm) {
     INFO(LOG_TUNING, "this rank's tuning table (%s) differs from rank 0's: using rank 0's", tune_source_name(own.source));
   INFO(LOG_TUNING | LOG_INIT,
        "tuning table (rank 0's, %s): shm %.2f us/step, copy %.1f GB/s in cache, %.1f GB/s streaming, single copy %.1f "
-       "GB/s, cache %.0f KiB; sockets %.1f us/step, %.1f GB/s",
+       "GB/s streaming, %.1f GB/s in cache, cache %.0f KiB; sockets %.1f us/step, %.1f GB/s",
        tune_source_name(t->source), t->shm_alpha_us, t->copy_cache_bw / 1e3, t->copy_stream_bw / 1e3, t->cma_bw / 1e3,
+       t->cma_cache_bw / 1e3,
        t->cache_bytes / 1024, t->net_alpha_us, t->net_bw / 1e3);
   return ncclSuccess;
 }
@@ -108,6 +109,8 @@ static void tuning_ch_bounds(struct ncclComm* comm) {
   if (comm->max_ch < comm->min_ch) comm->max_ch = comm->min_ch;
 }
 
+static void cma_p2p_threshold(struct ncclComm* comm);
+
 ncclResult_t tuning_init(struct ncclComm* comm) {
   NCCLCHECK(tuning_masks(comm));
   int algos = comm->algo_mask;
@@ -129,6 +132,7 @@ ncclResult_t tuning_init(struct ncclComm* comm) {
     if (comm->peers[i].local_size > comm->max_local) comm->max_local = comm->peers[i].local_size;
   }
   NCCLCHECK(tuning_agree(comm));
+  if (comm->cma && !comm->cma_rows) cma_p2p_threshold(comm);
   if (log_enabled(LOG_INFO, LOG_TUNING | LOG_ENV)) {
     char list[128] = "";
     for (int i = 0; i < ALGO_NNAMES; i++)
@@ -149,7 +153,7 @@ static struct tune_cost cost_for(const struct ncclComm* comm, const struct tune_
   double shm_bw = cached ? t->copy_cache_bw : t->copy_stream_bw;
   c.local.alpha_us = t->shm_alpha_us;
   c.local.bw = shm_bw;
-  c.cma_bw = t->cma_bw / comm->oversub;
+  c.cma_bw = (cached ? t->cma_cache_bw : t->cma_bw) / comm->oversub;
   if (coll_shm_only(comm)) {
     c.link.alpha_us = t->shm_alpha_us + (comm->oversub > 1 ? t->oversub_alpha_us * comm->oversub : 0);
     c.link.bw = shm_bw / comm->oversub;
@@ -158,6 +162,39 @@ static struct tune_cost cost_for(const struct ncclComm* comm, const struct tune_
     c.link.bw = t->net_bw / comm->oversub;
   }
   return c;
+}
+
+/* COLLIE_CMA=auto: the smallest point-to-point message (a power of two,
+ * 4 KiB-256 MiB) that single copy moves faster than the FIFO under the
+ * agreed table: the FIFO copies every byte twice (into a slot, out of it),
+ * single copy once at its own rate but pays a handshake (the descriptor out,
+ * the release back: two steps and the system call's page pinning, the 2 us
+ * the single-copy rows also charge). On the development machine (2 ranks,
+ * alltoall, 3 interleaved rounds) single copy was 1.2-2.1x faster from 64 KiB
+ * messages on, where this puts the threshold (4 ranks on 2 CPUs: 128 KiB,
+ * single copy 1.3-1.9x faster from 128 KiB; 8 ranks: 128 KiB, single copy
+ * lost 16% at 64 KiB and won 1.2-1.5x from 256 KiB). Every rank computes it
+ * from the same table and host figures, so all choose alike. */
+static void cma_p2p_threshold(struct ncclComm* comm) {
+  const struct tune_table* t = &comm->tune;
+  size_t min = SIZE_MAX;
+  for (size_t bytes = (size_t)4 << 10; bytes <= ((size_t)256 << 20); bytes *= 2) {
+    struct tune_cost c = cost_for(comm, t, (double)bytes);
+    double fifo = 2.0 * (double)bytes / c.link.bw;
+    double single = 2.0 * c.link.alpha_us + 2.0 + (double)bytes / c.cma_bw;
+    if (single < fifo) {
+      min = bytes;
+      break;
+    }
+  }
+  comm->cma_min_bytes = min;
+  if (min == SIZE_MAX)
+    INFO(LOG_INIT | LOG_SHM | LOG_TUNING, "single copy (cross-memory attach): works between this host's %d ranks, "
+         "but the FIFO is faster at every size under the tuning table (COLLIE_CMA=auto)", comm->nranks);
+  else
+    INFO(LOG_INIT | LOG_SHM | LOG_TUNING, "single copy (cross-memory attach) between this host's %d ranks: for "
+         "point-to-point messages of at least %zu KiB (COLLIE_CMA=auto; COLLIE_CMA=1: every message and the "
+         "single-copy broadcast and allgather)", comm->nranks, min >> 10);
 }
 
 /* Channels for a row that can split: more only pay when each rank has CPUs
@@ -258,7 +295,7 @@ ncclResult_t tuning_report(FILE* f, int nranks) {
   tuning_ch_bounds(comm);
   comm->shm_disable = param_int(P_NCCL_SHM_DISABLE, 0, 1) == 1;
   const char* cma = param_str(P_COLLIE_CMA);
-  comm->cma = cma && strcmp(cma, "1") == 0;
+  comm->cma = comm->cma_rows = cma && strcmp(cma, "1") == 0;
   comm->cma_min_bytes = 1;
   cpu_set_t set;
   int ncpu = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -279,7 +316,9 @@ ncclResult_t tuning_report(FILE* f, int nranks) {
           t->measured & 1 ? m : "built-in");
   fprintf(f, "  %-18s %12.2f GB/s %s (memcpy, LLC-sized block, 8-32 MiB)\n", "copy streaming", t->copy_stream_bw / 1e3,
           t->measured & 2 ? m : "built-in");
-  fprintf(f, "  %-18s %12.2f GB/s %s (process_vm_readv)\n", "single copy", t->cma_bw / 1e3,
+  fprintf(f, "  %-18s %12.2f GB/s %s (process_vm_readv, 1-4 MiB)\n", "single copy cache", t->cma_cache_bw / 1e3,
+          t->measured & 16 ? m : "built-in");
+  fprintf(f, "  %-18s %12.2f GB/s %s (process_vm_readv, LLC-sized block)\n", "single copy", t->cma_bw / 1e3,
           t->measured & 4 ? m : "built-in");
   fprintf(f, "  %-18s %12.0f KiB  %s (last-level cache)\n", "cache", t->cache_bytes / 1024,
           t->measured & 8 ? m : "built-in");

@@ -15,13 +15,21 @@
 #include "../comm_err.h"
 #include "transport.h"
 
-/* COLLIE_CMA=auto probes and keeps single copy available, but uses it for no
- * size yet: measured on the 2-core development machine (collie-perf, 2 ranks,
- * 1-128 MiB, docs/ARCHITECTURE.md "Single copy") the FIFO was as fast or
- * faster for sendrecv, broadcast and allgather (cache-resident slots at
- * ~20 GB/s against process_vm_readv's page pinning at 5-9 GB/s). The
- * calibration of issue 10 item 4 is to replace this by a measured threshold. */
+/* COLLIE_CMA=auto probes on hosts of at most CMA_AUTO_MAX_RANKS ranks and
+ * uses single copy for point-to-point messages (alltoall, gather, scatter,
+ * send/recv) from the size where the tuner's cost model, with this machine's
+ * calibrated copy and single-copy rates, has one copy plus a handshake
+ * beating the FIFO's two copies (graph/tuning.c, cma_p2p_threshold); until
+ * then for none. The single-copy broadcast and allgather rows stay with
+ * COLLIE_CMA=1: their estimates take the streaming single-copy rate, which
+ * under-rates reads of cache-resident blocks. An earlier development machine
+ * measured the FIFO as fast or faster everywhere (cache-resident slots at ~20
+ * GB/s against process_vm_readv's page pinning at 5-9 GB/s); the current one
+ * (2 ranks, alltoall 128 KiB-32 MiB) 1.3-2.1x slower than single copy. */
 #define CMA_MIN_BYTES_AUTO SIZE_MAX
+/* The probe reads every peer from every rank (n^2 reads per host, 6 s of
+ * init at 1024 ranks: docs/BENCHMARKS.md, Init scaling). */
+#define CMA_AUTO_MAX_RANKS 64
 
 #define CMA_PROBE_MAGIC 0x636f6c6c69654d41ULL /* "collieMA" */
 /* Always mapped and never written: what peers read to prove they can. */
@@ -52,7 +60,7 @@ ncclResult_t cma_read(int pid, void* dst, uint64_t addr, size_t bytes, int* err)
 }
 
 ncclResult_t transport_cma_init(struct ncclComm* comm) {
-  comm->cma = 0;
+  comm->cma = comm->cma_rows = 0;
   comm->cma_min_bytes = CMA_MIN_BYTES_AUTO;
   const char* mode = param_str(P_COLLIE_CMA);
   int forced = 0;
@@ -60,21 +68,15 @@ ncclResult_t transport_cma_init(struct ncclComm* comm) {
   if (mode && (strcmp(mode, "1") == 0 || strcasecmp(mode, "on") == 0)) forced = 1;
   else if (mode && *mode && strcasecmp(mode, "auto") != 0)
     return err_set(ncclInvalidArgument, "COLLIE_CMA=\"%s\": expected auto, 0 or 1", mode);
-  /* auto uses single copy for no size yet (CMA_MIN_BYTES_AUTO), so it does
-   * not probe either: the probe reads every peer from every rank, n^2 reads
-   * per host, 6 s of init at 1024 ranks (docs/BENCHMARKS.md, Init scaling).
-   * When calibration gives auto a threshold, probe the peers lazily, on the
-   * first message that would use it. */
-  if (!forced) {
-    if (comm->nranks > 1 && comm->nhosts == 1 && !comm->shm_disable)
-      INFO(LOG_INIT | LOG_SHM, "single copy (cross-memory attach): not used (COLLIE_CMA=auto: the FIFO measured "
-           "as fast or faster here; COLLIE_CMA=1 forces it)");
-    return ncclSuccess;
-  }
   /* One host whose ranks share memory: every rank knows this alike. */
   if (comm->nranks == 1 || comm->nhosts != 1 || comm->shm_disable) {
-    if (comm->nranks > 1)
+    if (forced && comm->nranks > 1)
       INFO(LOG_INIT | LOG_SHM, "COLLIE_CMA=1: ranks span hosts or shared memory is off; single copy is not used");
+    return ncclSuccess;
+  }
+  if (!forced && comm->nranks > CMA_AUTO_MAX_RANKS) {
+    INFO(LOG_INIT | LOG_SHM, "single copy (cross-memory attach): not used (COLLIE_CMA=auto probes hosts of up to %d "
+         "ranks; COLLIE_CMA=1 forces it)", CMA_AUTO_MAX_RANKS);
     return ncclSuccess;
   }
   int n = comm->nranks;
@@ -104,6 +106,12 @@ ncclResult_t transport_cma_init(struct ncclComm* comm) {
   NCCLCHECKGOTO(bootstrap_allgather(comm->bs, ok, sizeof(*ok)), res, out);
   int agreed = 1;
   for (int i = 0; i < n; i++) agreed &= ok[i] != 0;
+  if (!agreed && !forced) {
+    INFO(LOG_INIT | LOG_SHM, "single copy (cross-memory attach): not used, rank %d %s%s%s (COLLIE_CMA=auto)",
+         comm->rank, mine ? "can read its peers but another rank cannot" : "cannot read rank ",
+         mine ? "" : (whom >= 0 ? "a peer: " : ""), mine ? "" : (why ? strerror(why) : "wrong data"));
+    goto out;
+  }
   if (!agreed) {
     res = err_set(ncclSystemError,
                   "COLLIE_CMA=1 but cross-memory attach does not work between this host's ranks (rank %d %s%s%s); "
@@ -113,8 +121,12 @@ ncclResult_t transport_cma_init(struct ncclComm* comm) {
     goto out;
   }
   comm->cma = 1;
-  comm->cma_min_bytes = 1;
-  INFO(LOG_INIT | LOG_SHM, "single copy (cross-memory attach) between this host's %d ranks: on for every message", n);
+  if (forced) {
+    comm->cma_rows = 1;
+    comm->cma_min_bytes = 1;
+    INFO(LOG_INIT | LOG_SHM, "single copy (cross-memory attach) between this host's %d ranks: on for every message", n);
+  }
+  /* auto: the tuner sets the threshold once the tuning table is agreed. */
 out:
   free(all);
   free(ok);

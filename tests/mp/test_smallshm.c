@@ -24,6 +24,11 @@
  *            result checked, then which connectors used the shared
  *            connection must be what COLLIE_SOCKET_DUPLEX and
  *            NCCL_NSOCKS_PERTHREAD ask (see rank_duplex).
+ *   cmaauto N one host, COLLIE_CMA=auto: single copy is either off (the probe
+ *            failed) or on for point-to-point messages from a threshold the
+ *            tuner computed, never for the single-copy collective rows; then
+ *            alltoalls and send/recv pairs around that threshold, checked
+ *            (see rank_cmaauto).
  * Run with NCCL_ALGO=Direct too, so the Direct alltoall row takes every size
  * it can. Uses the fork harness (harness.h). */
 #include <sched.h>
@@ -468,6 +473,62 @@ static int rank_duplex(int rank, int nranks, const ncclUniqueId* ids, int nids, 
   return 0;
 }
 
+static int rank_cmaauto(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  MP_CHECK(!comm->cma_rows, "rank %d: COLLIE_CMA=auto allowed the single-copy collective rows", rank);
+  size_t th = comm->cma_min_bytes;
+  if (comm->cma)
+    MP_CHECK(th == SIZE_MAX || (th >= ((size_t)4 << 10) && th <= ((size_t)256 << 20) && (th & (th - 1)) == 0),
+             "rank %d: single-copy threshold %zu", rank, th);
+  else
+    MP_CHECK(th == SIZE_MAX, "rank %d: single copy off but threshold %zu", rank, th);
+  /* Every rank agrees on the threshold. */
+  uint64_t mine = th, lo = th, hi = th;
+  MP_NCCL(ncclAllReduce(&mine, &lo, 1, ncclUint64, ncclMin, comm, NULL));
+  MP_NCCL(ncclAllReduce(&mine, &hi, 1, ncclUint64, ncclMax, comm, NULL));
+  MP_CHECK(lo == hi, "rank %d: thresholds differ across ranks (%llu .. %llu)", rank, (unsigned long long)lo,
+           (unsigned long long)hi);
+  if (rank == 0)
+    printf("single copy %s, threshold %s%zu KiB\n", comm->cma ? "on" : "off", th == SIZE_MAX ? "none: " : "",
+           th == SIZE_MAX ? 0 : th >> 10);
+  /* Messages below, at and above the threshold (or 64 KiB-1 MiB when off). */
+  size_t base = comm->cma && th != SIZE_MAX ? th : (size_t)64 << 10;
+  size_t sizes[] = {base / 2 - 4, base, base * 2 + 4};
+  for (int si = 0; si < 3; si++) {
+    size_t per = sizes[si] / sizeof(float);
+    float* sb = malloc(per * (size_t)nranks * sizeof(float));
+    float* rb = malloc(per * (size_t)nranks * sizeof(float));
+    MP_CHECK(sb && rb, "out of memory");
+    for (int it = 0; it < 3; it++) {
+      for (int p = 0; p < nranks; p++)
+        for (size_t i = 0; i < per; i++) sb[(size_t)p * per + i] = val(it, rank, p, i);
+      memset(rb, 0, per * (size_t)nranks * sizeof(float));
+      MP_NCCL(ncclAlltoAll(sb, rb, per, ncclFloat, comm, NULL));
+      for (int p = 0; p < nranks; p++)
+        for (size_t i = 0; i < per; i += 97)
+          MP_CHECK(rb[(size_t)p * per + i] == val(it, p, rank, i), "rank %d: alltoall of %zu bytes, element %zu from "
+                   "rank %d is %g", rank, sizes[si], i, p, rb[(size_t)p * per + i]);
+      /* A ring of send/recv pairs. */
+      int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+      memset(rb, 0, per * sizeof(float));
+      MP_NCCL(ncclGroupStart());
+      MP_NCCL(ncclSend(sb + (size_t)next * per, per, ncclFloat, next, comm, NULL));
+      MP_NCCL(ncclRecv(rb, per, ncclFloat, prev, comm, NULL));
+      MP_NCCL(ncclGroupEnd());
+      for (size_t i = 0; i < per; i += 97)
+        MP_CHECK(rb[i] == val(it, prev, rank, i), "rank %d: send/recv of %zu bytes, element %zu is %g", rank,
+                 sizes[si], i, rb[i]);
+    }
+    free(sb);
+    free(rb);
+  }
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
 /* The CPU the one thread of this process pinned to a single CPU sits on (a
  * channel helper: the main thread keeps its mask), from
  * /proc/self/task/ID/status; -1 when none, -2 when several. */
@@ -538,7 +599,7 @@ static int rank_helpers(int rank, int nranks, const ncclUniqueId* ids, int nids,
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s zero|a2a|paired|delack|helpers|localcc|duplex NRANKS\n", argv[0]);
+    fprintf(stderr, "usage: %s zero|a2a|paired|delack|helpers|localcc|duplex|cmaauto NRANKS\n", argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
@@ -546,6 +607,7 @@ int main(int argc, char** argv) {
   int zero = strcmp(argv[1], "zero") == 0, paired = strcmp(argv[1], "paired") == 0;
   int delack = strcmp(argv[1], "delack") == 0, helpers = strcmp(argv[1], "helpers") == 0;
   int localcc = strcmp(argv[1], "localcc") == 0, duplex = strcmp(argv[1], "duplex") == 0;
+  int cmaauto = strcmp(argv[1], "cmaauto") == 0;
   /* paired: a busy process on the last CPU, as a job beside the ranks, so the
    * scheduler has no idle CPU to spread them to by itself. */
   pid_t hog = -1;
@@ -574,7 +636,7 @@ int main(int argc, char** argv) {
       return 77;
     }
   }
-  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : helpers ? rank_helpers : localcc ? rank_localcc : duplex ? rank_duplex : rank_a2a, NULL, 600);
+  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : helpers ? rank_helpers : localcc ? rank_localcc : duplex ? rank_duplex : cmaauto ? rank_cmaauto : rank_a2a, NULL, 600);
   if (hog > 0) {
     kill(hog, SIGKILL);
     waitpid(hog, NULL, 0);
