@@ -8,12 +8,12 @@
 
 #include "coll.h"
 
-/* Smallest size for the row once the tuner may use single copy on its own
- * (COLLIE_CMA=auto uses it for none yet: transport/cma.c); COLLIE_CMA=1
- * allows every size. */
+/* Smallest size per rank for the row, under COLLIE_CMA=auto also at least
+ * the point-to-point threshold (graph/tuning.c); the tuner then weighs it
+ * against the ring. COLLIE_CMA=1 allows every size. */
 #define CMA_ALLGATHER_MIN_BYTES ((size_t)256 << 10)
 
-static int eligible(const struct coll_args* a) { return coll_cma_eligible(a, CMA_ALLGATHER_MIN_BYTES); }
+static int eligible(const struct coll_args* a) { return coll_cma_eligible(a, CMA_ALLGATHER_MIN_BYTES, 1); }
 
 /* Every rank reads n-1 blocks once; n ranks share the host's CPUs. */
 static double estimate(const struct coll_args* a, const struct tune_cost* c) {

@@ -13,7 +13,7 @@
  * allows every size. */
 #define CMA_BCAST_MIN_BYTES ((size_t)256 << 10)
 
-static int eligible(const struct coll_args* a) { return coll_cma_eligible(a, CMA_BCAST_MIN_BYTES); }
+static int eligible(const struct coll_args* a) { return coll_cma_eligible(a, CMA_BCAST_MIN_BYTES, 0); }
 
 /* n-1 readers share the root's memory bandwidth over the host's CPUs; each
  * reads once (half the FIFO's copies). */

@@ -99,11 +99,12 @@ extern const int algo_table_len;
 static inline int coll_shm_only(const struct ncclComm* comm) { return comm->nhosts == 1 && !comm->shm_disable; }
 /* The single-copy rows (cma_*.c): the probe found cross-memory attach
  * working on this one-host communicator and the message is at least `min`
- * bytes (COLLIE_CMA=1 sets cma_min_bytes to 1: every size). */
-static inline int coll_cma_eligible(const struct coll_args* a, size_t min) {
+ * bytes (COLLIE_CMA=1 sets cma_min_bytes to 1: every size). `in_auto`: the
+ * row may also run under COLLIE_CMA=auto (above its threshold). */
+static inline int coll_cma_eligible(const struct coll_args* a, size_t min, int in_auto) {
   const struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
-  return comm->cma && comm->cma_rows && coll_shm_only(comm) && comm->nranks > 1 &&
+  return comm->cma && (comm->cma_rows || in_auto) && coll_shm_only(comm) && comm->nranks > 1 &&
          bytes >= (comm->cma_min_bytes > 1 ? COLLIE_MAX(comm->cma_min_bytes, min) : 1);
 }
 

@@ -20,9 +20,11 @@
  * send/recv) from the size where the tuner's cost model, with this machine's
  * calibrated copy and single-copy rates, has one copy plus a handshake
  * beating the FIFO's two copies (graph/tuning.c, cma_p2p_threshold); until
- * then for none. The single-copy broadcast and allgather rows stay with
- * COLLIE_CMA=1: their estimates take the streaming single-copy rate, which
- * under-rates reads of cache-resident blocks. An earlier development machine
+ * then for none. The single-copy allgather row is weighed by the tuner from
+ * the same size on; the broadcast row stays with COLLIE_CMA=1 (its estimate
+ * does not tell apart where it wins: 1.5x faster at 128-512 KiB at 2 ranks,
+ * 1.2x slower from 2 MiB, where the FIFO pipeline keeps both ranks copying).
+ * An earlier development machine
  * measured the FIFO as fast or faster everywhere (cache-resident slots at ~20
  * GB/s against process_vm_readv's page pinning at 5-9 GB/s); the current one
  * (2 ranks, alltoall 128 KiB-32 MiB) 1.3-2.1x slower than single copy. */
