@@ -23,7 +23,7 @@ static double estimate(const struct coll_args* a, const struct tune_cost* c) {
   double bytes = (double)a->count * (double)dtype_size(a->dt);
   double cpus = COLLIE_MAX(1.0, comm->cpus_per_rank * n);
   double par = COLLIE_MIN((double)(n - 1), cpus);
-  return 2.0 * c->link.alpha_us + 2.0 + (n - 1) * bytes / c->cma_bw / par;
+  return tune_cma_handshake_us(c) + (n - 1) * bytes / c->cma_bw / par;
 }
 
 static ncclResult_t run(struct coll_args* a, const struct plan* p) {

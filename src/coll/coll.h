@@ -65,6 +65,9 @@ struct tune_cost {
   struct link_cost link, local;
   double cma_bw; /* single copy (process_vm_readv) rate on this host */
 };
+/* What a single-copy message costs besides its bytes: the descriptor out
+ * and the release back (two steps) and the system call's page pinning. */
+static inline double tune_cma_handshake_us(const struct tune_cost* c) { return 2.0 * c->link.alpha_us + 2.0; }
 
 struct algo;
 /* What the executor runs: the chosen row, how many channels, and the chunk

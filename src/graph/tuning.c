@@ -181,7 +181,7 @@ static void cma_p2p_threshold(struct ncclComm* comm) {
   for (size_t bytes = (size_t)4 << 10; bytes <= ((size_t)256 << 20); bytes *= 2) {
     struct tune_cost c = cost_for(comm, t, (double)bytes);
     double fifo = 2.0 * (double)bytes / c.link.bw;
-    double single = 2.0 * c.link.alpha_us + 2.0 + (double)bytes / c.cma_bw;
+    double single = tune_cma_handshake_us(&c) + (double)bytes / c.cma_bw;
     if (single < fifo) {
       min = bytes;
       break;

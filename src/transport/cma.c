@@ -108,18 +108,17 @@ ncclResult_t transport_cma_init(struct ncclComm* comm) {
   NCCLCHECKGOTO(bootstrap_allgather(comm->bs, ok, sizeof(*ok)), res, out);
   int agreed = 1;
   for (int i = 0; i < n; i++) agreed &= ok[i] != 0;
-  if (!agreed && !forced) {
-    INFO(LOG_INIT | LOG_SHM, "single copy (cross-memory attach): not used, rank %d %s%s%s (COLLIE_CMA=auto)",
-         comm->rank, mine ? "can read its peers but another rank cannot" : "cannot read rank ",
-         mine ? "" : (whom >= 0 ? "a peer: " : ""), mine ? "" : (why ? strerror(why) : "wrong data"));
-    goto out;
-  }
   if (!agreed) {
-    res = err_set(ncclSystemError,
-                  "COLLIE_CMA=1 but cross-memory attach does not work between this host's ranks (rank %d %s%s%s); "
-                  "set COLLIE_CMA=auto or 0",
-                  comm->rank, mine ? "can read its peers; another rank cannot" : "cannot read rank ",
-                  mine ? "" : (whom >= 0 ? "a peer: " : ""), mine ? "" : (why ? strerror(why) : "wrong data"));
+    char reason[160];
+    if (mine) snprintf(reason, sizeof(reason), "rank %d can read its peers; another rank cannot", comm->rank);
+    else
+      snprintf(reason, sizeof(reason), "rank %d cannot read rank %s%s", comm->rank, whom >= 0 ? "a peer: " : "",
+               why ? strerror(why) : "wrong data");
+    if (forced)
+      res = err_set(ncclSystemError, "COLLIE_CMA=1 but cross-memory attach does not work between this host's ranks "
+                    "(%s); set COLLIE_CMA=auto or 0", reason);
+    else
+      INFO(LOG_INIT | LOG_SHM, "single copy (cross-memory attach): not used, %s (COLLIE_CMA=auto)", reason);
     goto out;
   }
   comm->cma = 1;

@@ -189,12 +189,14 @@ static int dx_send_marker(struct conn* c, struct sock_link* l) {
   return 0;
 }
 
-static ncclResult_t dx_lost(struct conn* c, struct sock_conn* s) {
+/* A send on one of c's connections failed (rc 0: closed, else errno). */
+static ncclResult_t send_lost(struct conn* c, ssize_t rc) {
+  struct sock_conn* s = c->priv;
   s->failed = 1;
   int err = errno;
   NCCLCHECK(comm_await_cause(c->comm, CAUSE_WAIT_MS));
   return err_set(ncclRemoteError, "socket: rank %d lost its connection to rank %d (%s): %s", c->comm->rank, c->peer,
-                 bootstrap_peer_host(c->comm->bs, c->peer), strerror(err));
+                 bootstrap_peer_host(c->comm->bs, c->peer), rc == 0 ? "closed" : strerror(err));
 }
 
 /* Receiver: link l read a SLOT_SWITCH header; the following slots come on
@@ -228,7 +230,7 @@ static ncclResult_t sock_progress_send(struct conn* c) {
       if (s->dx != DX_NEVER && l->off == 0 && s->dx_mark[l->next % (uint32_t)c->nslots]) {
         int st = dx_send_marker(c, l);
         if (st < 0) break; /* the socket is full */
-        if (st > 0) return dx_lost(c, s);
+        if (st > 0) return send_lost(c, -1);
       }
       struct slot_hdr* h = &s->hdrs[l->next % (uint32_t)c->nslots];
       size_t len = slot_len(h);
@@ -252,11 +254,7 @@ static ncclResult_t sock_progress_send(struct conn* c) {
           blocked = 1;
           break;
         }
-        s->failed = 1;
-        int err = errno;
-        NCCLCHECK(comm_await_cause(c->comm, CAUSE_WAIT_MS));
-        return err_set(ncclRemoteError, "socket: rank %d lost its connection to rank %d (%s): %s", c->comm->rank,
-                       c->peer, bootstrap_peer_host(c->comm->bs, c->peer), rc == 0 ? "closed" : strerror(err));
+        return send_lost(c, rc);
       }
       if (blocked) break;
       l->off = 0;

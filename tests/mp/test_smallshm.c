@@ -383,6 +383,22 @@ static int rank_localcc(int rank, int nranks, const ncclUniqueId* ids, int nids,
 #define DX_MSGS 7
 static size_t dx_count(int k) { return k % 2 ? 300 : 1 + (size_t)k; }
 
+/* One group: every peer's DX_MSGS messages, block p of sb sent to and
+ * block p of rb received from peer p (either buffer NULL: that side not). */
+static ncclResult_t dx_post(ncclComm_t comm, int rank, int nranks, float* sb, float* rb, size_t per) {
+  ncclResult_t r = ncclGroupStart();
+  for (int p = 0; p < nranks && r == ncclSuccess; p++) {
+    size_t off = (size_t)p * per;
+    for (int k = 0; k < DX_MSGS && p != rank && r == ncclSuccess; k++) {
+      if (sb) r = ncclSend(sb + off, dx_count(k), ncclFloat, p, comm, NULL);
+      if (rb && r == ncclSuccess) r = ncclRecv(rb + off, dx_count(k), ncclFloat, p, comm, NULL);
+      off += dx_count(k);
+    }
+  }
+  ncclResult_t e = ncclGroupEnd();
+  return r != ncclSuccess ? r : e;
+}
+
 static int rank_duplex(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
   (void)nids;
   (void)arg;
@@ -406,36 +422,11 @@ static int rank_duplex(int rank, int nranks, const ncclUniqueId* ids, int nids, 
      * receiver's first read on a connection brings markers and the slots past
      * them at once. */
     if (it % 2) {
-      MP_NCCL(ncclGroupStart());
-      for (int p = 0; p < nranks; p++) {
-        size_t off = (size_t)p * per;
-        for (int k = 0; k < DX_MSGS && p != rank; k++) {
-          MP_NCCL(ncclSend(sb + off, dx_count(k), ncclFloat, p, comm, NULL));
-          off += dx_count(k);
-        }
-      }
-      MP_NCCL(ncclGroupEnd());
+      MP_NCCL(dx_post(comm, rank, nranks, sb, NULL, per));
       usleep(50 * 1000);
-      MP_NCCL(ncclGroupStart());
-      for (int p = 0; p < nranks; p++) {
-        size_t off = (size_t)p * per;
-        for (int k = 0; k < DX_MSGS && p != rank; k++) {
-          MP_NCCL(ncclRecv(rb + off, dx_count(k), ncclFloat, p, comm, NULL));
-          off += dx_count(k);
-        }
-      }
-      MP_NCCL(ncclGroupEnd());
+      MP_NCCL(dx_post(comm, rank, nranks, NULL, rb, per));
     } else {
-      MP_NCCL(ncclGroupStart());
-      for (int p = 0; p < nranks; p++) {
-        size_t off = (size_t)p * per;
-        for (int k = 0; k < DX_MSGS && p != rank; k++) {
-          MP_NCCL(ncclSend(sb + off, dx_count(k), ncclFloat, p, comm, NULL));
-          MP_NCCL(ncclRecv(rb + off, dx_count(k), ncclFloat, p, comm, NULL));
-          off += dx_count(k);
-        }
-      }
-      MP_NCCL(ncclGroupEnd());
+      MP_NCCL(dx_post(comm, rank, nranks, sb, rb, per));
     }
     for (int p = 0; p < nranks; p++)
       for (size_t i = 0; i < per && p != rank; i++)
