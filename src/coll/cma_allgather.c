@@ -8,21 +8,19 @@
 
 #include "coll.h"
 
-/* Smallest size per rank for the row, under COLLIE_CMA=auto also at least
- * the point-to-point threshold (graph/tuning.c); the tuner then weighs it
- * against the ring. COLLIE_CMA=1 allows every size. */
-#define CMA_ALLGATHER_MIN_BYTES ((size_t)256 << 10)
+/* Under COLLIE_CMA=auto the row is weighed from the point-to-point
+ * threshold (per rank) on (graph/tuning.c); COLLIE_CMA=1 allows every size. */
+static int eligible(const struct coll_args* a) { return coll_cma_eligible(a); }
 
-static int eligible(const struct coll_args* a) { return coll_cma_eligible(a, CMA_ALLGATHER_MIN_BYTES, 1); }
-
-/* Every rank reads n-1 blocks once; n ranks share the host's CPUs. */
+/* Every rank reads n-1 blocks once, at its core's private-cache rate while
+ * its send and receive buffers fit there; n ranks share the host's CPUs. */
 static double estimate(const struct coll_args* a, const struct tune_cost* c) {
   const struct ncclComm* comm = a->comm;
   int n = comm->nranks;
   double bytes = (double)a->count * (double)dtype_size(a->dt);
   double cpus = COLLIE_MAX(1.0, comm->cpus_per_rank * n);
   double crowd = (double)n / COLLIE_MIN((double)n, cpus);
-  return tune_cma_handshake_us(c) + crowd * (n - 1) * bytes / c->cma_bw;
+  return tune_cma_handshake_us(c) + crowd * (n - 1) * bytes / tune_cma_bw(c, (n + 1) * bytes);
 }
 
 static ncclResult_t run(struct coll_args* a, const struct plan* p) {

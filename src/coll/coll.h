@@ -63,11 +63,22 @@ struct link_cost {
 };
 struct tune_cost {
   struct link_cost link, local;
-  double cma_bw; /* single copy (process_vm_readv) rate on this host */
+  double cma_bw;      /* single copy (process_vm_readv) rate on this host, in the host's cache or streaming */
+  double cma_near_bw; /* the same while a reader's data fit in its core's private cache */
+  double near_bytes;  /* one core's private cache */
+  double cma_call_us; /* the system call and its page pinning */
 };
 /* What a single-copy message costs besides its bytes: the descriptor out
- * and the release back (two steps) and the system call's page pinning. */
-static inline double tune_cma_handshake_us(const struct tune_cost* c) { return 2.0 * c->link.alpha_us + 2.0; }
+ * and the release back (two steps) and the system call. */
+static inline double tune_cma_handshake_us(const struct tune_cost* c) {
+  return 2.0 * c->link.alpha_us + c->cma_call_us;
+}
+/* The single-copy rate for a reader whose source and destination together
+ * take `footprint` bytes: a block that (with room to spare: half of it) fits
+ * a core's private cache is read at that cache's rate. */
+static inline double tune_cma_bw(const struct tune_cost* c, double footprint) {
+  return footprint <= c->near_bytes / 2 ? c->cma_near_bw : c->cma_bw;
+}
 
 struct algo;
 /* What the executor runs: the chosen row, how many channels, and the chunk
@@ -101,14 +112,14 @@ extern const int algo_table_len;
 /* One host whose ranks share memory: what the direct mailboxes need. */
 static inline int coll_shm_only(const struct ncclComm* comm) { return comm->nhosts == 1 && !comm->shm_disable; }
 /* The single-copy rows (cma_*.c): the probe found cross-memory attach
- * working on this one-host communicator and the message is at least `min`
- * bytes (COLLIE_CMA=1 sets cma_min_bytes to 1: every size). `in_auto`: the
- * row may also run under COLLIE_CMA=auto (above its threshold). */
-static inline int coll_cma_eligible(const struct coll_args* a, size_t min, int in_auto) {
+ * working on this one-host communicator and the message (per rank) is at
+ * least the point-to-point threshold under COLLIE_CMA=auto (graph/tuning.c;
+ * the tuner then weighs the row against the others), any size with
+ * COLLIE_CMA=1 (cma_min_bytes 1). */
+static inline int coll_cma_eligible(const struct coll_args* a) {
   const struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
-  return comm->cma && (comm->cma_rows || in_auto) && coll_shm_only(comm) && comm->nranks > 1 &&
-         bytes >= (comm->cma_min_bytes > 1 ? COLLIE_MAX(comm->cma_min_bytes, min) : 1);
+  return comm->cma && coll_shm_only(comm) && comm->nranks > 1 && bytes >= comm->cma_min_bytes;
 }
 
 /* An ordered set of ranks forming a ring, and this rank's position in it

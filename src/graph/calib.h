@@ -9,7 +9,7 @@
 
 #include "../core.h"
 
-#define TUNE_TABLE_VERSION 2
+#define TUNE_TABLE_VERSION 3
 
 /* Where a table came from. */
 enum { TUNE_SRC_BUILTIN, TUNE_SRC_CACHE, TUNE_SRC_CALIBRATED };
@@ -25,10 +25,13 @@ struct tune_table {
   double copy_stream_bw;   /* memcpy of a block larger than the last-level cache (measured) */
   double cma_bw;           /* process_vm_readv rate, single copy, of a block larger than the last-level cache (measured) */
   double cma_cache_bw;     /* the same of a block that stays in cache (measured) */
+  double cma_near_bw;      /* the same of a block that stays in one core's private cache (measured) */
+  double cma_call_us;      /* one process_vm_readv of a few bytes: the system call and its pinning (measured) */
+  double near_bytes;       /* one core's private (L2) cache (sysconf) */
   double cache_bytes;      /* a host's calls whose data fit in this count as cache-resident (sysconf) */
   int source;              /* TUNE_SRC_* */
   int measured;            /* bit per measured field: 1 copy_cache_bw, 2 copy_stream_bw, 4 cma_bw, 8 cache_bytes,
-                            * 16 cma_cache_bw */
+                            * 16 cma_cache_bw, 32 cma_near_bw, 64 cma_call_us, 128 near_bytes */
 };
 
 enum { TUNE_LOAD_OK, TUNE_LOAD_MISSING, TUNE_LOAD_BAD, TUNE_LOAD_OFF };

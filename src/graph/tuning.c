@@ -66,10 +66,11 @@ static ncclResult_t tuning_agree(struct ncclComm* comm) {
     INFO(LOG_TUNING, "this rank's tuning table (%s) differs from rank 0's: using rank 0's", tune_source_name(own.source));
   INFO(LOG_TUNING | LOG_INIT,
        "tuning table (rank 0's, %s): shm %.2f us/step, copy %.1f GB/s in cache, %.1f GB/s streaming, single copy %.1f "
-       "GB/s streaming, %.1f GB/s in cache, cache %.0f KiB; sockets %.1f us/step, %.1f GB/s",
+       "GB/s streaming, %.1f GB/s in cache, %.1f GB/s in a core's cache, %.2f us a call; cache %.0f KiB, a core's %.0f "
+       "KiB; sockets %.1f us/step, %.1f GB/s",
        tune_source_name(t->source), t->shm_alpha_us, t->copy_cache_bw / 1e3, t->copy_stream_bw / 1e3, t->cma_bw / 1e3,
-       t->cma_cache_bw / 1e3,
-       t->cache_bytes / 1024, t->net_alpha_us, t->net_bw / 1e3);
+       t->cma_cache_bw / 1e3, t->cma_near_bw / 1e3, t->cma_call_us, t->cache_bytes / 1024, t->near_bytes / 1024,
+       t->net_alpha_us, t->net_bw / 1e3);
   return ncclSuccess;
 }
 
@@ -132,7 +133,7 @@ ncclResult_t tuning_init(struct ncclComm* comm) {
     if (comm->peers[i].local_size > comm->max_local) comm->max_local = comm->peers[i].local_size;
   }
   NCCLCHECK(tuning_agree(comm));
-  if (comm->cma && !comm->cma_rows) cma_p2p_threshold(comm);
+  if (comm->cma && !comm->cma_forced) cma_p2p_threshold(comm);
   if (log_enabled(LOG_INFO, LOG_TUNING | LOG_ENV)) {
     char list[128] = "";
     for (int i = 0; i < ALGO_NNAMES; i++)
@@ -154,6 +155,12 @@ static struct tune_cost cost_for(const struct ncclComm* comm, const struct tune_
   c.local.alpha_us = t->shm_alpha_us;
   c.local.bw = shm_bw;
   c.cma_bw = (cached ? t->cma_cache_bw : t->cma_bw) / comm->oversub;
+  c.cma_near_bw = COLLIE_MAX(t->cma_near_bw, t->cma_cache_bw) / comm->oversub;
+  /* Ranks that take turns on a CPU push each other's data out of its
+   * private cache: no private-cache rate when oversubscribed (8 ranks on 2
+   * CPUs: single copy lost 16% at 64 KiB messages). */
+  c.near_bytes = comm->oversub > 1 ? 0 : t->near_bytes;
+  c.cma_call_us = t->cma_call_us;
   if (coll_shm_only(comm)) {
     c.link.alpha_us = t->shm_alpha_us + (comm->oversub > 1 ? t->oversub_alpha_us * comm->oversub : 0);
     c.link.bw = shm_bw / comm->oversub;
@@ -167,21 +174,22 @@ static struct tune_cost cost_for(const struct ncclComm* comm, const struct tune_
 /* COLLIE_CMA=auto: the smallest point-to-point message (a power of two,
  * 4 KiB-256 MiB) that single copy moves faster than the FIFO under the
  * agreed table: the FIFO copies every byte twice (into a slot, out of it),
- * single copy once at its own rate but pays a handshake (the descriptor out,
- * the release back: two steps and the system call's page pinning, the 2 us
- * the single-copy rows also charge). On the development machine (2 ranks,
- * alltoall, 3 interleaved rounds) single copy was 1.2-2.1x faster from 64 KiB
- * messages on, where this puts the threshold (4 ranks on 2 CPUs: 128 KiB,
- * single copy 1.3-1.9x faster from 128 KiB; 8 ranks: 128 KiB, single copy
- * lost 16% at 64 KiB and won 1.2-1.5x from 256 KiB). Every rank computes it
- * from the same table and host figures, so all choose alike. */
+ * single copy once at its own rate (a core's private-cache rate while
+ * source and destination fit there) but pays a handshake (the descriptor
+ * out, the release back: two steps, and the measured system call). On the
+ * development machine that gives 16 KiB at 2 ranks (alltoall of 32 KiB, 16
+ * KiB a peer: 2.02 us against the FIFO's 2.66) and 128 KiB at 4 and 8 ranks
+ * on 2 CPUs (4 ranks: single copy lost at 8 KiB messages, even at 32 KiB,
+ * 1.7x faster at 128 KiB; 8 ranks: lost 16% at 64 KiB, won 1.2-1.5x from
+ * 256 KiB). Every rank computes it from the same table and host figures, so
+ * all choose alike. */
 static void cma_p2p_threshold(struct ncclComm* comm) {
   const struct tune_table* t = &comm->tune;
   size_t min = SIZE_MAX;
   for (size_t bytes = (size_t)4 << 10; bytes <= ((size_t)256 << 20); bytes *= 2) {
     struct tune_cost c = cost_for(comm, t, (double)bytes);
     double fifo = 2.0 * (double)bytes / c.link.bw;
-    double single = tune_cma_handshake_us(&c) + (double)bytes / c.cma_bw;
+    double single = tune_cma_handshake_us(&c) + (double)bytes / tune_cma_bw(&c, 2.0 * (double)bytes);
     if (single < fifo) {
       min = bytes;
       break;
@@ -193,8 +201,8 @@ static void cma_p2p_threshold(struct ncclComm* comm) {
          "but the FIFO is faster at every size under the tuning table (COLLIE_CMA=auto)", comm->nranks);
   else
     INFO(LOG_INIT | LOG_SHM | LOG_TUNING, "single copy (cross-memory attach) between this host's %d ranks: for "
-         "point-to-point messages of at least %zu KiB (COLLIE_CMA=auto; COLLIE_CMA=1: every message and the "
-         "single-copy broadcast and allgather)", comm->nranks, min >> 10);
+         "point-to-point messages and the single-copy broadcast and allgather rows from %zu KiB (COLLIE_CMA=auto; "
+         "COLLIE_CMA=1: every size)", comm->nranks, min >> 10);
 }
 
 /* Channels for a row that can split: more only pay when each rank has CPUs
@@ -294,15 +302,19 @@ ncclResult_t tuning_report(FILE* f, int nranks) {
   NCCLCHECKGOTO(tuning_masks(comm), res, out);
   tuning_ch_bounds(comm);
   comm->shm_disable = param_int(P_NCCL_SHM_DISABLE, 0, 1) == 1;
+  /* Single copy as COLLIE_CMA asks, assuming the probe at init succeeds. */
   const char* cma = param_str(P_COLLIE_CMA);
-  comm->cma = comm->cma_rows = cma && strcmp(cma, "1") == 0;
-  comm->cma_min_bytes = 1;
+  int cma_off = cma && (strcmp(cma, "0") == 0 || strcasecmp(cma, "off") == 0);
+  comm->cma_forced = cma && (strcmp(cma, "1") == 0 || strcasecmp(cma, "on") == 0);
+  comm->cma = nranks > 1 && !comm->shm_disable && !cma_off && (comm->cma_forced || nranks <= CMA_AUTO_MAX_RANKS);
+  comm->cma_min_bytes = comm->cma_forced ? 1 : SIZE_MAX;
   cpu_set_t set;
   int ncpu = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
   if (ncpu < 1) ncpu = 1;
   comm->oversub = nranks > ncpu ? (double)nranks / ncpu : 1.0;
   comm->cpus_per_rank = (double)ncpu / nranks;
   tune_table_local(&comm->tune, 1, 0);
+  if (comm->cma && !comm->cma_forced) cma_p2p_threshold(comm);
   const struct tune_table* t = &comm->tune;
   char path[4352] = "(no cache directory)";
   tune_cache_path(path, sizeof(path));
@@ -320,10 +332,22 @@ ncclResult_t tuning_report(FILE* f, int nranks) {
           t->measured & 16 ? m : "built-in");
   fprintf(f, "  %-18s %12.2f GB/s %s (process_vm_readv, LLC-sized block)\n", "single copy", t->cma_bw / 1e3,
           t->measured & 4 ? m : "built-in");
+  fprintf(f, "  %-18s %12.2f GB/s %s (process_vm_readv, an eighth of a core's cache)\n", "single copy near",
+          t->cma_near_bw / 1e3, t->measured & 32 ? m : "built-in");
+  fprintf(f, "  %-18s %12.2f us   %s (process_vm_readv of 64 bytes)\n", "single copy call", t->cma_call_us,
+          t->measured & 64 ? m : "built-in");
   fprintf(f, "  %-18s %12.0f KiB  %s (last-level cache)\n", "cache", t->cache_bytes / 1024,
           t->measured & 8 ? m : "built-in");
+  fprintf(f, "  %-18s %12.0f KiB  %s (a core's private cache)\n", "core cache", t->near_bytes / 1024,
+          t->measured & 128 ? m : "built-in");
   fprintf(f, "  %-18s %12.2f us   built-in\n", "socket step", t->net_alpha_us);
   fprintf(f, "  %-18s %12.2f GB/s built-in\n", "socket rate", t->net_bw / 1e3);
+  if (!comm->cma) fprintf(f, "single copy: off\n");
+  else if (comm->cma_forced) fprintf(f, "single copy: every message (COLLIE_CMA=1)\n");
+  else if (comm->cma_min_bytes == SIZE_MAX) fprintf(f, "single copy: none (the FIFO is faster at every size)\n");
+  else
+    fprintf(f, "single copy: from %zu KiB per message (COLLIE_CMA=auto, if the probe at init succeeds)\n",
+            comm->cma_min_bytes >> 10);
   fprintf(f, "choices at %d ranks on one host (%d CPUs), float32, sum; bytes per rank:\n", nranks, ncpu);
   fprintf(f, "%-14s %12s %-10s %-8s %8s %10s %14s\n", "collective", "bytes", "algorithm", "protocol", "channels",
           "chunk", "predicted_us");

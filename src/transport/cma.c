@@ -20,18 +20,12 @@
  * send/recv) from the size where the tuner's cost model, with this machine's
  * calibrated copy and single-copy rates, has one copy plus a handshake
  * beating the FIFO's two copies (graph/tuning.c, cma_p2p_threshold); until
- * then for none. The single-copy allgather row is weighed by the tuner from
- * the same size on; the broadcast row stays with COLLIE_CMA=1 (its estimate
- * does not tell apart where it wins: 1.5x faster at 128-512 KiB at 2 ranks,
- * 1.2x slower from 2 MiB, where the FIFO pipeline keeps both ranks copying).
- * An earlier development machine
+ * then for none. The single-copy broadcast and allgather rows are weighed by
+ * the tuner from the same size on. An earlier development machine
  * measured the FIFO as fast or faster everywhere (cache-resident slots at ~20
  * GB/s against process_vm_readv's page pinning at 5-9 GB/s); the current one
  * (2 ranks, alltoall 128 KiB-32 MiB) 1.3-2.1x slower than single copy. */
 #define CMA_MIN_BYTES_AUTO SIZE_MAX
-/* The probe reads every peer from every rank (n^2 reads per host, 6 s of
- * init at 1024 ranks: docs/BENCHMARKS.md, Init scaling). */
-#define CMA_AUTO_MAX_RANKS 64
 
 #define CMA_PROBE_MAGIC 0x636f6c6c69654d41ULL /* "collieMA" */
 /* Always mapped and never written: what peers read to prove they can. */
@@ -62,7 +56,7 @@ ncclResult_t cma_read(int pid, void* dst, uint64_t addr, size_t bytes, int* err)
 }
 
 ncclResult_t transport_cma_init(struct ncclComm* comm) {
-  comm->cma = comm->cma_rows = 0;
+  comm->cma = comm->cma_forced = 0;
   comm->cma_min_bytes = CMA_MIN_BYTES_AUTO;
   const char* mode = param_str(P_COLLIE_CMA);
   int forced = 0;
@@ -123,7 +117,7 @@ ncclResult_t transport_cma_init(struct ncclComm* comm) {
   }
   comm->cma = 1;
   if (forced) {
-    comm->cma_rows = 1;
+    comm->cma_forced = 1;
     comm->cma_min_bytes = 1;
     INFO(LOG_INIT | LOG_SHM, "single copy (cross-memory attach) between this host's %d ranks: on for every message", n);
   }

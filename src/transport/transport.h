@@ -130,6 +130,10 @@ void transport_close_all(struct ncclComm* comm);
  * cross-memory attach between all ranks of a single-host communicator per
  * COLLIE_CMA and sets comm->cma / cma_min_bytes alike on every rank. */
 ncclResult_t transport_cma_init(struct ncclComm* comm);
+/* COLLIE_CMA=auto probes hosts of up to this many ranks: the probe reads
+ * every peer from every rank (n^2 reads per host, 6 s of init at 1024 ranks:
+ * docs/BENCHMARKS.md, Init scaling). */
+#define CMA_AUTO_MAX_RANKS 64
 /* Reads bytes at addr in process pid into dst (cma.c); *err: errno on failure. */
 ncclResult_t cma_read(int pid, void* dst, uint64_t addr, size_t bytes, int* err);
 /* Payload bytes of one connector slot (NCCL_BUFFSIZE / COLLIE_NSLOTS, decided

@@ -469,7 +469,7 @@ static int rank_cmaauto(int rank, int nranks, const ncclUniqueId* ids, int nids,
   (void)arg;
   ncclComm_t comm;
   MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
-  MP_CHECK(!comm->cma_rows, "rank %d: COLLIE_CMA=auto allowed the single-copy collective rows", rank);
+  MP_CHECK(!comm->cma_forced, "rank %d: COLLIE_CMA=auto taken for COLLIE_CMA=1", rank);
   size_t th = comm->cma_min_bytes;
   if (comm->cma)
     MP_CHECK(th == SIZE_MAX || (th >= ((size_t)4 << 10) && th <= ((size_t)256 << 20) && (th & (th - 1)) == 0),
@@ -512,6 +512,23 @@ static int rank_cmaauto(int rank, int nranks, const ncclUniqueId* ids, int nids,
       for (size_t i = 0; i < per; i += 97)
         MP_CHECK(rb[i] == val(it, prev, rank, i), "rank %d: send/recv of %zu bytes, element %zu is %g", rank,
                  sizes[si], i, rb[i]);
+      /* The single-copy rows, weighed by the tuner from the threshold on:
+       * a broadcast (in place and not) and an allgather. */
+      int root = it % nranks;
+      memset(rb, 0, per * (size_t)nranks * sizeof(float));
+      MP_NCCL(ncclBroadcast(sb, rb, per, ncclFloat, root, comm, NULL));
+      if (rank != root) MP_NCCL(ncclBroadcast(rb + per, rb + per, per, ncclFloat, root, comm, NULL));
+      else MP_NCCL(ncclBroadcast(sb, rb + per, per, ncclFloat, root, comm, NULL));
+      for (size_t i = 0; i < per; i += 89)
+        MP_CHECK(rb[i] == val(it, root, 0, i) && rb[per + i] == val(it, root, 0, i),
+                 "rank %d: broadcast of %zu bytes from rank %d, element %zu is %g / %g", rank, sizes[si], root, i,
+                 rb[i], rb[per + i]);
+      memset(rb, 0, per * (size_t)nranks * sizeof(float));
+      MP_NCCL(ncclAllGather(sb, rb, per, ncclFloat, comm, NULL));
+      for (int p = 0; p < nranks; p++)
+        for (size_t i = 0; i < per; i += 89)
+          MP_CHECK(rb[(size_t)p * per + i] == val(it, p, 0, i), "rank %d: allgather of %zu bytes per rank, element "
+                   "%zu from rank %d is %g", rank, sizes[si], i, p, rb[(size_t)p * per + i]);
     }
     free(sb);
     free(rb);

@@ -25,7 +25,7 @@ static void table_for(int rank, struct tune_table* t) {
   tune_table_builtin(t);
   t->shm_alpha_us = rank == 0 ? 40.0 : 0.01;
   t->copy_cache_bw = t->copy_stream_bw = rank == 0 ? 2.0e5 : 150.0;
-  t->cma_bw = t->cma_cache_bw = rank == 0 ? 3.0e5 : 120.0;
+  t->cma_bw = t->cma_cache_bw = t->cma_near_bw = rank == 0 ? 3.0e5 : 120.0;
   t->cache_bytes = rank == 0 ? 1 << 20 : 64 << 20;
   t->measured = 15;
 }
@@ -153,8 +153,10 @@ static int test_cache(const char* base) {
   tune_table_local(&t, 1, 1);
   MP_CHECK(t.source == TUNE_SRC_CALIBRATED, "source %d", t.source);
   MP_CHECK(t.copy_cache_bw > 0 && t.copy_stream_bw > 0 && t.cma_bw > 0 && t.cma_cache_bw > 0 &&
-               t.cache_bytes > 0, "non-positive rate");
-  MP_CHECK(tune_cache_load(&u) == TUNE_LOAD_OK && u.copy_stream_bw == t.copy_stream_bw, "stored table not loaded");
+               t.cma_near_bw > 0 && t.cma_call_us > 0 && t.cache_bytes > 0 && t.near_bytes > 0, "non-positive rate");
+  MP_CHECK(tune_cache_load(&u) == TUNE_LOAD_OK && u.copy_stream_bw == t.copy_stream_bw &&
+               u.cma_near_bw == t.cma_near_bw && u.cma_call_us == t.cma_call_us && u.near_bytes == t.near_bytes,
+           "stored table not loaded");
   tune_table_local(&u, 1, 1);
   MP_CHECK(u.source == TUNE_SRC_CACHE, "second look did not use the cache (source %d)", u.source);
 
