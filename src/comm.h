@@ -53,8 +53,7 @@ struct ncclComm {
   size_t slot_bytes;
   int shm_disable; /* NCCL_SHM_DISABLE, read at init */
   int cma;            /* single copy (process_vm_readv) works between every pair of ranks (transport/cma.c) */
-  size_t cma_min_bytes; /* messages at least this big use it (COLLIE_CMA) */
-  int cma_forced;     /* COLLIE_CMA=1: single copy for every message and every size of the single-copy rows */
+  size_t cma_min_bytes; /* messages at least this big use it: 1 with COLLIE_CMA=1, the tuner's threshold with auto */
   int64_t timeout_s; /* COLLIE_TIMEOUT, read at init; 0: none */
   /* Ring orders (graph/rings.c): position -> rank and back, this host's ring,
    * and the ring of host leaders. */

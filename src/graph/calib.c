@@ -95,8 +95,6 @@ void tune_calibrate(struct tune_table* t) {
   size_t small = llc > 0 ? (size_t)llc / 4 : (size_t)1 << 20;
   if (small < ((size_t)1 << 20)) small = (size_t)1 << 20;
   if (small > ((size_t)4 << 20)) small = (size_t)4 << 20;
-  /* Some VMs report the L3 of every socket: the size counts only up to half
-   * the block measured as streaming. */
   long l2 = -1;
 #ifdef _SC_LEVEL2_CACHE_SIZE
   l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
@@ -107,6 +105,8 @@ void tune_calibrate(struct tune_table* t) {
   if (near < ((size_t)64 << 10)) near = (size_t)64 << 10;
   if (near > ((size_t)1 << 20)) near = (size_t)1 << 20;
   if (l2 > 0) t->near_bytes = (double)l2, t->measured |= 128;
+  /* Some VMs report the L3 of every socket: the size counts only up to half
+   * the block measured as streaming. */
   if (llc > 0) {
     t->cache_bytes = (double)llc < (double)big / 2 ? (double)llc : (double)big / 2;
     t->measured |= 8;
@@ -124,8 +124,7 @@ void tune_calibrate(struct tune_table* t) {
   if (plausible(bw)) t->cma_bw = bw, t->measured |= 4;
   bw = copy_rate(src, dst, small, 8, 1);
   if (plausible(bw)) t->cma_cache_bw = bw, t->measured |= 16;
-  memset(src, 1, near);
-  bw = copy_rate(src, dst, near, 16, 1);
+  bw = copy_rate(src, dst, near, 16, 1); /* near <= small: written above */
   if (plausible(bw)) t->cma_near_bw = bw, t->measured |= 32;
   /* The call itself: 64 bytes, best of 64 (0.4 us on the development machine). */
   bw = copy_rate(src, dst, 64, 64, 1);

@@ -133,7 +133,7 @@ ncclResult_t tuning_init(struct ncclComm* comm) {
     if (comm->peers[i].local_size > comm->max_local) comm->max_local = comm->peers[i].local_size;
   }
   NCCLCHECK(tuning_agree(comm));
-  if (comm->cma && !comm->cma_forced) cma_p2p_threshold(comm);
+  if (comm->cma && comm->cma_min_bytes == SIZE_MAX) cma_p2p_threshold(comm); /* auto: left to the tuner */
   if (log_enabled(LOG_INFO, LOG_TUNING | LOG_ENV)) {
     char list[128] = "";
     for (int i = 0; i < ALGO_NNAMES; i++)
@@ -155,6 +155,7 @@ static struct tune_cost cost_for(const struct ncclComm* comm, const struct tune_
   c.local.alpha_us = t->shm_alpha_us;
   c.local.bw = shm_bw;
   c.cma_bw = (cached ? t->cma_cache_bw : t->cma_bw) / comm->oversub;
+  /* Never below the in-cache rate (a noisy calibration could have it so). */
   c.cma_near_bw = COLLIE_MAX(t->cma_near_bw, t->cma_cache_bw) / comm->oversub;
   /* Ranks that take turns on a CPU push each other's data out of its
    * private cache: no private-cache rate when oversubscribed (8 ranks on 2
@@ -303,18 +304,20 @@ ncclResult_t tuning_report(FILE* f, int nranks) {
   tuning_ch_bounds(comm);
   comm->shm_disable = param_int(P_NCCL_SHM_DISABLE, 0, 1) == 1;
   /* Single copy as COLLIE_CMA asks, assuming the probe at init succeeds. */
-  const char* cma = param_str(P_COLLIE_CMA);
-  int cma_off = cma && (strcmp(cma, "0") == 0 || strcasecmp(cma, "off") == 0);
-  comm->cma_forced = cma && (strcmp(cma, "1") == 0 || strcasecmp(cma, "on") == 0);
-  comm->cma = nranks > 1 && !comm->shm_disable && !cma_off && (comm->cma_forced || nranks <= CMA_AUTO_MAX_RANKS);
-  comm->cma_min_bytes = comm->cma_forced ? 1 : SIZE_MAX;
+  int cma = cma_mode();
+  if (cma < 0) {
+    res = err_set(ncclInvalidArgument, "COLLIE_CMA=\"%s\": expected auto, 0 or 1", param_str(P_COLLIE_CMA));
+    goto out;
+  }
+  comm->cma = nranks > 1 && !comm->shm_disable && (cma == CMA_ON || (cma == CMA_AUTO && nranks <= CMA_AUTO_MAX_RANKS));
+  comm->cma_min_bytes = cma == CMA_ON ? 1 : SIZE_MAX;
   cpu_set_t set;
   int ncpu = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
   if (ncpu < 1) ncpu = 1;
   comm->oversub = nranks > ncpu ? (double)nranks / ncpu : 1.0;
   comm->cpus_per_rank = (double)ncpu / nranks;
   tune_table_local(&comm->tune, 1, 0);
-  if (comm->cma && !comm->cma_forced) cma_p2p_threshold(comm);
+  if (comm->cma && cma == CMA_AUTO) cma_p2p_threshold(comm);
   const struct tune_table* t = &comm->tune;
   char path[4352] = "(no cache directory)";
   tune_cache_path(path, sizeof(path));
@@ -343,7 +346,7 @@ ncclResult_t tuning_report(FILE* f, int nranks) {
   fprintf(f, "  %-18s %12.2f us   built-in\n", "socket step", t->net_alpha_us);
   fprintf(f, "  %-18s %12.2f GB/s built-in\n", "socket rate", t->net_bw / 1e3);
   if (!comm->cma) fprintf(f, "single copy: off\n");
-  else if (comm->cma_forced) fprintf(f, "single copy: every message (COLLIE_CMA=1)\n");
+  else if (cma == CMA_ON) fprintf(f, "single copy: every message (COLLIE_CMA=1)\n");
   else if (comm->cma_min_bytes == SIZE_MAX) fprintf(f, "single copy: none (the FIFO is faster at every size)\n");
   else
     fprintf(f, "single copy: from %zu KiB per message (COLLIE_CMA=auto, if the probe at init succeeds)\n",

@@ -55,15 +55,22 @@ ncclResult_t cma_read(int pid, void* dst, uint64_t addr, size_t bytes, int* err)
   return ncclSuccess;
 }
 
+int cma_mode(void) {
+  const char* s = param_str(P_COLLIE_CMA);
+  if (!s || !*s || strcasecmp(s, "auto") == 0) return CMA_AUTO;
+  if (strcmp(s, "0") == 0 || strcasecmp(s, "off") == 0) return CMA_OFF;
+  if (strcmp(s, "1") == 0 || strcasecmp(s, "on") == 0) return CMA_ON;
+  return -1;
+}
+
 ncclResult_t transport_cma_init(struct ncclComm* comm) {
-  comm->cma = comm->cma_forced = 0;
+  comm->cma = 0;
   comm->cma_min_bytes = CMA_MIN_BYTES_AUTO;
-  const char* mode = param_str(P_COLLIE_CMA);
-  int forced = 0;
-  if (mode && (strcmp(mode, "0") == 0 || strcasecmp(mode, "off") == 0)) return ncclSuccess;
-  if (mode && (strcmp(mode, "1") == 0 || strcasecmp(mode, "on") == 0)) forced = 1;
-  else if (mode && *mode && strcasecmp(mode, "auto") != 0)
-    return err_set(ncclInvalidArgument, "COLLIE_CMA=\"%s\": expected auto, 0 or 1", mode);
+  int mode = cma_mode();
+  if (mode < 0)
+    return err_set(ncclInvalidArgument, "COLLIE_CMA=\"%s\": expected auto, 0 or 1", param_str(P_COLLIE_CMA));
+  if (mode == CMA_OFF) return ncclSuccess;
+  int forced = mode == CMA_ON;
   /* One host whose ranks share memory: every rank knows this alike. */
   if (comm->nranks == 1 || comm->nhosts != 1 || comm->shm_disable) {
     if (forced && comm->nranks > 1)
@@ -117,11 +124,11 @@ ncclResult_t transport_cma_init(struct ncclComm* comm) {
   }
   comm->cma = 1;
   if (forced) {
-    comm->cma_forced = 1;
     comm->cma_min_bytes = 1;
     INFO(LOG_INIT | LOG_SHM, "single copy (cross-memory attach) between this host's %d ranks: on for every message", n);
   }
-  /* auto: the tuner sets the threshold once the tuning table is agreed. */
+  /* auto: the tuner sets the threshold (CMA_MIN_BYTES_AUTO until then) once
+   * the tuning table is agreed. */
 out:
   free(all);
   free(ok);

@@ -130,6 +130,10 @@ void transport_close_all(struct ncclComm* comm);
  * cross-memory attach between all ranks of a single-host communicator per
  * COLLIE_CMA and sets comm->cma / cma_min_bytes alike on every rank. */
 ncclResult_t transport_cma_init(struct ncclComm* comm);
+/* COLLIE_CMA as set: CMA_OFF, CMA_AUTO (unset too) or CMA_ON; -1 for any
+ * other value. */
+enum { CMA_OFF, CMA_AUTO, CMA_ON };
+int cma_mode(void);
 /* COLLIE_CMA=auto probes hosts of up to this many ranks: the probe reads
  * every peer from every rank (n^2 reads per host, 6 s of init at 1024 ranks:
  * docs/BENCHMARKS.md, Init scaling). */

@@ -43,6 +43,7 @@
 
 #include "harness.h"
 #include "comm.h"
+#include "coll/coll.h"
 #include "coll/prims.h"
 
 /* Makes this rank a host of its own (NCCL_HOSTID), so it talks to the
@@ -469,7 +470,6 @@ static int rank_cmaauto(int rank, int nranks, const ncclUniqueId* ids, int nids,
   (void)arg;
   ncclComm_t comm;
   MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
-  MP_CHECK(!comm->cma_forced, "rank %d: COLLIE_CMA=auto taken for COLLIE_CMA=1", rank);
   size_t th = comm->cma_min_bytes;
   if (comm->cma)
     MP_CHECK(th == SIZE_MAX || (th >= ((size_t)4 << 10) && th <= ((size_t)256 << 20) && (th & (th - 1)) == 0),
@@ -488,6 +488,22 @@ static int rank_cmaauto(int rank, int nranks, const ncclUniqueId* ids, int nids,
   /* Messages below, at and above the threshold (or 64 KiB-1 MiB when off). */
   size_t base = comm->cma && th != SIZE_MAX ? th : (size_t)64 << 10;
   size_t sizes[] = {base / 2 - 4, base, base * 2 + 4};
+  /* The single-copy rows may run from the threshold on (per rank), never
+   * below it, and never when single copy is off or has no threshold. */
+  for (int si = 0; si < 3; si++)
+    for (int i = 0; i < algo_table_len; i++) {
+      const struct algo* al = algo_table[i];
+      if (al->name != ALGO_CMA) continue;
+      struct coll_args a;
+      memset(&a, 0, sizeof(a));
+      a.comm = comm;
+      a.kind = al->coll;
+      a.count = sizes[si] / sizeof(float);
+      a.dt = ncclFloat;
+      int want = comm->cma && th != SIZE_MAX && a.count * sizeof(float) >= th;
+      MP_CHECK(al->eligible(&a) == want, "rank %d: single-copy %s row of %zu bytes %s (threshold %zu)", rank,
+               coll_name(al->coll), sizes[si], want ? "not eligible" : "eligible", th);
+    }
   for (int si = 0; si < 3; si++) {
     size_t per = sizes[si] / sizeof(float);
     float* sb = malloc(per * (size_t)nranks * sizeof(float));
@@ -517,8 +533,8 @@ static int rank_cmaauto(int rank, int nranks, const ncclUniqueId* ids, int nids,
       int root = it % nranks;
       memset(rb, 0, per * (size_t)nranks * sizeof(float));
       MP_NCCL(ncclBroadcast(sb, rb, per, ncclFloat, root, comm, NULL));
-      if (rank != root) MP_NCCL(ncclBroadcast(rb + per, rb + per, per, ncclFloat, root, comm, NULL));
-      else MP_NCCL(ncclBroadcast(sb, rb + per, per, ncclFloat, root, comm, NULL));
+      if (rank == root) memcpy(rb + per, sb, per * sizeof(float));
+      MP_NCCL(ncclBroadcast(rb + per, rb + per, per, ncclFloat, root, comm, NULL));
       for (size_t i = 0; i < per; i += 89)
         MP_CHECK(rb[i] == val(it, root, 0, i) && rb[per + i] == val(it, root, 0, i),
                  "rank %d: broadcast of %zu bytes from rank %d, element %zu is %g / %g", rank, sizes[si], root, i,
