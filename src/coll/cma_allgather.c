@@ -13,14 +13,13 @@
 static int eligible(const struct coll_args* a) { return coll_cma_eligible(a); }
 
 /* Every rank reads n-1 blocks once, at its core's private-cache rate while
- * its send and receive buffers fit there; n ranks share the host's CPUs. */
+ * its send and receive buffers fit there. All n ranks copy at once, so each
+ * gets its share of a CPU: the table's rates already say so (graph/tuning.c
+ * divides them by the ranks per CPU). */
 static double estimate(const struct coll_args* a, const struct tune_cost* c) {
-  const struct ncclComm* comm = a->comm;
-  int n = comm->nranks;
+  int n = a->comm->nranks;
   double bytes = (double)a->count * (double)dtype_size(a->dt);
-  double cpus = COLLIE_MAX(1.0, comm->cpus_per_rank * n);
-  double crowd = (double)n / COLLIE_MIN((double)n, cpus);
-  return tune_cma_handshake_us(c) + crowd * (n - 1) * bytes / tune_cma_bw(c, (n + 1) * bytes);
+  return tune_cma_handshake_us(c) + (n - 1) * bytes / tune_cma_bw(c, (n + 1) * bytes);
 }
 
 static ncclResult_t run(struct coll_args* a, const struct plan* p) {

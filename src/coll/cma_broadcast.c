@@ -13,21 +13,23 @@
  * threshold on (graph/tuning.c); COLLIE_CMA=1 allows every size. */
 static int eligible(const struct coll_args* a) { return coll_cma_eligible(a); }
 
-/* n-1 readers share the root's memory bandwidth over the host's CPUs; each
- * reads once (half the FIFO's copies), at its core's private-cache rate
- * while the root's block and its own copy fit there. The root returns only
- * once the last reader has released its buffer (a FIFO's root returns once
- * its data are in the slots): with more readers than CPUs they run in
- * rounds, each round a handshake (8 ranks on 2 CPUs: 32 KiB took 35 us
- * against the ring's 12). */
+/* The n-1 readers each read the root's block once (half the FIFO's copies),
+ * at its core's private-cache rate while the root's block and its own copy
+ * fit there. The root only waits, so the readers have the host's CPUs to
+ * themselves: the table's rates are a CPU's share when every rank copies
+ * (graph/tuning.c divides them by the ranks per CPU), a reader that has a
+ * CPU copies at the whole rate. One system call moves a reader's whole
+ * block, so with more readers than CPUs they run in rounds, each a handshake
+ * and a whole block (4 ranks on 2 CPUs, 2-32 MiB: two blocks' time; 8 ranks:
+ * four), and the root returns once its last reader has released its buffer
+ * (8 ranks on 2 CPUs, 32 KiB: 35 us against the ring's 12). */
 static double estimate(const struct coll_args* a, const struct tune_cost* c) {
   const struct ncclComm* comm = a->comm;
   int n = comm->nranks;
   double bytes = (double)a->count * (double)dtype_size(a->dt);
   double cpus = COLLIE_MAX(1.0, comm->cpus_per_rank * n);
-  double par = COLLIE_MIN((double)(n - 1), cpus);
-  double rounds = ceil((n - 1) / par);
-  return rounds * tune_cma_handshake_us(c) + (n - 1) * bytes / tune_cma_bw(c, 2.0 * bytes) / par;
+  double rounds = ceil((n - 1) / COLLIE_MIN((double)(n - 1), cpus));
+  return rounds * (tune_cma_handshake_us(c) + bytes / (tune_cma_bw(c, 2.0 * bytes) * comm->oversub));
 }
 
 static ncclResult_t run(struct coll_args* a, const struct plan* p) {

@@ -67,6 +67,7 @@ struct tune_cost {
   double cma_near_bw; /* the same while a reader's data fit in its core's private cache */
   double near_bytes;  /* one core's private cache */
   double cma_call_us; /* the system call and its page pinning */
+  int resident;       /* every local rank's send and receive buffers fit the host's cache together */
 };
 /* What a single-copy message costs besides its bytes: the descriptor out
  * and the release back (two steps) and the system call. */

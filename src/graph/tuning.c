@@ -162,6 +162,7 @@ static struct tune_cost cost_for(const struct ncclComm* comm, const struct tune_
    * CPUs: single copy lost 16% at 64 KiB messages). */
   c.near_bytes = comm->oversub > 1 ? 0 : t->near_bytes;
   c.cma_call_us = t->cma_call_us;
+  c.resident = cached;
   if (coll_shm_only(comm)) {
     c.link.alpha_us = t->shm_alpha_us + (comm->oversub > 1 ? t->oversub_alpha_us * comm->oversub : 0);
     c.link.bw = shm_bw / comm->oversub;
