@@ -36,7 +36,7 @@ struct ncclComm {
   int machine_size;     /* ranks on this rank's machine */
   int machine_rank;     /* this rank's place among them (by rank) */
   int unpair;           /* COLLIE_UNPAIR and every rank of this machine can have a CPU (prim_unpair) */
-  int64_t unpair_ns;    /* when a waiter last moved this rank off a CPU it shared with a peer */
+  int64_t unpair_ns;    /* when a waiter last moved this rank off a CPU it shared with a peer (or spread it) */
   uint64_t unpair_moves;
   int spread;           /* CPUs this rank may use when they are fewer than this host's ranks (COLLIE_UNPAIR), else 0 */
   int64_t spread_ns;    /* when a waiter of this rank last looked at the ranks per CPU */

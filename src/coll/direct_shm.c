@@ -60,10 +60,11 @@ struct mb_ctrl {
   struct mb_line line[NSLOTS];
   uint32_t done; /* seq of the last direct call whose peers' data this rank has finished reading */
   uint32_t pad0;
-  /* The CPU this rank last ran a call on (written with done): a waiter
-   * whose peer sits on its own CPU stops spinning at once, since the peer
-   * cannot run until it gives the CPU up (unbound ranks that wake each
-   * other are often pulled onto one CPU). */
+  /* The CPU this rank last ran a call on (written with done, and by its
+   * waiters: board_give_way, board_yield): a waiter whose peer sits on its
+   * own CPU stops spinning at once, since the peer cannot run until it gives
+   * the CPU up (unbound ranks that wake each other are often pulled onto one
+   * CPU); with more ranks than CPUs, board_yield counts ranks per CPU. */
   int32_t cpu;
   uint32_t pad2;
   /* When this rank last saw that it had run on `cpu` for a while without
@@ -197,10 +198,10 @@ void board_yield(struct ncclComm* comm) {
     int me = sched_getcpu();
     struct rusage ru;
     long csw = getrusage(RUSAGE_THREAD, &ru) == 0 ? ru.ru_nivcsw : -1;
-    /* Preempted (a yield that let another task run counts too) or moved:
-     * the CPU is not this rank's alone. */
     int64_t cpu_ns = csw < 0 ? 0 : ((int64_t)ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000000LL +
                                        ((int64_t)ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1000LL;
+    /* Preempted (a yield that let another task run counts too) or moved:
+     * the CPU is not this rank's alone; count again from now. */
     if (me < 0 || csw < 0 || me != comm->spread_cpu || csw != comm->spread_csw) {
       comm->spread_quiet_ns = now;
       comm->spread_quiet_cpu_ns = cpu_ns;
