@@ -36,14 +36,8 @@ struct ncclComm {
   int machine_size;     /* ranks on this rank's machine */
   int machine_rank;     /* this rank's place among them (by rank) */
   int unpair;           /* COLLIE_UNPAIR and every rank of this machine can have a CPU (prim_unpair) */
-  int64_t unpair_ns;    /* when a waiter last moved this rank off a CPU it shared with a peer (or spread it) */
+  int64_t unpair_ns;    /* when a waiter last moved this rank off a CPU it shared with a peer */
   uint64_t unpair_moves;
-  int spread;           /* CPUs this rank may use when they are fewer than this host's ranks (COLLIE_UNPAIR), else 0 */
-  int64_t spread_ns;    /* when a waiter of this rank last looked at the ranks per CPU */
-  int64_t spread_quiet_ns; /* since when this rank has run on spread_cpu without being preempted */
-  int64_t spread_quiet_cpu_ns; /* this thread's CPU time at spread_quiet_ns */
-  int spread_cpu;
-  long spread_csw;      /* this thread's involuntary context switches, as of spread_quiet_ns */
   int local_rank, local_size, nhosts;
   ncclConfig_t config;
   uint32_t abort_flag;

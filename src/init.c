@@ -335,8 +335,6 @@ static ncclResult_t comm_setup(ncclComm_t comm, int nids, const ncclUniqueId* id
     int mycpus = sched_getaffinity(0, sizeof(mine), &mine) == 0 ? CPU_COUNT(&mine) : 0;
     comm->unpair = comm->machine_size > 1 && comm->machine_size <= mycpus && comm->spin_ns > 0 &&
                    param_int(P_COLLIE_UNPAIR, 0, 1);
-    /* More ranks than CPUs: waiters keep them spread evenly (board_spread). */
-    comm->spread = comm->local_size > mycpus && mycpus >= 2 && param_int(P_COLLIE_UNPAIR, 0, 1) ? mycpus : 0;
   }
   comm->comm_hash = bootstrap_nonce(comm->bs) ^ 0x636f6c6c6965ULL;
   comm->shm_disable = (int)param_int(P_NCCL_SHM_DISABLE, 0, 1);

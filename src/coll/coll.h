@@ -180,12 +180,6 @@ ncclResult_t board_check(struct ncclComm* comm);
  * lets it run, by moving this thread to another CPU (COLLIE_UNPAIR,
  * rate-limited) or by yielding. Fails only when the communicator is stopped. */
 ncclResult_t board_give_way(struct ncclComm* comm, int peer);
-/* A waiter's yield. With more ranks than CPUs (comm->spread) it also
- * keeps them spread, at most every 100 us: it records the CPU it runs on
- * and, once it has run there 2 ms without being preempted, that the CPU is
- * free; the highest rank of a CPU holding more than its share of ranks moves
- * itself (mask put back, at most every 1 ms) to a free CPU holding fewer. */
-void board_yield(struct ncclComm* comm);
 
 /* ---- tuning (graph/tuning.c): the cost model and the choice of a row */
 

@@ -15,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include "coll.h"
@@ -60,18 +59,12 @@ struct mb_ctrl {
   struct mb_line line[NSLOTS];
   uint32_t done; /* seq of the last direct call whose peers' data this rank has finished reading */
   uint32_t pad0;
-  /* The CPU this rank last ran a call on (written with done, and by its
-   * waiters: board_give_way, board_yield): a waiter whose peer sits on its
-   * own CPU stops spinning at once, since the peer cannot run until it gives
-   * the CPU up (unbound ranks that wake each other are often pulled onto one
-   * CPU); with more ranks than CPUs, board_yield counts ranks per CPU. */
+  /* The CPU this rank last ran a call on (written with done): a waiter
+   * whose peer sits on its own CPU stops spinning at once, since the peer
+   * cannot run until it gives the CPU up (unbound ranks that wake each
+   * other are often pulled onto one CPU). */
   int32_t cpu;
-  uint32_t pad2;
-  /* When this rank last saw that it had run on `cpu` for a while without
-   * being preempted (CLOCK_MONOTONIC ns): a CPU crowded ranks may move to
-   * (board_yield). */
-  int64_t alone_ns;
-  char pad1[40];
+  char pad1[52];
   /* The call board: every collective publishes its sequence number and
    * arguments here (entry seq % BOARD_DEPTH), so a rank that has waited a
    * while can tell a peer that is merely slow from one that called something
@@ -149,78 +142,6 @@ ncclResult_t board_give_way(struct ncclComm* comm, int peer) {
   return ncclSuccess;
 }
 
-/* How often a waiter looks at the ranks per CPU, how often one rank moves,
- * how long a rank must have run without being preempted to call its CPU
- * free, and how recent that must be for a crowded rank to move there. */
-#define SPREAD_CHECK_NS 100000
-#define SPREAD_MOVE_NS 1000000
-#define SPREAD_QUIET_NS 2000000
-#define SPREAD_ALONE_NS 1000000
-
-/* Moves this rank from a CPU that holds more than its share of the
- * communicator's ranks to one that holds fewer and that a rank there calls
- * free. A CPU that something else keeps busy (a CPU hog, another job) is
- * never called free: moving there would make each rank wait for its time
- * slices (4 ranks and a hog on 2 CPUs: 2000 us an alltoall of 128 KiB
- * against 3.5 left to the scheduler). */
-static void board_spread(struct ncclComm* comm, int me, int64_t now) {
-  struct direct_state* d = comm->direct;
-  if (now - comm->unpair_ns < SPREAD_MOVE_NS) return;
-  int share = (d->n + comm->spread - 1) / comm->spread, here = 0;
-  for (int i = 0; i < d->n; i++) {
-    if (__atomic_load_n(&d->ctrl[i]->cpu, __ATOMIC_RELAXED) != me) continue;
-    /* The highest rank of a crowded CPU moves, so they do not all go. */
-    if (i > comm->rank) return;
-    here++;
-  }
-  if (here <= share) return;
-  int to = -1;
-  for (int i = 0; i < d->n && to < 0; i++) {
-    int c = __atomic_load_n(&d->ctrl[i]->cpu, __ATOMIC_RELAXED);
-    if (c < 0 || c == me || now - __atomic_load_n(&d->ctrl[i]->alone_ns, __ATOMIC_RELAXED) > SPREAD_ALONE_NS) continue;
-    int k = 0;
-    for (int j = 0; j < d->n; j++) k += __atomic_load_n(&d->ctrl[j]->cpu, __ATOMIC_RELAXED) == c;
-    if (k < share) to = c;
-  }
-  if (to < 0) return;
-  comm->unpair_ns = now;
-  if (bind_move_to_cpu(to) == 1) {
-    __atomic_store_n(&d->ctrl[comm->rank]->cpu, to, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&comm->unpair_moves, 1, __ATOMIC_RELAXED);
-  }
-}
-
-void board_yield(struct ncclComm* comm) {
-  struct direct_state* d = comm->direct;
-  int64_t now;
-  if (comm->spread && d && (now = time_ns()) - comm->spread_ns >= SPREAD_CHECK_NS) {
-    comm->spread_ns = now;
-    int me = sched_getcpu();
-    struct rusage ru;
-    long csw = getrusage(RUSAGE_THREAD, &ru) == 0 ? ru.ru_nivcsw : -1;
-    int64_t cpu_ns = csw < 0 ? 0 : ((int64_t)ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000000LL +
-                                       ((int64_t)ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1000LL;
-    /* Preempted (a yield that let another task run counts too) or moved:
-     * the CPU is not this rank's alone; count again from now. */
-    if (me < 0 || csw < 0 || me != comm->spread_cpu || csw != comm->spread_csw) {
-      comm->spread_quiet_ns = now;
-      comm->spread_quiet_cpu_ns = cpu_ns;
-      comm->spread_cpu = me;
-      comm->spread_csw = csw;
-    }
-    if (me >= 0) {
-      struct mb_ctrl* mine = d->ctrl[comm->rank];
-      if (__atomic_load_n(&mine->cpu, __ATOMIC_RELAXED) != me) __atomic_store_n(&mine->cpu, me, __ATOMIC_RELAXED);
-      /* Free: it ran most of that time, and nothing took the CPU from it. */
-      int64_t quiet = now - comm->spread_quiet_ns;
-      if (quiet >= SPREAD_QUIET_NS && 2 * (cpu_ns - comm->spread_quiet_cpu_ns) >= quiet)
-        __atomic_store_n(&mine->alone_ns, now, __ATOMIC_RELAXED);
-      board_spread(comm, me, now);
-    }
-  }
-  sched_yield();
-}
-
 /* Waits until (int32)(*word - want) >= 0. A peer that last ran on this
  * rank's CPU cannot run while this rank spins: after the first polls the
  * waiter yields to it (every 16th poll) instead of spinning its whole spin
@@ -258,7 +179,7 @@ static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* wa
     }
     if (yields++ < 16) {
       NCCLCHECK(comm_stop_check(comm)); /* a yield may be long on a crowded CPU */
-      board_yield(comm);
+      sched_yield();
       continue;
     }
     NCCLCHECK(prim_sleep_checks(comm, peer, &deadline, 1));

@@ -254,7 +254,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     }
     if (yields++ < 16) {
       if ((res = comm_stop_check(comm)) != ncclSuccess) break; /* a yield may be long on a crowded CPU */
-      board_yield(comm);
+      sched_yield();
       continue;
     }
     if ((res = prim_sleep_checks(comm, -1, &deadline, !p2p_only)) != ncclSuccess) break;

@@ -131,7 +131,7 @@ static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_
     /* On a crowded CPU each yield may cost a whole round of the run queue:
      * look at the stop flags (three loads) before every one. */
     NCCLCHECK(comm_stop_check(comm));
-    board_yield(comm);
+    sched_yield();
     return ncclSuccess;
   }
   NCCLCHECK(prim_sleep_checks(comm, c->peer, deadline, 1));

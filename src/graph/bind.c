@@ -509,18 +509,3 @@ int bind_move_off_cpu(int cpu) {
   }
   return moved;
 }
-
-int bind_move_to_cpu(int cpu) {
-  cpu_set_t had, one;
-  if (cpu < 0 || cpu >= CPU_SETSIZE || sched_getaffinity(0, sizeof(had), &had) != 0) return 0;
-  if (!CPU_ISSET(cpu, &had) || CPU_COUNT(&had) < 2 || sched_getcpu() == cpu) return 0;
-  CPU_ZERO(&one);
-  CPU_SET(cpu, &one);
-  if (sched_setaffinity(0, sizeof(one), &one) != 0) return 0;
-  int moved = sched_getcpu() == cpu;
-  if (sched_setaffinity(0, sizeof(had), &had) != 0) {
-    WARN("could not put back this thread's CPU affinity after moving it to CPU %d: %s", cpu, strerror(errno));
-    return -1;
-  }
-  return moved;
-}

@@ -66,10 +66,6 @@ int bind_apply(const cpu_set_t* from, const cpu_set_t* set);
  * not move (its mask has no other CPU, or does not hold `cpu`), -1 when the
  * old mask could not be put back (errno). */
 int bind_move_off_cpu(int cpu);
-/* Moves the calling thread to CPU `cpu` of its mask and puts the mask back
- * (the scheduler may move it later): 1 if it now runs there, 0 if not, -1
- * if the mask could not be put back. */
-int bind_move_to_cpu(int cpu);
 
 /* "0-3,8" for a set; "..." at the end when it does not fit. */
 void bind_cpulist(const cpu_set_t* set, char* out, size_t n);
