@@ -294,7 +294,9 @@ static int rank_burst(int rank, int nranks, const ncclUniqueId* ids, int nids, v
   (void)arg;
   ncclComm_t comm;
   MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
-  static const size_t counts[] = {1, 3, 10, 11, 300, 1024, 1100, 20000, 70000, 100000};
+  /* 4096-65536 floats: around the one-shot broadcast's chunk (16 KiB: one
+   * chunk, one chunk and 4 bytes) and up to its limit (256 KiB, 16 chunks). */
+  static const size_t counts[] = {1, 3, 10, 11, 300, 1024, 1100, 4096, 4097, 20000, 65536, 70000, 100000};
   size_t ncounts = sizeof(counts) / sizeof(counts[0]), cap = 100000;
   float* send = malloc(cap * sizeof(float));
   float* recv = malloc(cap * sizeof(float));
