@@ -35,17 +35,21 @@
 #define SMALL_BYTES 4096
 /* Calls published on the call board that peers can still look up. */
 #define BOARD_DEPTH 64
+/* Communicators up to this size stream broadcasts larger than a buffer. */
+#define ACK_RANKS 64
 
 /* One cache line per call parity: the ready flag, the call's arguments and,
  * for payloads up to INLINE_BYTES, the data itself, so a peer gets all of it
  * in one cache-line transfer. */
 struct mb_line {
   uint32_t seq; /* the direct call whose data this line (and mailbox half) holds */
-  /* A broadcast root's progress through a large payload: seq*BCAST_CHUNKS_MAX
-   * + the chunks copied in (bcast_chunked). */
+  /* A chunked broadcast (bcast_chunked): the root's stream count (chunks
+   * it ever published as a root) after this call's chunks so far, and
+   * where this call's count began. Monotonic, so a value left from an
+   * earlier call never passes for this one's. */
   uint32_t progress;
   int32_t root;
-  uint32_t pad;
+  uint32_t first;
   uint64_t token;
   char data[INLINE_BYTES];
 };
@@ -82,6 +86,11 @@ struct mb_ctrl {
    * cache, read-only, until somebody sleeps. */
   uint32_t line_waiters[NSLOTS] __attribute__((aligned(64)));
   uint32_t done_waiters;
+  /* A broadcast streamed through a root's two large buffers (bcast_stream):
+   * ack[r] is the stream count of root r up to which this rank has copied
+   * its chunks out, so that root may overwrite them. */
+  uint32_t ack[ACK_RANKS] __attribute__((aligned(64)));
+  uint32_t ack_waiters;
 };
 _Static_assert(sizeof(struct mb_line) == 64, "one cache line");
 _Static_assert(sizeof(struct mb_ctrl) <= MB_CTRL_BYTES, "control fits its page");
@@ -97,11 +106,13 @@ struct direct_state {
   /* Where this call's payload lives (the same on every rank that agrees on
    * the call): inline in the slot's line, the slot's small buffer, or large
    * buffer `big`; and the direct seq that last used each large buffer. */
-  int where; /* 0 inline, 1 small, 2 large */
+  int where; /* 0 inline, 1 small, 2 large, 3 both large buffers as one ring (bcast_stream) */
   int big;
   uint32_t nbig;
   uint32_t big_used[2];
   uint32_t* peer_done; /* by rank: the last value read of its done counter */
+  uint32_t* peer_ack;  /* by rank: the last value read of its ack[] of this rank */
+  uint32_t stream;     /* chunks this rank published as a broadcast root, ever */
   struct mb_ctrl** ctrl; /* by rank */
   char** small;          /* by rank: NSLOTS buffers of SMALL_BYTES */
   char** data;           /* by rank: 2 buffers of cap bytes */
@@ -115,9 +126,20 @@ static size_t direct_max_bytes(void) { return 256 * 1024; }
  * after its first chunk and its progress after each, so readers copy out
  * while it still copies in (the root's copy no longer adds to theirs). */
 #define BCAST_CHUNK ((size_t)16384)
-#define BCAST_CHUNKS_MAX 32u
-_Static_assert(256 * 1024 / BCAST_CHUNK <= BCAST_CHUNKS_MAX, "a payload's chunks fit the progress count");
 static int bcast_chunked(size_t bytes) { return bytes > BCAST_CHUNK; }
+/* Larger than a large buffer: the root streams the payload through both as
+ * one ring of chunks, overwriting a chunk once every reader acknowledged it.
+ * Up to 8 MiB (16 turns of the ring): every rank waits for the slowest
+ * reader within 512 KiB, and a call long enough to span several of the
+ * scheduler's slices meets a reader descheduled now and then. Beside a CPU
+ * hog, 4 and 8 ranks on 2 CPUs, streamed 32 MiB took 1.3-1.6x as long as
+ * single copy (readers at their own pace; 8 MiB: 0.6-0.8x as long), though
+ * 1.15-1.6x faster on a quiet machine. */
+#define BCAST_STREAM_MAX ((size_t)8 << 20)
+static int bcast_stream(size_t bytes, int nranks) {
+  return bytes > direct_max_bytes() && bytes <= BCAST_STREAM_MAX && nranks <= ACK_RANKS;
+}
+_Static_assert(256 * 1024 % BCAST_CHUNK == 0, "the ring holds whole chunks");
 
 /* No fence between the store and the waiter check: a full fence here would
  * wait for the store to reach the cache on every call. The waiter closes
@@ -216,6 +238,7 @@ void direct_free(struct ncclComm* comm) {
   free(d->ctrl);
   free(d->small);
   free(d->peer_done);
+  free(d->peer_ack);
   free(d->data);
   free(d->segs);
   free(d);
@@ -253,11 +276,12 @@ static ncclResult_t direct_setup(struct ncclComm* comm) {
   d->ctrl = calloc((size_t)n, sizeof(*d->ctrl));
   d->small = calloc((size_t)n, sizeof(*d->small));
   d->peer_done = calloc((size_t)n, sizeof(*d->peer_done));
+  d->peer_ack = calloc((size_t)n, sizeof(*d->peer_ack));
   d->data = calloc((size_t)n, sizeof(*d->data));
   d->segs = calloc((size_t)n, sizeof(*d->segs));
   struct mb_info* all = calloc((size_t)n, sizeof(*all));
   ncclResult_t res = ncclSuccess;
-  if (!d->ctrl || !d->small || !d->peer_done || !d->data || !d->segs || !all) {
+  if (!d->ctrl || !d->small || !d->peer_done || !d->peer_ack || !d->data || !d->segs || !all) {
     res = err_set(ncclSystemError, "out of memory for the direct algorithm");
     goto out;
   }
@@ -297,6 +321,7 @@ static char* place(struct direct_state* d, int i) {
   unsigned k = d->seq % NSLOTS;
   if (d->where == 0) return d->ctrl[i]->line[k].data;
   if (d->where == 1) return d->small[i] + (size_t)k * SMALL_BYTES;
+  if (d->where == 3) return d->data[i];
   return d->data[i] + (size_t)d->big * d->cap;
 }
 
@@ -320,8 +345,15 @@ static ncclResult_t direct_begin(struct ncclComm* comm, size_t bytes, char** min
    * record forward keeps it within a signed difference of seq forever. */
   for (int b = 0; b < 2; b++)
     if ((int32_t)(need - d->big_used[b]) > 0) d->big_used[b] = need;
-  d->where = bytes <= INLINE_BYTES ? 0 : bytes <= SMALL_BYTES ? 1 : 2;
-  if (d->where == 2) {
+  d->where = bytes <= INLINE_BYTES ? 0 : bytes <= SMALL_BYTES ? 1 : bytes <= d->cap ? 2 : 3;
+  if (d->where == 3) {
+    /* Only a streamed broadcast is larger than a buffer (eligible()): it
+     * takes both, once no peer can still read either. */
+    for (int b = 0; b < 2; b++) {
+      if ((int32_t)(d->big_used[b] - need) > 0) need = d->big_used[b];
+      d->big_used[b] = seq;
+    }
+  } else if (d->where == 2) {
     d->big = (int)(d->nbig++ & 1);
     if ((int32_t)(d->big_used[d->big] - need) > 0) need = d->big_used[d->big];
     d->big_used[d->big] = seq;
@@ -462,6 +494,7 @@ static int eligible(const struct coll_args* a) {
   const struct ncclComm* comm = a->comm;
   size_t b = a->count * dtype_size(a->dt);
   if (a->kind == COLL_REDUCESCATTER || a->kind == COLL_ALLTOALL) b *= (size_t)comm->nranks;
+  if (a->kind == COLL_BROADCAST && bcast_stream(b, comm->nranks)) b = 0;
   return coll_shm_only(comm) && comm->nranks > 1 && b <= direct_max_bytes();
 }
 
@@ -486,19 +519,27 @@ static double estimate(const struct coll_args* a, const struct tune_cost* c) {
   double rate = c->link.bw * 4.0 / 3.0;
   if (a->kind == COLL_BROADCAST) {
     /* Only the root copies in and each reader copies out once, at a whole
-     * CPU's rate (link.bw is the share of one of the ranks on a CPU). Up to
-     * a chunk: the root's copy, then the readers' in rounds of one a CPU.
+     * CPU's rate (link.bw is the share of one of the ranks on a CPU; the
+     * in-cache 4/3 only while the data stay in the host's cache). Up to a
+     * chunk: the root's copy, then the readers' in rounds of one a CPU.
      * Chunked, the root's copy overlaps the readers': n copies in rounds
-     * over the CPUs, after the first chunk. Counting n+1 copies at the
-     * shared rate had 8 ranks on 2 CPUs at 128 KiB estimated at 240 us: the
-     * ring (37-44 us) was chosen where this measures 18-28 (Open MPI 27-48). */
+     * over the CPUs, after the first chunk, and every chunk costs its
+     * progress store and the readers' checks of it (and, streamed, their
+     * acknowledgements): a quarter of an uncrowded step, which at 2 ranks
+     * leaves large messages to the ring (the same two copies a byte; 8-128
+     * MiB streamed: 2.5-6% slower). Counting n+1 copies at the shared rate
+     * had 8 ranks on 2 CPUs at 128 KiB estimated at 240 us: the ring (37-44
+     * us) was chosen where this measures 18-28 (Open MPI 27-48). */
     const struct ncclComm* comm = a->comm;
-    double cpus = COLLIE_MAX(1.0, comm->cpus_per_rank * n), copies;
-    if (bcast_chunked((size_t)bytes))
+    double cpus = COLLIE_MAX(1.0, comm->cpus_per_rank * n), copies, chunks = 0;
+    if (!c->resident) rate = c->link.bw;
+    if (bcast_chunked((size_t)bytes)) {
+      chunks = ceil(bytes / (double)BCAST_CHUNK);
       copies = (double)BCAST_CHUNK / bytes + ceil(n / COLLIE_MIN((double)n, cpus));
-    else
+    } else {
       copies = 1.0 + ceil((n - 1) / COLLIE_MIN((double)(n - 1), cpus));
-    return 0.7 * c->link.alpha_us + copies * bytes / (rate * comm->oversub);
+    }
+    return 0.7 * c->link.alpha_us + chunks * 0.25 * c->local.alpha_us + copies * bytes / (rate * comm->oversub);
   }
   return 0.7 * c->link.alpha_us + k * bytes / rate;
 }
@@ -586,35 +627,59 @@ static ncclResult_t direct_alltoall(struct coll_args* a) {
 }
 
 /* The root of a chunked broadcast: the call is published with the first
- * chunk in, then each further chunk's arrival. */
-static void bcast_root_chunks(struct ncclComm* comm, char* mine, const char* src, size_t bytes) {
+ * chunk in, then each further chunk's arrival (the stream count). Streamed,
+ * chunk j goes to the ring's place j % ring once every reader has
+ * acknowledged the chunk that held it (ack[]; only within this call: the
+ * ring was free when the call began, direct_begin). */
+static ncclResult_t bcast_root_chunks(struct ncclComm* comm, char* mine, const char* src, size_t bytes) {
   struct direct_state* d = comm->direct;
+  int me = comm->rank;
   unsigned slot = d->seq % NSLOTS;
-  struct mb_line* l = &d->ctrl[comm->rank]->line[slot];
-  uint32_t* waiters = &d->ctrl[comm->rank]->line_waiters[slot];
-  uint32_t base = d->seq * BCAST_CHUNKS_MAX;
-  memcpy(mine, src, BCAST_CHUNK);
-  __atomic_store_n(&l->progress, base + 1, __ATOMIC_RELAXED);
-  publish_ready(comm);
-  uint32_t k = 1;
-  for (size_t off = BCAST_CHUNK; off < bytes; off += BCAST_CHUNK) {
-    memcpy(mine + off, src + off, COLLIE_MIN(BCAST_CHUNK, bytes - off));
-    publish(&l->progress, waiters, base + ++k);
+  struct mb_line* l = &d->ctrl[me]->line[slot];
+  uint32_t* waiters = &d->ctrl[me]->line_waiters[slot];
+  size_t ring = d->where == 3 ? 2 * d->cap / BCAST_CHUNK : SIZE_MAX;
+  uint32_t first = d->stream, k = 0;
+  d->stream += (uint32_t)((bytes + BCAST_CHUNK - 1) / BCAST_CHUNK);
+  l->first = first;
+  for (size_t off = 0, j = 0; off < bytes; off += BCAST_CHUNK, j++) {
+    if (j >= ring) {
+      uint32_t need = first + (uint32_t)(j - ring) + 1;
+      for (int i = 0; i < d->n; i++) {
+        if (i == me || (int32_t)(d->peer_ack[i] - need) >= 0) continue;
+        struct mb_ctrl* c = d->ctrl[i];
+        NCCLCHECK(wait_seq(comm, &c->ack[me], &c->ack_waiters, need, i));
+        d->peer_ack[i] = __atomic_load_n(&c->ack[me], __ATOMIC_ACQUIRE);
+      }
+    }
+    memcpy(mine + (j % ring) * BCAST_CHUNK, src + off, COLLIE_MIN(BCAST_CHUNK, bytes - off));
+    if (j == 0) {
+      __atomic_store_n(&l->progress, first + 1, __ATOMIC_RELAXED);
+      publish_ready(comm);
+      k = 1;
+    } else {
+      publish(&l->progress, waiters, first + ++k);
+    }
   }
+  return ncclSuccess;
 }
 
-/* A reader of a chunked broadcast copies each chunk once the root has. */
+/* A reader of a chunked broadcast copies each chunk once the root has;
+ * streamed, it acknowledges each so the root may reuse its place. */
 static ncclResult_t bcast_read_chunks(struct ncclComm* comm, int root, char* dst, const char* src, size_t bytes) {
   struct direct_state* d = comm->direct;
   unsigned slot = d->seq % NSLOTS;
   struct mb_line* l = &d->ctrl[root]->line[slot];
   uint32_t* waiters = &d->ctrl[root]->line_waiters[slot];
-  uint32_t base = d->seq * BCAST_CHUNKS_MAX, k = 0;
-  for (size_t off = 0; off < bytes; off += BCAST_CHUNK) {
-    uint32_t want = base + ++k;
+  struct mb_ctrl* me = d->ctrl[comm->rank];
+  int streamed = d->where == 3;
+  size_t ring = streamed ? 2 * d->cap / BCAST_CHUNK : SIZE_MAX;
+  uint32_t first = __atomic_load_n(&l->first, __ATOMIC_RELAXED);
+  for (size_t off = 0, j = 0; off < bytes; off += BCAST_CHUNK, j++) {
+    uint32_t want = first + (uint32_t)j + 1;
     if ((int32_t)(__atomic_load_n(&l->progress, __ATOMIC_ACQUIRE) - want) < 0)
       NCCLCHECK(wait_seq(comm, &l->progress, waiters, want, root));
-    memcpy(dst + off, src + off, COLLIE_MIN(BCAST_CHUNK, bytes - off));
+    memcpy(dst + off, src + (j % ring) * BCAST_CHUNK, COLLIE_MIN(BCAST_CHUNK, bytes - off));
+    if (streamed) publish(&me->ack[root], &me->ack_waiters, want);
   }
   return ncclSuccess;
 }
@@ -626,7 +691,7 @@ static ncclResult_t direct_broadcast(struct coll_args* a) {
   NCCLCHECK(direct_begin(comm, bytes, &mine));
   if (comm->rank == a->root) {
     if (bcast_chunked(bytes)) {
-      bcast_root_chunks(comm, mine, a->sendbuff, bytes);
+      NCCLCHECK(bcast_root_chunks(comm, mine, a->sendbuff, bytes));
     } else {
       memcpy(mine, a->sendbuff, bytes);
       publish_ready(comm);

@@ -295,9 +295,11 @@ static int rank_burst(int rank, int nranks, const ncclUniqueId* ids, int nids, v
   ncclComm_t comm;
   MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
   /* 4096-65536 floats: around the one-shot broadcast's chunk (16 KiB: one
-   * chunk, one chunk and 4 bytes) and up to its limit (256 KiB, 16 chunks). */
-  static const size_t counts[] = {1, 3, 10, 11, 300, 1024, 1100, 4096, 4097, 20000, 65536, 70000, 100000};
-  size_t ncounts = sizeof(counts) / sizeof(counts[0]), cap = 100000;
+   * chunk, one chunk and 4 bytes) and up to a buffer (256 KiB, 16 chunks);
+   * 70000-300000 stream through the root's two buffers (32 chunks), 300000
+   * wrapping around them twice. */
+  static const size_t counts[] = {1, 3, 10, 11, 300, 1024, 1100, 4096, 4097, 20000, 65536, 70000, 100000, 300000};
+  size_t ncounts = sizeof(counts) / sizeof(counts[0]), cap = 300000;
   float* send = malloc(cap * sizeof(float));
   float* recv = malloc(cap * sizeof(float));
   MP_CHECK(send && recv, "out of memory");
