@@ -8,10 +8,12 @@
  * data, plus SMALL_BYTES of payload) and two large buffers used alternately,
  * so a rank that waits for nobody (a broadcast root, a reduce non-root) runs
  * up to NSLOTS calls ahead of its readers; it reuses a slot or buffer only
- * after every peer has finished reading it (their `done` counters).
+ * after every peer has finished reading it (their `done` counters; within a
+ * streamed broadcast, their `ack` of each chunk).
  * The segments are memfds mapped through /proc/<pid>/fd (nothing in /dev/shm). */
 #include <math.h>
 #include <sched.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -325,6 +327,21 @@ static char* place(struct direct_state* d, int i) {
   return d->data[i] + (size_t)d->big * d->cap;
 }
 
+/* Waits until every peer's counter at byte `word_off` of its control page
+ * (its futex waiters at `waiters_off`) reaches `need`. seen[] holds the last
+ * values read: a peer already known to be there is not touched. */
+static ncclResult_t wait_peers(struct ncclComm* comm, uint32_t* seen, size_t word_off, size_t waiters_off,
+                               uint32_t need) {
+  struct direct_state* d = comm->direct;
+  for (int i = 0; i < d->n; i++) {
+    if (i == comm->rank || (int32_t)(seen[i] - need) >= 0) continue;
+    uint32_t* word = (uint32_t*)((char*)d->ctrl[i] + word_off);
+    NCCLCHECK(wait_seq(comm, word, (uint32_t*)((char*)d->ctrl[i] + waiters_off), need, i));
+    seen[i] = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+  }
+  return ncclSuccess;
+}
+
 /* Starts a call whose payload is `bytes` (per rank): returns where to put it
  * (the inline part of this call's slot, its small buffer, or a large buffer),
  * once no peer can still be reading what that place held before: slot
@@ -358,14 +375,9 @@ static ncclResult_t direct_begin(struct ncclComm* comm, size_t bytes, char** min
     if ((int32_t)(d->big_used[d->big] - need) > 0) need = d->big_used[d->big];
     d->big_used[d->big] = seq;
   }
-  if (!(d->last_symmetric && (int32_t)(seq - 2 - need) >= 0)) {
-    for (int i = 0; i < d->n; i++) {
-      if (i == comm->rank || (int32_t)(d->peer_done[i] - need) >= 0) continue;
-      struct mb_ctrl* c = d->ctrl[i];
-      NCCLCHECK(wait_seq(comm, &c->done, &c->done_waiters, need, i));
-      d->peer_done[i] = __atomic_load_n(&c->done, __ATOMIC_ACQUIRE);
-    }
-  }
+  if (!(d->last_symmetric && (int32_t)(seq - 2 - need) >= 0))
+    NCCLCHECK(wait_peers(comm, d->peer_done, offsetof(struct mb_ctrl, done), offsetof(struct mb_ctrl, done_waiters),
+                         need));
   *mine = place(d, comm->rank);
   return ncclSuccess;
 }
@@ -638,26 +650,19 @@ static ncclResult_t bcast_root_chunks(struct ncclComm* comm, char* mine, const c
   struct mb_line* l = &d->ctrl[me]->line[slot];
   uint32_t* waiters = &d->ctrl[me]->line_waiters[slot];
   size_t ring = d->where == 3 ? 2 * d->cap / BCAST_CHUNK : SIZE_MAX;
-  uint32_t first = d->stream, k = 0;
+  uint32_t first = d->stream;
   d->stream += (uint32_t)((bytes + BCAST_CHUNK - 1) / BCAST_CHUNK);
   l->first = first;
   for (size_t off = 0, j = 0; off < bytes; off += BCAST_CHUNK, j++) {
-    if (j >= ring) {
-      uint32_t need = first + (uint32_t)(j - ring) + 1;
-      for (int i = 0; i < d->n; i++) {
-        if (i == me || (int32_t)(d->peer_ack[i] - need) >= 0) continue;
-        struct mb_ctrl* c = d->ctrl[i];
-        NCCLCHECK(wait_seq(comm, &c->ack[me], &c->ack_waiters, need, i));
-        d->peer_ack[i] = __atomic_load_n(&c->ack[me], __ATOMIC_ACQUIRE);
-      }
-    }
+    if (j >= ring)
+      NCCLCHECK(wait_peers(comm, d->peer_ack, offsetof(struct mb_ctrl, ack) + (size_t)me * sizeof(uint32_t),
+                           offsetof(struct mb_ctrl, ack_waiters), first + (uint32_t)(j - ring) + 1));
     memcpy(mine + (j % ring) * BCAST_CHUNK, src + off, COLLIE_MIN(BCAST_CHUNK, bytes - off));
     if (j == 0) {
       __atomic_store_n(&l->progress, first + 1, __ATOMIC_RELAXED);
       publish_ready(comm);
-      k = 1;
     } else {
-      publish(&l->progress, waiters, first + ++k);
+      publish(&l->progress, waiters, first + (uint32_t)j + 1);
     }
   }
   return ncclSuccess;
@@ -676,8 +681,7 @@ static ncclResult_t bcast_read_chunks(struct ncclComm* comm, int root, char* dst
   uint32_t first = __atomic_load_n(&l->first, __ATOMIC_RELAXED);
   for (size_t off = 0, j = 0; off < bytes; off += BCAST_CHUNK, j++) {
     uint32_t want = first + (uint32_t)j + 1;
-    if ((int32_t)(__atomic_load_n(&l->progress, __ATOMIC_ACQUIRE) - want) < 0)
-      NCCLCHECK(wait_seq(comm, &l->progress, waiters, want, root));
+    NCCLCHECK(wait_seq(comm, &l->progress, waiters, want, root));
     memcpy(dst + off, src + (j % ring) * BCAST_CHUNK, COLLIE_MIN(BCAST_CHUNK, bytes - off));
     if (streamed) publish(&me->ack[root], &me->ack_waiters, want);
   }

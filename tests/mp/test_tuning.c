@@ -4,8 +4,8 @@
  * and choose the same row for every collective and size, and the results are
  * right. "cache": a corrupted file and a file from another CPU are each
  * ignored with one warning and rewritten; an unwritable directory still
- * gives a calibrated table. "oversub": the model picks single copy or the
- * FIFO rows as measured when ranks outnumber CPUs. */
+ * gives a calibrated table. "oversub": the model picks single copy, the
+ * one-shot or the FIFO rows as measured, 2 ranks and more than CPUs. */
 #include <math.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -203,16 +203,16 @@ static int test_cache(const char* base) {
   return 0;
 }
 
-/* The single-copy rows against the FIFO rows when ranks outnumber CPUs
- * (the cost model alone: a communicator as far as the tuner sees one, 2
- * CPUs, the table the development machine measured). Every rank copies at
- * once in an allgather, so the rows' rates are a CPU's share and single copy
- * (one copy per byte) beats the ring (two) from the threshold on; in a
- * single-copy broadcast only the readers copy, a whole block each in rounds,
- * against a chain whose inner ranks copy twice once the data stream from
- * memory. Measured there (collie-perf, 5 rounds): 4 ranks allgather 512 KiB
- * a rank 387 us against the ring's 463, 8 ranks broadcast 2 MiB about even,
- * 32 MiB 18.8 ms against 22.8, 128 KiB ring 45 us against 53. */
+/* The row the cost model alone picks (a communicator as far as the tuner
+ * sees one, 2 CPUs, the table the development machine measured). Every rank
+ * copies at once in an allgather, so the rows' rates are a CPU's share and
+ * single copy (one copy per byte) beats the ring (two) from the threshold
+ * on; in a single-copy broadcast only the readers copy, a whole block each
+ * in rounds, against a chain whose inner ranks copy twice once the data
+ * stream from memory, and the one-shot broadcast copies once a rank with the
+ * root's copy overlapping the readers'. Measured there (collie-perf, 5
+ * rounds): 4 ranks allgather 512 KiB a rank 387 us against the ring's 463;
+ * broadcast figures at their cases below. */
 static int pick(int nranks, int kind, size_t bytes) {
   struct ncclComm comm;
   memset(&comm, 0, sizeof(comm));
@@ -259,9 +259,9 @@ static int test_oversub(void) {
        * 37-44, 2 MiB 471 against single copy's 870, 32 MiB 15710 against
        * 18111 (but beside a CPU hog 31667 against 23994: streamed only up to
        * 8 MiB); 4 ranks 32 KiB 6.0 against the ring's 6.7, 2 MiB 277 against
-       * 358; 2 ranks 2 KiB 0.35
-       * against the ring's 0.79; at 2 ranks single copy and the ring keep
-       * their sizes (64 KiB 3.1 against 6.4; 32 MiB 2442 against 2592). */
+       * 358; 2 ranks 2 KiB 0.35 against the ring's 0.79; at 2 ranks single
+       * copy and the ring keep their sizes (64 KiB 3.1 against 6.4; 32 MiB
+       * 2442 against 2592). */
       {8, COLL_BROADCAST, (size_t)128 << 10, ALGO_DIRECT}, {8, COLL_BROADCAST, (size_t)2 << 20, ALGO_DIRECT},
       {8, COLL_BROADCAST, (size_t)8 << 20, ALGO_DIRECT},   {8, COLL_BROADCAST, (size_t)32 << 20, ALGO_CMA},
       {4, COLL_BROADCAST, (size_t)32 << 10, ALGO_DIRECT},  {4, COLL_BROADCAST, (size_t)2 << 20, ALGO_DIRECT},
