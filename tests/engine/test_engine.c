@@ -682,10 +682,15 @@ static int fusion_run(int rank, ncclComm_t comm, const char* threshold, int32_t 
   int h[FT];
   for (int step = 0; step < 3; step++) {
     for (int i = 0; i < FT; i++) {
-      for (int k = 0; k < 300; k++) in[i][k] = (rank * 7 + i * 13 + k * 3 + step) % 1000 - 500;
-      char name[32];
-      snprintf(name, sizeof(name), "f.%d", (i * 7 + rank * step) % FT);
+      /* Each rank submits the tensors in its own order, every one complete
+       * when submitted: the engine may read it at once (filling in[i] while
+       * submitting in[j] let a rank descheduled mid-loop have some tensors
+       * reduced before their input was written, in one run and not the
+       * other: "fusion on and off differ", once in CI). */
       int j = (i * 7 + rank * step) % FT;
+      for (int k = 0; k < 300; k++) in[j][k] = (rank * 7 + j * 13 + k * 3 + step) % 1000 - 500;
+      char name[32];
+      snprintf(name, sizeof(name), "f.%d", j);
       h[j] = collie_allreduce_async(name, in[j], out[j], 300, ncclInt32, j % 2 ? COLLIE_SUM : COLLIE_MAX, 1, 1,
                                     COLLIE_WORLD);
     }
@@ -712,10 +717,17 @@ static int t_fusion(int rank, int n, const ncclUniqueId* ids, int nids, void* ar
            (unsigned long long)sb.fused_tensors, (unsigned long long)sb.collectives,
            (unsigned long long)sa.collectives);
   MP_CHECK(sb.fusion_threshold == 65536, "threshold %lld", (long long)sb.fusion_threshold);
-  for (int k = 0; k < 300; k++) {
-    int32_t s = 0;
-    for (int r = 0; r < n; r++) s += (r * 7 + 1 * 13 + k * 3 + 2) % 1000 - 500;
-    MP_CHECK(a[1][k] == s, "f.1[%d] = %d want %d", k, a[1][k], s);
+  /* Every tensor as the last step left it: sum (odd) or max (even) over ranks. */
+  for (int j = 0; j < FT; j++) {
+    for (int k = 0; k < 300; k++) {
+      int32_t s = 0, m = INT32_MIN;
+      for (int r = 0; r < n; r++) {
+        int32_t v = (r * 7 + j * 13 + k * 3 + 2) % 1000 - 500;
+        s += v;
+        m = v > m ? v : m;
+      }
+      MP_CHECK(a[j][k] == (j % 2 ? s : m), "f.%d[%d] = %d want %d", j, k, a[j][k], j % 2 ? s : m);
+    }
   }
   unsetenv("COLLIE_FUSION_THRESHOLD");
   MP_NCCL(ncclCommDestroy(comm));
