@@ -91,21 +91,42 @@ static ncclResult_t shm_progress(struct conn* c) {
   return ncclSuccess;
 }
 
-/* Sleeps on the counter this side waits for, unless it already moved. */
-static void shm_wait(struct conn* c, int timeout_ms) {
+/* The counter this side waits for (released: a sender waiting for every
+ * committed slot back) and its waiters flag; 0 when it is ready already.
+ * Otherwise the flag is raised, so the peer's next move wakes the word, and
+ * the word is read once more after that (a move between the first read and
+ * the flag would wake nobody). */
+static int shm_wait_arm(struct conn* c, int released, struct futex_word* w) {
   struct shm_conn* s = c->priv;
   uint32_t* word = c->is_send ? &s->ctrl->head : &s->ctrl->tail;
   uint32_t* waiters = c->is_send ? &s->ctrl->head_waiters : &s->ctrl->tail_waiters;
   uint32_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-  int ready = c->is_send ? (uint32_t)(s->pos - seen) < (uint32_t)c->nslots : seen != s->pos;
-  if (ready) return;
+  int ready = released ? seen == s->pos : c->is_send ? (uint32_t)(s->pos - seen) < (uint32_t)c->nslots : seen != s->pos;
+  if (ready) return 0;
   __atomic_store_n(waiters, 1, __ATOMIC_RELAXED);
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
   /* A stop (abort, revoke, failure) set since the caller's check would be
    * woken only by transport_wake, which may have run already: look again,
    * so only a few instructions are left for a wake to be missed in. */
-  if (!comm_stopping(c->comm) && __atomic_load_n(word, __ATOMIC_ACQUIRE) == seen) futex_wait(word, seen, timeout_ms, 1);
-  __atomic_store_n(waiters, 0, __ATOMIC_RELAXED);
+  if (comm_stopping(c->comm) || __atomic_load_n(word, __ATOMIC_ACQUIRE) != seen) {
+    __atomic_store_n(waiters, 0, __ATOMIC_RELAXED);
+    return 0;
+  }
+  *w = (struct futex_word){word, seen};
+  return 1;
+}
+
+static void shm_wait_disarm(struct conn* c) {
+  struct shm_conn* s = c->priv;
+  __atomic_store_n(c->is_send ? &s->ctrl->head_waiters : &s->ctrl->tail_waiters, 0, __ATOMIC_RELAXED);
+}
+
+/* Sleeps on the counter this side waits for, unless it already moved. */
+static void shm_wait(struct conn* c, int timeout_ms) {
+  struct futex_word w;
+  if (!shm_wait_arm(c, 0, &w)) return;
+  futex_wait(w.word, w.val, timeout_ms, 1);
+  shm_wait_disarm(c);
 }
 
 static void shm_fail(struct conn* c) {
@@ -160,14 +181,10 @@ static int shm_unreleased(struct conn* c) {
 
 /* Sender: sleeps until the receiver has released every committed slot. */
 static void shm_wait_released(struct conn* c, int timeout_ms) {
-  struct shm_conn* s = c->priv;
-  uint32_t seen = __atomic_load_n(&s->ctrl->head, __ATOMIC_ACQUIRE);
-  if (seen == s->pos) return;
-  __atomic_store_n(&s->ctrl->head_waiters, 1, __ATOMIC_RELAXED);
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  if (!comm_stopping(c->comm) && __atomic_load_n(&s->ctrl->head, __ATOMIC_ACQUIRE) == seen)
-    futex_wait(&s->ctrl->head, seen, timeout_ms, 1);
-  __atomic_store_n(&s->ctrl->head_waiters, 0, __ATOMIC_RELAXED);
+  struct futex_word w;
+  if (!shm_wait_arm(c, 1, &w)) return;
+  futex_wait(w.word, w.val, timeout_ms, 1);
+  shm_wait_disarm(c);
 }
 
 static const struct conn_ops shm_ops = {
@@ -185,6 +202,8 @@ static const struct conn_ops shm_ops = {
     .read_peer = shm_read_peer,
     .unreleased = shm_unreleased,
     .wait_released = shm_wait_released,
+    .wait_arm = shm_wait_arm,
+    .wait_disarm = shm_wait_disarm,
 };
 
 static struct shm_conn* shm_alloc(struct conn* c) {

@@ -48,6 +48,7 @@ struct cma_desc {
 
 struct conn_ops;
 struct transport;
+struct futex_word; /* futex.h */
 /* Channels: independent sets of connectors, so several threads of one rank
  * can drive parts of one collective at once (graph/channels.c). */
 #define MAX_CHANNELS 4
@@ -112,6 +113,13 @@ struct conn_ops {
   int (*unreleased)(struct conn* c);
   /* Sender: sleeps up to timeout_ms until the receiver releases a slot. */
   void (*wait_released)(struct conn* c, int timeout_ms);
+  /* Optional (NULL: not offered): prepares a sleep on what wait() (released:
+   * wait_released()) would sleep on: *w gets the futex word and the value it
+   * holds now, and the peer is asked to wake it; 0 when the connector is
+   * ready already (nothing prepared). wait_disarm ends a prepared sleep. A
+   * waiter for several connectors sleeps on all their words at once. */
+  int (*wait_arm)(struct conn* c, int released, struct futex_word* w);
+  void (*wait_disarm)(struct conn* c);
 };
 
 /* Gets (setting up on first use) the connectors with the given peers.

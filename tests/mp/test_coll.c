@@ -343,6 +343,61 @@ static int rank_burst(int rank, int nranks, const ncclUniqueId* ids, int nids, v
   return 0;
 }
 
+/* Late peers: in every round one rank calls 3 ms late and another 1 ms
+ * late, so the others wait on several connectors at once until they sleep
+ * (a send/receive group with every peer, an alltoall, a gather), through the
+ * FIFO and (above the single-copy threshold, or COLLIE_CMA=1) with senders
+ * waiting for their buffers to be released. Every value is checked. */
+#define LATE_ROUNDS 24
+static float late_val(int it, int from, int to, size_t i) {
+  return (float)((it * 13 + from * 5 + to * 3 + (int)(i % 89)) % 61);
+}
+
+static int rank_late(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  static const size_t counts[] = {1000, 70000};
+  size_t cap = 70000 * (size_t)nranks;
+  float* send = malloc(cap * sizeof(float));
+  float* recv = malloc(cap * sizeof(float));
+  MP_CHECK(send && recv, "out of memory");
+  for (int it = 0; it < LATE_ROUNDS; it++) {
+    size_t count = counts[it % 2];
+    int kind = (it / 2) % 3; /* 0 send/recv group, 1 alltoall, 2 gather */
+    int root = it % nranks;
+    if (rank == (it + 1) % nranks) usleep(3000);
+    else if (rank == (it + 2) % nranks) usleep(1000);
+    for (int p = 0; p < nranks; p++)
+      for (size_t i = 0; i < count; i++) send[(size_t)p * count + i] = late_val(it, rank, kind == 2 ? root : p, i);
+    for (size_t i = 0; i < count * (size_t)nranks; i++) recv[i] = -1.f;
+    if (kind == 0) {
+      MP_NCCL(ncclGroupStart());
+      for (int p = 0; p < nranks; p++) {
+        MP_NCCL(ncclSend(send + (size_t)p * count, count, ncclFloat, p, comm, NULL));
+        MP_NCCL(ncclRecv(recv + (size_t)p * count, count, ncclFloat, p, comm, NULL));
+      }
+      MP_NCCL(ncclGroupEnd());
+    } else if (kind == 1) {
+      MP_NCCL(ncclAlltoAll(send, recv, count, ncclFloat, comm, NULL));
+    } else {
+      MP_NCCL(ncclGather(send, recv, count, ncclFloat, root, comm, NULL));
+    }
+    if (kind != 2 || rank == root)
+      for (int p = 0; p < nranks; p++)
+        for (size_t i = 0; i < count; i++) {
+          float got = recv[(size_t)p * count + i], want = late_val(it, p, rank, i);
+          MP_CHECK(got == want, "round %d (%s, count %zu): block of rank %d element %zu is %g, want %g", it,
+                   kind == 0 ? "send/recv" : kind == 1 ? "alltoall" : "gather", count, p, i, got, want);
+        }
+  }
+  free(send);
+  free(recv);
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "mismatch") == 0) {
     int n = argc > 2 ? atoi(argv[2]) : 3;
@@ -360,6 +415,12 @@ int main(int argc, char** argv) {
       rc = mp_run(n, rank_mismatch, cases[k], 120);
       fprintf(stderr, "%s mismatch case %zu vs %zu\n", rc ? "FAILED" : "passed", cases[k][0], cases[k][1]);
     }
+    return rc;
+  }
+  if (argc > 1 && strcmp(argv[1], "late") == 0) {
+    int n = argc > 2 ? atoi(argv[2]) : 4;
+    int rc = mp_run(n, rank_late, NULL, 300);
+    fprintf(stderr, "%s late peers, %d ranks, %d rounds\n", rc ? "FAILED" : "passed", n, LATE_ROUNDS);
     return rc;
   }
   if (argc > 1 && strcmp(argv[1], "burst") == 0) {
