@@ -33,12 +33,12 @@ struct futex_word {
 
 /* Sleeps while every word of w[0..n) holds its value, at most timeout_ms
  * (futex_waitv, Linux 5.16): woken by a futex_wake on any of them. Returns
- * 0, or -1 where the kernel lacks it (ENOSYS) or n is outside 1..128: the
+ * 0, or -1 where the kernel lacks it (ENOSYS) or n is outside 1..FUTEX_WAITV_MAX: the
  * caller then sleeps on one word. */
 static inline int futex_wait_any(const struct futex_word* w, int n, int timeout_ms, int shared) {
-#if defined(SYS_futex_waitv) && defined(FUTEX_32)
-  if (n < 1 || n > 128) return -1;
-  struct futex_waitv v[128];
+#if defined(SYS_futex_waitv) && defined(FUTEX_32) && defined(FUTEX_WAITV_MAX)
+  if (n < 1 || n > FUTEX_WAITV_MAX) return -1;
+  struct futex_waitv v[FUTEX_WAITV_MAX];
   for (int i = 0; i < n; i++)
     v[i] = (struct futex_waitv){.val = w[i].val, .uaddr = (uint64_t)(uintptr_t)w[i].word,
                                 .flags = FUTEX_32 | (shared ? 0 : FUTEX_PRIVATE_FLAG)};
