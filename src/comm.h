@@ -38,6 +38,7 @@ struct ncclComm {
   int unpair;           /* COLLIE_UNPAIR and every rank of this machine can have a CPU (prim_unpair) */
   int64_t unpair_ns;    /* when a waiter last moved this rank off a CPU it shared with a peer */
   uint64_t unpair_moves;
+  uint64_t reduce_steals; /* chunks a single-copy reduce's root read itself (cma_reduce.c; tests) */
   int local_rank, local_size, nhosts;
   ncclConfig_t config;
   uint32_t abort_flag;

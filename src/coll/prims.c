@@ -90,8 +90,15 @@ int prim_unpair(struct ncclComm* comm, int peer, int cpu) {
   return 1;
 }
 
-/* One round of waiting for connector c after `it` unsuccessful polls. */
-static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_t* t0) {
+/* Is what a waiter of c waits for there: a slot (prim_conn_ready) or, for a
+ * sender whose receiver reads its memory (released), every slot back? */
+static int wait_done(struct conn* c, int released) {
+  return released ? c->ops->unreleased(c) == 0 : prim_conn_ready(c);
+}
+
+/* One round of waiting for connector c after `it` unsuccessful polls
+ * (released: for every committed slot to come back, see wait_done). */
+static ncclResult_t wait_round(struct conn* c, int released, int it, int64_t* deadline, int64_t* t0) {
   struct ncclComm* comm = c->comm;
   if (c->ops->peer_failed(c)) {
     NCCLCHECK(comm_await_cause(comm, CAUSE_WAIT_MS));
@@ -102,7 +109,7 @@ static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_
     NCCLCHECK(transport_progress(comm, c->channel));
     /* What progress just read (or sent) may be exactly what we wait for:
      * let the caller look again before anything sleeps. */
-    if (prim_conn_ready(c)) return ncclSuccess;
+    if (wait_done(c, released)) return ncclSuccess;
   }
   /* Bytes that move by system call (sockets): nothing to gain by polling in
    * user space (the kernel must run to move bytes, and polling with system
@@ -137,10 +144,11 @@ static ncclResult_t wait_round(struct conn* c, int it, int64_t* deadline, int64_
   NCCLCHECK(prim_sleep_checks(comm, c->peer, deadline, 1));
   if (health_peer_left(comm, c->peer)) {
     /* Look once more: what it wrote before leaving is visible by now. */
-    if (prim_conn_ready(c)) return ncclSuccess;
+    if (wait_done(c, released)) return ncclSuccess;
     return comm_left_error(comm, c->peer);
   }
-  c->ops->wait(c, 100);
+  if (released) c->ops->wait_released(c, 100);
+  else c->ops->wait(c, 100);
   return ncclSuccess;
 }
 
@@ -152,8 +160,14 @@ ncclResult_t prim_send_slot(struct prim_link* l, void** slot) {
       *slot = p;
       return ncclSuccess;
     }
-    NCCLCHECK(wait_round(l->c, it, &deadline, &t0));
+    NCCLCHECK(wait_round(l->c, 0, it, &deadline, &t0));
   }
+}
+
+ncclResult_t prim_send_drain(struct prim_link* l) {
+  int64_t deadline = 0, t0 = 0;
+  for (int it = 0; !wait_done(l->c, 1); it++) NCCLCHECK(wait_round(l->c, 1, it, &deadline, &t0));
+  return ncclSuccess;
 }
 
 ncclResult_t prim_send_commit(struct prim_link* l, size_t bytes) {
@@ -186,7 +200,7 @@ ncclResult_t prim_recv_slot(struct prim_link* l, size_t bytes, const void** slot
       *slot = p;
       return ncclSuccess;
     }
-    NCCLCHECK(wait_round(c, it, &deadline, &t0));
+    NCCLCHECK(wait_round(c, 0, it, &deadline, &t0));
   }
 }
 

@@ -26,6 +26,10 @@ ncclResult_t prim_send_slot(struct prim_link* l, void** slot);
 ncclResult_t prim_send_commit(struct prim_link* l, size_t bytes);
 ncclResult_t prim_recv_slot(struct prim_link* l, size_t bytes, const void** slot);
 ncclResult_t prim_recv_release(struct prim_link* l);
+/* Sender on a TRANSPORT_CAP_READ_PEER_MEM connector: waits until the
+ * receiver has released every slot committed so far (after which it reads
+ * nothing more of this rank's memory for them). */
+ncclResult_t prim_send_drain(struct prim_link* l);
 
 /* Composite steps over one chunk of `bytes` bytes (count elements for reductions). */
 ncclResult_t prim_send(struct prim_link* s, const void* src, size_t bytes);

@@ -26,6 +26,8 @@ struct shm_ctrl {
   uint32_t send_failed;
   uint32_t recv_failed;
   char pad2[56];
+  uint64_t shared[CONN_SHARED_WORDS]; /* shared_words: the algorithms' own */
+  char pad3[64 - 8 * CONN_SHARED_WORDS];
   struct slot_hdr hdr[SHM_MAX_SLOTS];
 };
 
@@ -187,6 +189,11 @@ static void shm_wait_released(struct conn* c, int timeout_ms) {
   shm_wait_disarm(c);
 }
 
+static uint64_t* shm_shared_words(struct conn* c) {
+  struct shm_conn* s = c->priv;
+  return s->ctrl->shared;
+}
+
 static const struct conn_ops shm_ops = {
     .send_slot = shm_send_slot,
     .send_commit = shm_send_commit,
@@ -204,6 +211,7 @@ static const struct conn_ops shm_ops = {
     .wait_released = shm_wait_released,
     .wait_arm = shm_wait_arm,
     .wait_disarm = shm_wait_disarm,
+    .shared_words = shm_shared_words,
 };
 
 static struct shm_conn* shm_alloc(struct conn* c) {

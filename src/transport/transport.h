@@ -120,7 +120,12 @@ struct conn_ops {
    * waiter for several connectors sleeps on all their words at once. */
   int (*wait_arm)(struct conn* c, int released, struct futex_word* w);
   void (*wait_disarm)(struct conn* c);
+  /* Optional (NULL: none): CONN_SHARED_WORDS 64-bit words that both ends of
+   * the connector map, zero when it is set up, for an algorithm's own
+   * coordination with atomics (cma_reduce.c); the transport never reads them. */
+  uint64_t* (*shared_words)(struct conn* c);
 };
+#define CONN_SHARED_WORDS 4
 
 /* Gets (setting up on first use) the connectors with the given peers.
  * `send_peers` / `recv_peers` list peers this rank sends to / receives from;

@@ -7,6 +7,8 @@
  * the transport (NCCL_HOSTID per rank via COLLIE_TEST_HOSTID=1 forces sockets).
  * test_coll burst NRANKS: back-to-back small broadcasts/reduces, every result checked. */
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 
 #include "comm.h"
@@ -266,6 +268,15 @@ static int rank_mismatch(int rank, int nranks, const ncclUniqueId* ids, int nids
     /* A rank that failed leaves (aborts) only once every rank is past the 40
      * broadcasts: a reader still behind would otherwise see it die there. */
     MP_CHECK(mp_await(0, nranks, 300) == 0, "a rank never finished the 40 broadcasts");
+  } else if (getenv("COLLIE_TEST_MISMATCH_REDUCE")) {
+    /* A reduce to rank 0 that rank 1 calls with its own count, then an
+     * allreduce: a non-root that sent all its chunks may return before the
+     * root sees the difference, so every rank must fail in one of the two;
+     * the single-copy reduce's root must never read past the non-root's
+     * buffer nor write past its own. */
+    float one = 1.f;
+    r = ncclReduce(send, recv, count, ncclFloat, ncclSum, 0, comm, NULL);
+    if (r == ncclSuccess) r = ncclAllReduce(&one, &one, 1, ncclFloat, ncclSum, comm, NULL);
   } else {
     r = ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, NULL);
   }
@@ -398,6 +409,100 @@ static int rank_late(int rank, int nranks, const ncclUniqueId* ids, int nids, vo
   return 0;
 }
 
+/* The single-copy reduce at 2 ranks (cma_reduce.c; run with COLLIE_CMA=1
+ * NCCL_ALGO=CMA): the root reduces what the non-root sends through the FIFO
+ * and reads the rest of the non-root's buffer itself when the FIFO is empty.
+ * Every operator, four types, counts around the chunk size, in and out of
+ * place, both roots, with the root or the non-root late; then rounds where
+ * the root stops the non-root (SIGSTOP) once it has had time to fill the
+ * FIFO, so the root must read the rest itself (counted: comm->reduce_steals)
+ * and the non-root, continued 150 ms later, finds every chunk taken. */
+struct cont_arg {
+  pid_t pid;
+};
+
+static void* cont_later(void* p) {
+  struct cont_arg* c = p;
+  usleep(150000);
+  kill(c->pid, SIGCONT);
+  return NULL;
+}
+
+static int rank_steal(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  struct ctx c = {.rank = rank, .n = nranks};
+  MP_CHECK(nranks == 2, "the single-copy reduce runs on 2 ranks");
+  MP_NCCL(ncclCommInitRank(&c.comm, nranks, ids[0], rank));
+  size_t chunk = transport_chunk_bytes(c.comm) / 4;
+  size_t counts[] = {1, 7, chunk - 1, chunk, chunk + 5, 3 * chunk + 1, 1000003};
+  ncclDataType_t dts[] = {ncclFloat32, ncclInt32, ncclFloat64, ncclBfloat16};
+  size_t big = 8u << 20;
+  c.a = malloc(big * 4 + 64);
+  c.b = malloc(big * 4 + 64);
+  MP_CHECK(c.a && c.b, "out of memory");
+  int round = 0;
+  for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++)
+    for (size_t di = 0; di < sizeof(dts) / sizeof(dts[0]); di++)
+      for (int op = 0; op <= 5; op++) {
+        size_t count = counts[ci];
+        ncclDataType_t dt = dts[di];
+        if (count > 100000 && op != ncclSum && op != ncclAvg && op != 5) continue;
+        int root = round % 2, inplace = (round / 2) % 2, late = round % 3; /* 0 none, 1 root, 2 non-root */
+        round++;
+        ncclRedOp_t rop = (ncclRedOp_t)op;
+        if (op == 5) {
+          char scalar[8];
+          store(dt, scalar, 0, 2.0);
+          MP_NCCL(ncclRedOpCreatePreMulSum(&rop, scalar, dt, ncclScalarHostImmediate, c.comm));
+        }
+        size_t esz = dtype_size(dt);
+        char* send = c.a + esz;
+        char* recv = inplace ? send : c.b + esz;
+        fill_input(dt, op, rank, send, count);
+        if ((late == 1 && rank == root) || (late == 2 && rank != root)) usleep(2000);
+        MP_NCCL(ncclReduce(send, recv, count, dt, rop, root, c.comm, NULL));
+        if (op == 5) MP_NCCL(ncclRedOpDestroy(rop, c.comm));
+        if (rank != root) continue;
+        for (size_t i = 0; i < count; i++)
+          if (check_val("reduce", dt, op, 2, load(dt, recv, i), expect_red(dt, op, 2, i), i, rank)) return 1;
+      }
+  uint64_t before = c.comm->reduce_steals;
+  for (int it = 0; it < 4; it++) {
+    int root = it % 2, op = it < 2 ? ncclSum : ncclAvg;
+    float* send = (float*)c.a;
+    float* recv = it == 3 ? send : (float*)c.b;
+    fill_input(ncclFloat32, op, rank, send, big);
+    if (rank == root) {
+      /* The non-root is inside its reduce 30 ms after it said it was about
+       * to call it: blocked on a full FIFO. */
+      MP_CHECK(mp_await(it, 1, 60) == 0, "the non-root never came to round %d", it);
+      usleep(30000);
+      struct cont_arg ca = {(pid_t)c.comm->peers[1 - rank].pid};
+      MP_CHECK(kill(ca.pid, SIGSTOP) == 0, "SIGSTOP: %s", strerror(errno));
+      pthread_t th;
+      MP_CHECK(pthread_create(&th, NULL, cont_later, &ca) == 0, "pthread_create");
+      ncclResult_t r = ncclReduce(send, recv, big, ncclFloat32, (ncclRedOp_t)op, root, c.comm, NULL);
+      pthread_join(th, NULL);
+      MP_NCCL(r);
+      for (size_t i = 0; i < big; i++)
+        if (check_val("stopped reduce", ncclFloat32, op, 2, recv[i], expect_red(ncclFloat32, op, 2, i), i, rank))
+          return 1;
+    } else {
+      mp_arrive(it);
+      MP_NCCL(ncclReduce(send, recv, big, ncclFloat32, (ncclRedOp_t)op, root, c.comm, NULL));
+    }
+  }
+  /* Each root must have read chunks of its stopped peer itself. */
+  uint64_t stolen = c.comm->reduce_steals - before;
+  fprintf(stderr, "rank %d: %llu chunks read from the stopped peer\n", rank, (unsigned long long)stolen);
+  MP_CHECK(stolen > 0, "the root of a reduce whose peer was stopped read nothing itself");
+  free(c.a);
+  free(c.b);
+  MP_NCCL(ncclCommDestroy(c.comm));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "mismatch") == 0) {
     int n = argc > 2 ? atoi(argv[2]) : 3;
@@ -421,6 +526,11 @@ int main(int argc, char** argv) {
     int n = argc > 2 ? atoi(argv[2]) : 4;
     int rc = mp_run(n, rank_late, NULL, 300);
     fprintf(stderr, "%s late peers, %d ranks, %d rounds\n", rc ? "FAILED" : "passed", n, LATE_ROUNDS);
+    return rc;
+  }
+  if (argc > 1 && strcmp(argv[1], "reducesteal") == 0) {
+    int rc = mp_run(2, rank_steal, NULL, 300);
+    fprintf(stderr, "%s single-copy reduce, 2 ranks\n", rc ? "FAILED" : "passed");
     return rc;
   }
   if (argc > 1 && strcmp(argv[1], "burst") == 0) {

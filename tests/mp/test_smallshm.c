@@ -500,7 +500,8 @@ static int rank_cmaauto(int rank, int nranks, const ncclUniqueId* ids, int nids,
       a.kind = al->coll;
       a.count = sizes[si] / sizeof(float);
       a.dt = ncclFloat;
-      int want = comm->cma && th != SIZE_MAX && a.count * sizeof(float) >= th;
+      /* (The single-copy reduce is a 2-rank algorithm.) */
+      int want = comm->cma && th != SIZE_MAX && a.count * sizeof(float) >= th && (al->coll != COLL_REDUCE || nranks == 2);
       MP_CHECK(al->eligible(&a) == want, "rank %d: single-copy %s row of %zu bytes %s (threshold %zu)", rank,
                coll_name(al->coll), sizes[si], want ? "not eligible" : "eligible", th);
     }
