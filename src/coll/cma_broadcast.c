@@ -5,7 +5,6 @@
  * found cross-memory attach working (transport/cma.c). */
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "coll.h"
 
@@ -38,7 +37,7 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
   int n = comm->nranks, r = comm->rank;
   size_t bytes = a->count * dtype_size(a->dt);
   if (bytes == 0) return ncclSuccess;
-  struct p2p_op* ops = calloc((size_t)n, sizeof(*ops));
+  struct p2p_op* ops = calloc((size_t)n + 1, sizeof(*ops));
   if (!ops) return err_set(ncclSystemError, "out of memory in a single-copy broadcast");
   int k = 0;
   uint64_t tok = coll_token(a, bytes);
@@ -46,7 +45,12 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
     for (int i = 1; i < n; i++)
       ops[k++] = (struct p2p_op){.peer = (r + i) % n, .is_send = 1, .buf = (char*)a->sendbuff, .bytes = bytes,
                                  .token = tok};
-    if (a->recvbuff != a->sendbuff) memcpy(a->recvbuff, a->sendbuff, bytes);
+    /* Out of place, the root's own copy is a message to itself: the batch
+     * makes it while the readers read, not before they can start. */
+    if (a->recvbuff != a->sendbuff) {
+      ops[k++] = (struct p2p_op){.peer = r, .is_send = 1, .buf = (char*)a->sendbuff, .bytes = bytes, .token = tok};
+      ops[k++] = (struct p2p_op){.peer = r, .is_send = 0, .buf = a->recvbuff, .bytes = bytes, .token = tok};
+    }
   } else {
     ops[k++] = (struct p2p_op){.peer = a->root, .is_send = 0, .buf = a->recvbuff, .bytes = bytes, .token = tok};
   }
