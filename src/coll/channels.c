@@ -35,7 +35,7 @@ struct ch_pool {
   struct ch_worker w[MAX_CHANNELS - 1];
 };
 
-static ncclResult_t run_part(struct ch_task* t) {
+static ncclResult_t run_part_algo(struct ch_task* t) {
   struct coll_args* a = &t->a;
   struct ncclComm* comm = a->comm;
   struct ring_view v = ring_full(comm);
@@ -55,6 +55,15 @@ static ncclResult_t run_part(struct ch_task* t) {
     case COLL_REDUCESCATTER: return ring_reducescatter_view(a, &v, t->off, t->len);
     default: return err_set(ncclInternalError, "%s has no channel split", coll_name(a->kind));
   }
+}
+
+/* A part ends when its bytes have left this process (transport_flush_ch):
+ * nobody else progresses this channel's connectors until the next call, and
+ * a peer may be waiting for them to finish its own part. */
+static ncclResult_t run_part(struct ch_task* t) {
+  ncclResult_t res = run_part_algo(t);
+  if (res == ncclSuccess) res = transport_flush_ch(t->a.comm, t->ch);
+  return res;
 }
 
 static void* worker_main(void* p) {

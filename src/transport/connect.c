@@ -250,10 +250,13 @@ ncclResult_t transport_progress(struct ncclComm* comm, int ch) {
   return ncclSuccess;
 }
 
-ncclResult_t transport_flush(struct ncclComm* comm) {
+ncclResult_t transport_flush(struct ncclComm* comm) { return transport_flush_ch(comm, -1); }
+
+ncclResult_t transport_flush_ch(struct ncclComm* comm, int ch) {
   /* Runs after every operation: nothing to scan when no connector can hold bytes back. */
   if (!comm->nflush_sends) return ncclSuccess;
-  for (int i = 0; i < comm->nranks * MAX_CHANNELS; i++) {
+  int lo = ch < 0 ? 0 : ch * comm->nranks, hi = ch < 0 ? comm->nranks * MAX_CHANNELS : (ch + 1) * comm->nranks;
+  for (int i = lo; i < hi; i++) {
     struct conn* c = comm->send_conns[i];
     if (!c || !(conn_caps(c) & TRANSPORT_CAP_FLUSH)) continue;
     while (c->ops->pending(c)) {

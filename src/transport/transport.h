@@ -177,6 +177,12 @@ int transport_dev_send_ok(struct ncclComm* comm, int peer, const void* p, size_t
  * left this process: an operation is complete only then (the caller may destroy the
  * communicator next, and closing a socket drops what it still holds). */
 ncclResult_t transport_flush(struct ncclComm* comm);
+/* The same for the connectors of channel `ch` only, from the thread that
+ * drives that channel: a channel's part of a collective ends with it, since
+ * no other thread progresses that channel's connectors (two ranks whose
+ * finished channels each held the bytes the other's unfinished one waited
+ * for waited forever: 2-channel allreduce over sockets whose buffers filled). */
+ncclResult_t transport_flush_ch(struct ncclComm* comm, int ch);
 /* For tests: 1 when the kernel has delayed acknowledgements on for every
  * connection of socket receiver c, 0 when not for some, -1 when c is no
  * socket receiver or the kernel does not say; *armed: how many of those

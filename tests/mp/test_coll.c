@@ -503,6 +503,50 @@ static int rank_steal(int rank, int nranks, const ncclUniqueId* ids, int nids, v
   return 0;
 }
 
+/* Channel parts that end with bytes still in this process (a socket whose
+ * kernel buffers are full): run with NCCL_BUFFSIZE=64M NCCL_MIN_CTAS=2 over
+ * sockets, 32 MiB collectives split over 2 channels, whose last slots do not
+ * fit the sockets. Each part must push its own bytes out before it ends (two
+ * ranks whose finished channels each held what the other's unfinished one
+ * waited for waited forever). Every value checked. */
+static int rank_bigchannels(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  char h[32];
+  snprintf(h, sizeof(h), "testhost%d", rank);
+  setenv("NCCL_HOSTID", h, 1);
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  size_t count = (size_t)8 << 20; /* 32 MiB of floats */
+  float* send = malloc(count * sizeof(float));
+  float* recv = malloc(count * sizeof(float));
+  MP_CHECK(send && recv, "out of memory");
+  for (int it = 0; it < 3; it++) {
+    for (size_t i = 0; i < count; i++) send[i] = (float)((i * 7 + (size_t)rank * 3 + (size_t)it) % 50);
+    MP_NCCL(ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, NULL));
+    for (size_t i = 0; i < count; i++) {
+      float want = 0;
+      for (int r = 0; r < nranks; r++) want += (float)((i * 7 + (size_t)r * 3 + (size_t)it) % 50);
+      MP_CHECK(recv[i] == want, "round %d: allreduce element %zu is %g, want %g", it, i, recv[i], want);
+    }
+    size_t per = count / (size_t)nranks;
+    MP_NCCL(ncclAllGather(send, recv, per, ncclFloat, comm, NULL));
+    for (int r = 0; r < nranks; r++)
+      for (size_t i = 0; i < per; i++) {
+        float want = (float)((i * 7 + (size_t)r * 3 + (size_t)it) % 50);
+        MP_CHECK(recv[(size_t)r * per + i] == want, "round %d: allgather block %d element %zu", it, r, i);
+      }
+    int root = it % nranks;
+    MP_NCCL(ncclBroadcast(send, recv, count, ncclFloat, root, comm, NULL));
+    for (size_t i = 0; i < count; i++)
+      MP_CHECK(recv[i] == (float)((i * 7 + (size_t)root * 3 + (size_t)it) % 50), "round %d: broadcast %zu", it, i);
+  }
+  free(send);
+  free(recv);
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "mismatch") == 0) {
     int n = argc > 2 ? atoi(argv[2]) : 3;
@@ -526,6 +570,11 @@ int main(int argc, char** argv) {
     int n = argc > 2 ? atoi(argv[2]) : 4;
     int rc = mp_run(n, rank_late, NULL, 300);
     fprintf(stderr, "%s late peers, %d ranks, %d rounds\n", rc ? "FAILED" : "passed", n, LATE_ROUNDS);
+    return rc;
+  }
+  if (argc > 1 && strcmp(argv[1], "bigchannels") == 0) {
+    int rc = mp_run(2, rank_bigchannels, NULL, 300);
+    fprintf(stderr, "%s 2-channel collectives with full sockets, 2 ranks\n", rc ? "FAILED" : "passed");
     return rc;
   }
   if (argc > 1 && strcmp(argv[1], "reducesteal") == 0) {
