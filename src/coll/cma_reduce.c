@@ -29,7 +29,6 @@
  * everything (so it reads nothing more of the non-root's buffer), after
  * clearing words[0]. */
 #include <stdlib.h>
-#include <string.h>
 
 #include "coll.h"
 
@@ -82,8 +81,7 @@ static ncclResult_t run_nonroot(struct coll_args* a, struct conn* sc, uint64_t t
     } while (!__atomic_compare_exchange_n(&w[0], &cur, w_pack(tag, f + 1, w_back(cur)), 0, __ATOMIC_ACQ_REL,
                                           __ATOMIC_ACQUIRE));
     size_t off = (size_t)f * chunk, len = COLLIE_MIN(chunk, a->count - off);
-    if (a->op.kind == RED_PREMULSUM) red_pre(&a->op, slot, in + off * esz, len);
-    else memcpy(slot, in + off * esz, len * esz);
+    red_pre(&a->op, slot, in + off * esz, len); /* a copy unless premultiplied */
     NCCLCHECK(prim_send_commit(&l, len * esz));
   }
 claimed:
@@ -142,7 +140,7 @@ static ncclResult_t run_root(struct coll_args* a, struct conn* rc, uint64_t tok,
       size_t off = (size_t)(b - 1) * chunk, len = COLLIE_MIN(chunk, a->count - off);
       res = rc->ops->read_peer(rc, tmp, __atomic_load_n(&w[1], __ATOMIC_RELAXED) + off * esz, len * esz);
       if (res != ncclSuccess) break;
-      if (a->op.kind == RED_PREMULSUM) red_pre(&a->op, tmp, tmp, len);
+      red_pre(&a->op, tmp, tmp, len); /* nothing unless premultiplied */
       red_reduce(&a->op, out + off * esz, tmp, in + off * esz, len);
       if (avg_n) red_div(a->dt, out + off * esz, out + off * esz, len, avg_n);
       comm->reduce_steals++;
