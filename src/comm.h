@@ -52,6 +52,10 @@ struct ncclComm {
   int nflush_sends; /* TRANSPORT_CAP_FLUSH send connectors: only they can hold unsent bytes */
   int nslots;
   size_t slot_bytes;
+  /* The step of collectives that send and receive at once or reduce
+   * (transport_chunk_bytes): slot_bytes, or less where the slots are large
+   * by default (sockets). */
+  size_t pipe_bytes;
   int shm_disable; /* NCCL_SHM_DISABLE, read at init */
   int cma;            /* single copy (process_vm_readv) works between every pair of ranks (transport/cma.c) */
   size_t cma_min_bytes; /* messages at least this big use it: 1 with COLLIE_CMA=1, the tuner's threshold with auto */

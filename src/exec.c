@@ -44,6 +44,7 @@ static ncclResult_t exec_coll(struct coll_args* a) {
   NCCLCHECK(board_publish(a->comm, coll_token(a, a->count * dtype_size(a->dt)), a->root));
   struct plan p;
   NCCLCHECK(tuning_plan(a, &p));
+  a->chunk = p.chunk;
   log_call(a, a->comm->opcount++, &p);
   return p.algo->run(a, &p);
 }

@@ -175,7 +175,7 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
   struct conn *sc = NULL, *rc = NULL;
   NCCLCHECK(transport_connect(comm, &a->root, !is_root, &peer, is_root, &sc, &rc));
   struct conn* c = is_root ? rc : sc;
-  size_t chunk = comm->slot_bytes / esz;
+  size_t chunk = coll_chunk(a) / esz;
   uint64_t nchunks = (a->count + chunk - 1) / chunk;
   /* Both ends see the same connector, so both take the same branch. */
   if (!(conn_caps(c) & TRANSPORT_CAP_READ_PEER_MEM) || !c->ops->shared_words || nchunks > W_MAX_CHUNKS) {

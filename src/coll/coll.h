@@ -37,6 +37,7 @@ struct coll_args {
   void* stream;           /* the call's cudaStream_t (device buffers) */
   int mem;                /* MEM_HOST / MEM_DEVICE bits of the buffers this rank uses (device/dev_plan.h) */
   int redop;              /* the ncclRedOp_t the user passed (for logs) */
+  size_t chunk;           /* bytes a step moves: the plan's (exec.c); 0: a whole slot */
 };
 
 /* Token identifying an operation on a connector: both sides must compute the
@@ -121,6 +122,13 @@ static inline int coll_cma_eligible(const struct coll_args* a) {
   const struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
   return comm->cma && coll_shm_only(comm) && comm->nranks > 1 && bytes >= comm->cma_min_bytes;
+}
+
+/* The bytes one step of an algorithm moves: the plan's chunk, never more
+ * than a connector's slot. */
+static inline size_t coll_chunk(const struct coll_args* a) {
+  size_t slot = a->comm->slot_bytes;
+  return a->chunk && a->chunk < slot ? a->chunk : slot;
 }
 
 /* An ordered set of ranks forming a ring, and this rank's position in it

@@ -22,7 +22,7 @@ ncclResult_t ring_allgather_view(struct coll_args* a, const struct ring_view* v,
   prim_begin(&l[0], sc, coll_token(a, bytes));
   prim_begin(&l[1], rc, coll_token(a, bytes));
   ncclResult_t res = ncclSuccess;
-  size_t chunk = comm->slot_bytes;
+  size_t chunk = coll_chunk(a);
   for (size_t off = off0; off < off0 + len0 && res == ncclSuccess; off += chunk) {
     size_t len = COLLIE_MIN(chunk, off0 + len0 - off);
     res = prim_send(&l[0], mine + off, len);

@@ -29,7 +29,7 @@ ncclResult_t ring_allreduce_view(struct coll_args* a, const struct ring_view* v,
   struct prim_link *s = &l[0], *rv = &l[1];
 
   size_t seg = (a->count + (size_t)n - 1) / (size_t)n;
-  size_t chunk = comm->slot_bytes / esz;
+  size_t chunk = coll_chunk(a) / esz;
   if (chunk > seg) chunk = seg;
   ncclResult_t res = ncclSuccess;
 #define SEG_LEN(j) (COLLIE_MIN(seg, a->count - COLLIE_MIN(a->count, (size_t)(j) * seg)))

@@ -32,8 +32,9 @@ ncclResult_t ring_broadcast_view(struct coll_args* a, const struct ring_view* v,
   if (nrecv) prim_begin(&l[1], rc, coll_token(a, bytes));
   char* buf = recvbuff;
   ncclResult_t res = ncclSuccess;
-  for (size_t off = 0; off < bytes && res == ncclSuccess; off += comm->slot_bytes) {
-    size_t len = COLLIE_MIN(comm->slot_bytes, bytes - off);
+  size_t chunk = coll_chunk(a);
+  for (size_t off = 0; off < bytes && res == ncclSuccess; off += chunk) {
+    size_t len = COLLIE_MIN(chunk, bytes - off);
     if (copy_after) {
       res = prim_send(&l[0], (const char*)sendbuff + off, len);
       memcpy(buf + off, (const char*)sendbuff + off, len);

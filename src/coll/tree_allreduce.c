@@ -97,7 +97,7 @@ static ncclResult_t tree_allreduce(struct coll_args* a) {
   if (partial.kind == RED_PREMULSUM) partial.kind = RED_SUM;
   size_t half = a->count / 2;
   size_t range_off[2] = {0, half}, range_len[2] = {half, a->count - half};
-  size_t chunk = comm->slot_bytes / esz;
+  size_t chunk = coll_chunk(a) / esz;
   size_t nchunks = (range_len[1] + chunk - 1) / chunk; /* the second half is the longer */
   ncclResult_t res = ncclSuccess;
   for (size_t k = 0; k < nchunks && res == ncclSuccess; k++) {

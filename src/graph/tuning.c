@@ -255,6 +255,21 @@ static int choose(const struct coll_args* a, const struct tune_table* tab, doubl
   return best;
 }
 
+/* Collectives where every rank sends and receives at once, or reduces what
+ * comes, step by the pipeline step (transport_chunk_bytes); the others
+ * (one-way streams: broadcast, point-to-point) by whole slots. */
+static size_t plan_chunk(const struct coll_args* a) {
+  struct ncclComm* comm = a->comm;
+  size_t slot = transport_chunk_bytes(comm);
+  switch (a->kind) {
+    case COLL_ALLREDUCE:
+    case COLL_REDUCE:
+    case COLL_REDUCESCATTER:
+    case COLL_ALLGATHER: return comm->pipe_bytes;
+    default: return slot;
+  }
+}
+
 ncclResult_t tuning_plan(const struct coll_args* a, struct plan* p) {
   struct ncclComm* comm = a->comm;
   int idx = -1;
@@ -273,7 +288,7 @@ ncclResult_t tuning_plan(const struct coll_args* a, struct plan* p) {
   p->algo = algo_table[idx];
   p->index = idx;
   p->nch = channels_for(a, p->algo);
-  p->chunk = transport_chunk_bytes(comm);
+  p->chunk = plan_chunk(a);
   return ncclSuccess;
 }
 
@@ -374,7 +389,7 @@ ncclResult_t tuning_report(FILE* f, int nranks) {
       }
       const struct algo* al = algo_table[idx];
       fprintf(f, "%-14s %12zu %-10s %-8s %8d %10zu %14.1f\n", coll_name(a.kind), bytes, algo_name(al->name),
-              proto_names[al->proto], channels_for(&a, al), transport_chunk_bytes(comm), est);
+              proto_names[al->proto], channels_for(&a, al), plan_chunk(&a), est);
     }
   }
 out:

@@ -90,6 +90,8 @@ static const struct transport* by_name(const char* name) {
   return NULL;
 }
 
+#define PIPE_DEFAULT_BYTES ((size_t)128 << 10)
+
 size_t transport_chunk_bytes(struct ncclComm* comm) {
   if (comm->slot_bytes) return comm->slot_bytes;
   int64_t nslots = param_int(P_COLLIE_NSLOTS, 2, 16);
@@ -99,6 +101,16 @@ size_t transport_chunk_bytes(struct ncclComm* comm) {
   if (!getenv("NCCL_BUFFSIZE") && (comm->nhosts > 1 || comm->shm_disable)) buff = 4 << 20;
   comm->nslots = (int)nslots;
   comm->slot_bytes = ((size_t)buff / (size_t)nslots) & ~(size_t)63;
+  /* Large slots suit a stream that goes one way (a broadcast, a send: fewer
+   * system calls a byte), but where every rank sends and receives at once,
+   * or reduces what comes, 8 slots of 512 KiB cycle 4 MiB of buffers and
+   * kernel socket memory, twice a core's private cache here: 2 ranks over
+   * loopback TCP, allreduce 2 MiB took 734 us in 512 KiB steps against 488
+   * in 128 KiB ones, 32 MiB 15950 against 12685 (docs/BENCHMARKS.md,
+   * fourteenth session). Those collectives step by at most 128 KiB unless
+   * NCCL_BUFFSIZE chose the slots. */
+  comm->pipe_bytes = comm->slot_bytes;
+  if (!getenv("NCCL_BUFFSIZE") && comm->pipe_bytes > PIPE_DEFAULT_BYTES) comm->pipe_bytes = PIPE_DEFAULT_BYTES;
   return comm->slot_bytes;
 }
 

@@ -284,6 +284,73 @@ static int test_oversub(void) {
   return bad;
 }
 
+/* The plan's chunk (graph/tuning.c plan_chunk, transport_chunk_bytes): a
+ * communicator across hosts has 512 KiB socket slots by default; the
+ * collectives where every rank sends and receives at once or reduces step by
+ * 128 KiB (2 ranks over loopback TCP, allreduce 2 MiB: 488 us against 734 in
+ * whole slots), one-way streams by whole slots; with NCCL_BUFFSIZE set,
+ * every collective steps by the slot the user chose. On one host the slot
+ * is 128 KiB and nothing changes. */
+static int plan_chunk_of(int nhosts, int kind, size_t* slot) {
+  struct ncclComm comm;
+  memset(&comm, 0, sizeof(comm));
+  comm.nranks = 2;
+  comm.nhosts = comm.nleaders = nhosts;
+  comm.local_size = comm.nlocal = comm.max_local = nhosts == 1 ? 2 : 1;
+  comm.algo_mask = comm.proto_mask = ~0;
+  comm.min_ch = comm.max_ch = 1;
+  comm.oversub = comm.cpus_per_rank = 1.0;
+  tune_table_builtin(&comm.tune);
+  struct coll_args a;
+  memset(&a, 0, sizeof(a));
+  a.comm = &comm;
+  a.kind = kind;
+  a.count = (size_t)8 << 20;
+  a.dt = ncclFloat32;
+  a.root = 0;
+  struct plan p;
+  if (tuning_plan(&a, &p) != ncclSuccess) return -1;
+  *slot = comm.slot_bytes;
+  return (int)p.chunk;
+}
+
+static int test_chunk(void) {
+  int bad = 0;
+  size_t slot = 0;
+  unsetenv("NCCL_BUFFSIZE");
+  static const struct {
+    int kind, pipe;
+  } rows[] = {{COLL_ALLREDUCE, 1}, {COLL_REDUCE, 1},   {COLL_REDUCESCATTER, 1}, {COLL_ALLGATHER, 1},
+              {COLL_BROADCAST, 0}, {COLL_ALLTOALL, 0}, {COLL_GATHER, 0},        {COLL_SCATTER, 0}};
+  for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+    int across = plan_chunk_of(2, rows[i].kind, &slot);
+    size_t want = rows[i].pipe ? (size_t)128 << 10 : slot;
+    if (slot != (size_t)512 << 10 || across != (int)want) {
+      fprintf(stderr, "FAILED %s across hosts: chunk %d, slot %zu (expected %zu, slot 524288)\n",
+              coll_name(rows[i].kind), across, slot, want);
+      bad = 1;
+    }
+    int local = plan_chunk_of(1, rows[i].kind, &slot);
+    if (local != (int)slot || slot != (size_t)128 << 10) {
+      fprintf(stderr, "FAILED %s on one host: chunk %d, slot %zu (expected both 131072)\n", coll_name(rows[i].kind),
+              local, slot);
+      bad = 1;
+    }
+  }
+  setenv("NCCL_BUFFSIZE", "4194304", 1);
+  for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+    int across = plan_chunk_of(2, rows[i].kind, &slot);
+    if (across != (int)slot) {
+      fprintf(stderr, "FAILED %s across hosts with NCCL_BUFFSIZE set: chunk %d, slot %zu\n", coll_name(rows[i].kind),
+              across, slot);
+      bad = 1;
+    }
+  }
+  unsetenv("NCCL_BUFFSIZE");
+  if (!bad) fprintf(stderr, "passed tuning chunk: 128 KiB steps for two-way collectives over large socket slots\n");
+  return bad;
+}
+
 int main(int argc, char** argv) {
   char base[] = "/tmp/collie-tuning-XXXXXX";
   if (!mkdtemp(base)) return 1;
@@ -292,12 +359,14 @@ int main(int argc, char** argv) {
     rc = test_cache(base);
   } else if (argc > 1 && strcmp(argv[1], "oversub") == 0) {
     rc = test_oversub();
+  } else if (argc > 1 && strcmp(argv[1], "chunk") == 0) {
+    rc = test_chunk();
   } else if (argc > 2 && strcmp(argv[1], "agree") == 0) {
     int n = atoi(argv[2]);
     rc = mp_run(n, rank_agree, base, 300);
     fprintf(stderr, "%s tuning agreement, %d ranks\n", rc ? "FAILED" : "passed", n);
   } else {
-    fprintf(stderr, "usage: test_tuning cache | oversub | agree NRANKS\n");
+    fprintf(stderr, "usage: test_tuning cache | oversub | chunk | agree NRANKS\n");
     rc = 2;
   }
   char cmd[600];
