@@ -125,9 +125,16 @@ static int log2ceil(int n) {
   return l;
 }
 
+/* With more ranks than CPUs, the trees moved their bytes at about half the
+ * ring's rate: 8 ranks on 2 CPUs (medians of 7 rounds, us, tree / ring /
+ * one-shot / Open MPI) 512 KiB 845 / 525 / 614 / 756, 2 MiB 3854 / 1912 /
+ * 1871 / 2911; only their fewer steps still pay at 32-128 KiB (32 KiB 55 /
+ * 70 / 45 / 118, 128 KiB 131 / 196 / 197 / 173). Counted at the rate of the
+ * ring, the model chose them at 32-512 KiB. */
 static double estimate(const struct coll_args* a, const struct tune_cost* c) {
   double bytes = (double)a->count * (double)dtype_size(a->dt);
-  return 2.0 * log2ceil(a->comm->nranks) * c->link.alpha_us + 2.0 * bytes / c->link.bw;
+  double per_byte = a->comm->oversub > 1 ? 4.0 : 2.0;
+  return 2.0 * log2ceil(a->comm->nranks) * c->link.alpha_us + per_byte * bytes / c->link.bw;
 }
 
 static ncclResult_t run(struct coll_args* a, const struct plan* p) {
