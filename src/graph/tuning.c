@@ -256,8 +256,10 @@ static int choose(const struct coll_args* a, const struct tune_table* tab, doubl
 }
 
 /* Collectives where every rank sends and receives at once, or reduces what
- * comes, step by the pipeline step (transport_chunk_bytes); the others
- * (one-way streams: broadcast, point-to-point) by whole slots. */
+ * comes, step by the pipeline step (transport_chunk_bytes); the others by
+ * whole slots: broadcast (a one-way stream: larger steps measured faster)
+ * and the point-to-point rows (alltoall, gather, scatter), whose batches
+ * step by the slot for every message. */
 static size_t plan_chunk(const struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t slot = transport_chunk_bytes(comm);

@@ -98,7 +98,8 @@ size_t transport_chunk_bytes(struct ncclComm* comm) {
   int64_t buff = param_int(P_NCCL_BUFFSIZE, 4096 * 2, (int64_t)1 << 30);
   /* Sockets move whole slots per system call: between hosts (or with shared
    * memory off) default to 4 MiB per connector unless NCCL_BUFFSIZE says otherwise. */
-  if (!getenv("NCCL_BUFFSIZE") && (comm->nhosts > 1 || comm->shm_disable)) buff = 4 << 20;
+  int socket_default = !getenv("NCCL_BUFFSIZE") && (comm->nhosts > 1 || comm->shm_disable);
+  if (socket_default) buff = 4 << 20;
   comm->nslots = (int)nslots;
   comm->slot_bytes = ((size_t)buff / (size_t)nslots) & ~(size_t)63;
   /* Large slots suit a stream that goes one way (a broadcast, a send: fewer
@@ -107,10 +108,9 @@ size_t transport_chunk_bytes(struct ncclComm* comm) {
    * kernel socket memory, twice a core's private cache here: 2 ranks over
    * loopback TCP, allreduce 2 MiB took 734 us in 512 KiB steps against 488
    * in 128 KiB ones, 32 MiB 15950 against 12685 (docs/BENCHMARKS.md,
-   * fourteenth session). Those collectives step by at most 128 KiB unless
-   * NCCL_BUFFSIZE chose the slots. */
-  comm->pipe_bytes = comm->slot_bytes;
-  if (!getenv("NCCL_BUFFSIZE") && comm->pipe_bytes > PIPE_DEFAULT_BYTES) comm->pipe_bytes = PIPE_DEFAULT_BYTES;
+   * fourteenth session). With those default slots, such collectives step by
+   * 128 KiB; slots the user chose (NCCL_BUFFSIZE) are steps as they are. */
+  comm->pipe_bytes = socket_default ? COLLIE_MIN(comm->slot_bytes, PIPE_DEFAULT_BYTES) : comm->slot_bytes;
   return comm->slot_bytes;
 }
 

@@ -269,13 +269,20 @@ static int test_oversub(void) {
       {2, COLL_BROADCAST, (size_t)2 << 10, ALGO_DIRECT},   {2, COLL_BROADCAST, (size_t)64 << 10, ALGO_CMA},
       {2, COLL_BROADCAST, (size_t)128 << 10, ALGO_CMA},    {2, COLL_BROADCAST, (size_t)8 << 20, ALGO_RING},
       {2, COLL_BROADCAST, (size_t)32 << 20, ALGO_RING},
+      /* The tree allreduce moves its bytes at about half the ring's rate
+       * with more ranks than CPUs; measured at 8 ranks (us, tree / ring /
+       * one-shot): 32 KiB 55 / 70 / 45, 128 KiB 131 / 196 / 197, 512 KiB 845
+       * / 525 / 614, 2 MiB 3854 / 1912 / 1871 (the one-shot stops at 256
+       * KiB). The model chose the tree at 32-512 KiB before. */
+      {8, COLL_ALLREDUCE, (size_t)32 << 10, ALGO_DIRECT},  {8, COLL_ALLREDUCE, (size_t)128 << 10, ALGO_RING},
+      {8, COLL_ALLREDUCE, (size_t)512 << 10, ALGO_RING},   {8, COLL_ALLREDUCE, (size_t)2 << 20, ALGO_RING},
   };
   int bad = 0;
   for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
     int got = pick(want[i].nranks, want[i].kind, want[i].bytes);
     if (got != want[i].algo) {
       fprintf(stderr, "FAILED %s of %zu bytes a rank at %d ranks on 2 CPUs: %s, expected %s\n",
-              want[i].kind == COLL_ALLGATHER ? "allgather" : "broadcast", want[i].bytes, want[i].nranks,
+              coll_name(want[i].kind), want[i].bytes, want[i].nranks,
               got < 0 ? "none" : algo_name(got), algo_name(want[i].algo));
       bad = 1;
     }
@@ -340,9 +347,9 @@ static int test_chunk(void) {
   setenv("NCCL_BUFFSIZE", "4194304", 1);
   for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
     int across = plan_chunk_of(2, rows[i].kind, &slot);
-    if (across != (int)slot) {
-      fprintf(stderr, "FAILED %s across hosts with NCCL_BUFFSIZE set: chunk %d, slot %zu\n", coll_name(rows[i].kind),
-              across, slot);
+    if (slot != (size_t)512 << 10 || across != (int)slot) {
+      fprintf(stderr, "FAILED %s across hosts with NCCL_BUFFSIZE=4194304: chunk %d, slot %zu (expected both 524288)\n",
+              coll_name(rows[i].kind), across, slot);
       bad = 1;
     }
   }
