@@ -67,19 +67,18 @@ struct board_entry {
 struct mb_ctrl {
   struct mb_line line[NSLOTS];
   uint32_t done; /* seq of the last direct call whose peers' data this rank has finished reading */
-  uint32_t pad0;
-  /* The CPU this rank last ran a call on (written with done): a waiter
-   * whose peer sits on its own CPU stops spinning at once, since the peer
-   * cannot run until it gives the CPU up (unbound ranks that wake each
-   * other are often pulled onto one CPU). */
-  int32_t cpu;
-  char pad1[52];
+  /* The CPU this rank last ran a call on (checked at the end of each call,
+   * stored when it changed): a waiter whose peer sits on its own CPU stops
+   * spinning at once, since the peer cannot run until it gives the CPU up
+   * (unbound ranks that wake each other are often pulled onto one CPU). A
+   * line of its own: waiters read it while this rank writes `done`. */
+  int32_t cpu __attribute__((aligned(64)));
   /* The call board: every collective publishes its sequence number and
    * arguments here (entry seq % BOARD_DEPTH), so a rank that has waited a
    * while can tell a peer that is merely slow from one that called something
    * else (which would otherwise hang both when their calls picked different
    * algorithms), also when that peer has already run a few calls ahead. */
-  struct board_entry board[BOARD_DEPTH];
+  struct board_entry board[BOARD_DEPTH] __attribute__((aligned(64)));
   /* How many peers sleep on each line's seq and on `done` (futex). Apart
    * from the words they count: a writer reads its counter right after its
    * store, and a counter on the line it just wrote made that read wait for
@@ -112,6 +111,7 @@ struct direct_state {
   int big;
   uint32_t nbig;
   uint32_t big_used[2];
+  size_t wrote; /* payload bytes this rank put in its place in this call */
   uint32_t* peer_done; /* by rank: the last value read of its done counter */
   uint32_t* peer_ack;  /* by rank: the last value read of its ack[] of this rank */
   uint32_t stream;     /* chunks this rank published as a broadcast root, ever */
@@ -362,6 +362,7 @@ static ncclResult_t direct_begin(struct ncclComm* comm, size_t bytes, char** min
    * record forward keeps it within a signed difference of seq forever. */
   for (int b = 0; b < 2; b++)
     if ((int32_t)(need - d->big_used[b]) > 0) d->big_used[b] = need;
+  d->wrote = 0;
   d->where = bytes <= INLINE_BYTES ? 0 : bytes <= SMALL_BYTES ? 1 : bytes <= d->cap ? 2 : 3;
   if (d->where == 3) {
     /* Only a streamed broadcast is larger than a buffer (eligible()): it
@@ -387,6 +388,7 @@ static ncclResult_t direct_post(struct ncclComm* comm, const void* src, size_t b
   char* mine;
   NCCLCHECK(direct_begin(comm, bytes, &mine));
   memcpy(mine, src, bytes);
+  comm->direct->wrote = bytes;
   return ncclSuccess;
 }
 
@@ -446,12 +448,40 @@ static ncclResult_t direct_exchange(struct ncclComm* comm, int src) {
   return res;
 }
 
-/* Ends a call: peers may reuse the buffers this rank read. */
+/* Asks for the cache line at p in exclusive state now, so that a store to it
+ * later does not wait for it. */
+static inline void prefetch_for_store(const void* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  __asm__ volatile("prefetchw %0" ::"m"(*(const char*)p));
+#else
+  __builtin_prefetch(p, 1, 3);
+#endif
+}
+
+/* Ends a call: peers may reuse the buffers this rank read. The CPU word is
+ * written only when it changed (waiting peers read it: a store every call
+ * would take the line back from them each time). Then it asks for what the
+ * next call will write, in exclusive state: the next slot's line and, when
+ * this call wrote a small buffer, as many bytes of the next one. Its readers
+ * took those lines shared when they read them NSLOTS calls ago, and a
+ * broadcast root or reduce non-root, which waits for nobody, otherwise
+ * stalls on every one of those transfers in every call. 2 ranks on 2 CPUs,
+ * medians of 5 interleaved runs (us a call, before / after): broadcast in
+ * place 8 B 0.103 / 0.073 (Open MPI 0.098), 128 B 0.133 / 0.080, 512 B
+ * 0.145 / 0.096, 2 KiB 0.295 / 0.198; allgather 2 KiB 0.516 / 0.415,
+ * allreduce 2 KiB 0.806 / 0.682. The large buffers (from 4 KiB) are left
+ * to the hardware's own prefetch: no change measured at 8 KiB. */
 static void direct_end(struct ncclComm* comm) {
   struct direct_state* d = comm->direct;
   struct mb_ctrl* me = d->ctrl[comm->rank];
-  __atomic_store_n(&me->cpu, sched_getcpu(), __ATOMIC_RELAXED);
+  int cpu = sched_getcpu();
+  if (__atomic_load_n(&me->cpu, __ATOMIC_RELAXED) != cpu) __atomic_store_n(&me->cpu, cpu, __ATOMIC_RELAXED);
   publish(&me->done, &me->done_waiters, d->seq);
+  if (d->where > 1) return;
+  unsigned next = (d->seq + 1) % NSLOTS;
+  prefetch_for_store(&me->line[next]);
+  if (d->where == 1)
+    for (size_t off = 0; off < d->wrote; off += 64) prefetch_for_store(d->small[comm->rank] + next * SMALL_BYTES + off);
 }
 
 ncclResult_t board_publish(struct ncclComm* comm, uint64_t token, int root) {
@@ -698,6 +728,7 @@ static ncclResult_t direct_broadcast(struct coll_args* a) {
       NCCLCHECK(bcast_root_chunks(comm, mine, a->sendbuff, bytes));
     } else {
       memcpy(mine, a->sendbuff, bytes);
+      comm->direct->wrote = bytes;
       publish_ready(comm);
     }
     if (a->recvbuff != a->sendbuff) memcpy(a->recvbuff, a->sendbuff, bytes);
