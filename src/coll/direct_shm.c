@@ -11,6 +11,9 @@
  * after every peer has finished reading it (their `done` counters; within a
  * streamed broadcast, their `ack` of each chunk).
  * The segments are memfds mapped through /proc/<pid>/fd (nothing in /dev/shm). */
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <math.h>
 #include <sched.h>
 #include <stddef.h>
@@ -112,6 +115,7 @@ struct direct_state {
   uint32_t nbig;
   uint32_t big_used[2];
   size_t wrote; /* payload bytes this rank put in its place in this call */
+  int prefetchw; /* the CPU has prefetch-for-store (direct_end) */
   uint32_t* peer_done; /* by rank: the last value read of its done counter */
   uint32_t* peer_ack;  /* by rank: the last value read of its ack[] of this rank */
   uint32_t stream;     /* chunks this rank published as a broadcast root, ever */
@@ -151,6 +155,27 @@ _Static_assert(256 * 1024 % BCAST_CHUNK == 0, "the ring holds whole chunks");
 static void publish(uint32_t* word, uint32_t* waiters, uint32_t v) {
   __atomic_store_n(word, v, __ATOMIC_RELEASE);
   if (__atomic_load_n(waiters, __ATOMIC_RELAXED)) futex_wake(word, 64, 1);
+}
+
+/* Whether this CPU has PREFETCHW (x86: CPUID 0x80000001, ECX bit 8); the
+ * instruction is not used where it is not announced. */
+static int have_prefetchw(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a, b, c, d;
+  return __get_cpuid(0x80000001u, &a, &b, &c, &d) && (c & (1u << 8));
+#else
+  return 1;
+#endif
+}
+
+/* Asks for the cache line at p in exclusive state now, so that a store to it
+ * later does not wait for it. */
+static inline void prefetch_for_store(const void* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  __asm__ volatile("prefetchw %0" ::"m"(*(const char*)p));
+#else
+  __builtin_prefetch(p, 1, 3);
+#endif
 }
 
 ncclResult_t board_give_way(struct ncclComm* comm, int peer) {
@@ -273,6 +298,7 @@ static ncclResult_t direct_setup(struct ncclComm* comm) {
   if (!d) return err_set(ncclSystemError, "out of memory for the direct algorithm");
   comm->direct = d;
   d->n = n;
+  d->prefetchw = have_prefetchw();
   d->cap = direct_max_bytes();
   d->map_len = MB_CTRL_BYTES + NSLOTS * SMALL_BYTES + 2 * d->cap;
   d->ctrl = calloc((size_t)n, sizeof(*d->ctrl));
@@ -448,16 +474,6 @@ static ncclResult_t direct_exchange(struct ncclComm* comm, int src) {
   return res;
 }
 
-/* Asks for the cache line at p in exclusive state now, so that a store to it
- * later does not wait for it. */
-static inline void prefetch_for_store(const void* p) {
-#if defined(__x86_64__) || defined(__i386__)
-  __asm__ volatile("prefetchw %0" ::"m"(*(const char*)p));
-#else
-  __builtin_prefetch(p, 1, 3);
-#endif
-}
-
 /* Ends a call: peers may reuse the buffers this rank read. The CPU word is
  * written only when it changed (waiting peers read it: a store every call
  * would take the line back from them each time). Then it asks for what the
@@ -477,7 +493,7 @@ static void direct_end(struct ncclComm* comm) {
   int cpu = sched_getcpu();
   if (__atomic_load_n(&me->cpu, __ATOMIC_RELAXED) != cpu) __atomic_store_n(&me->cpu, cpu, __ATOMIC_RELAXED);
   publish(&me->done, &me->done_waiters, d->seq);
-  if (d->where > 1) return;
+  if (d->where > 1 || !d->prefetchw) return;
   unsigned next = (d->seq + 1) % NSLOTS;
   prefetch_for_store(&me->line[next]);
   if (d->where == 1)
