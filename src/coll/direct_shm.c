@@ -546,12 +546,17 @@ ncclResult_t board_check(struct ncclComm* comm) {
   return ncclSuccess;
 }
 
-/* One host, and this rank's part fits its mailbox (reduce-scatter and
+/* The bytes a rank puts in its mailbox for call a (reduce-scatter and
  * alltoall post all n blocks). */
+static size_t posted_bytes(const struct coll_args* a) {
+  size_t b = a->count * dtype_size(a->dt);
+  return a->kind == COLL_REDUCESCATTER || a->kind == COLL_ALLTOALL ? b * (size_t)a->comm->nranks : b;
+}
+
+/* One host, and this rank's part fits its mailbox. */
 static int eligible(const struct coll_args* a) {
   const struct ncclComm* comm = a->comm;
-  size_t b = a->count * dtype_size(a->dt);
-  if (a->kind == COLL_REDUCESCATTER || a->kind == COLL_ALLTOALL) b *= (size_t)comm->nranks;
+  size_t b = posted_bytes(a);
   if (a->kind == COLL_BROADCAST && bcast_stream(b, comm->nranks)) b = 0;
   return coll_shm_only(comm) && comm->nranks > 1 && b <= direct_max_bytes();
 }
@@ -608,8 +613,7 @@ static double estimate(const struct coll_args* a, const struct tune_cost* c) {
    * (pairwise); from 8 KiB (the large buffers, not prefetched) reduce 1.23 /
    * 0.94 and broadcast 1.02 / 0.93 lose, so the rate stays there. With more
    * ranks than CPUs the runs differ more than the rows: unchanged. */
-  double posted = a->kind == COLL_REDUCESCATTER || a->kind == COLL_ALLTOALL ? bytes * n : bytes;
-  if (posted <= SMALL_BYTES && a->comm->oversub <= 1.0) rate = c->link.bw * 2.5;
+  if (posted_bytes(a) <= SMALL_BYTES && a->comm->oversub <= 1.0) rate = c->link.bw * 2.5;
   return 0.7 * c->link.alpha_us + k * bytes / rate;
 }
 

@@ -96,12 +96,12 @@ static int wait_done(struct conn* c, int released) {
   return released ? c->ops->unreleased(c) == 0 : prim_conn_ready(c);
 }
 
-/* One round of waiting for connector c after `it` unsuccessful polls
- * (released: for every committed slot to come back, see wait_done). */
 /* How long a waiter whose peer has left keeps progressing a progress-driven
  * connector for what the peer sent before it left. */
 #define LEFT_DRAIN_NS (100 * 1000 * 1000)
 
+/* One round of waiting for connector c after `it` unsuccessful polls
+ * (released: for every committed slot to come back, see wait_done). */
 static ncclResult_t wait_round(struct conn* c, int released, int it, int64_t* deadline, int64_t* t0) {
   struct ncclComm* comm = c->comm;
   if (c->ops->peer_failed(c)) {
@@ -152,11 +152,10 @@ static ncclResult_t wait_round(struct conn* c, int released, int it, int64_t* de
      * last may still be on its way when its goodbye arrives (a 2-rank sweep
      * over the test plugin failed in its last allgather once in about 50
      * runs): keep progressing a little while before calling it gone. */
+    if (wait_done(c, released)) return ncclSuccess;
     int64_t end = time_ns() + LEFT_DRAIN_NS;
-    for (;;) {
-      if (wait_done(c, released)) return ncclSuccess;
-      if (!(conn_caps(c) & TRANSPORT_CAP_PROGRESS) || c->ops->peer_failed(c) || time_ns() >= end) break;
-      if (transport_progress(comm, c->channel) != ncclSuccess) break;
+    while ((conn_caps(c) & TRANSPORT_CAP_PROGRESS) && !c->ops->peer_failed(c) && time_ns() < end &&
+           transport_progress(comm, c->channel) == ncclSuccess) {
       if (wait_done(c, released)) return ncclSuccess;
       sched_yield();
     }
