@@ -11,7 +11,8 @@
 #     TRANSPORT=tcp|shm  tcp (default): each rank a host of its own
 #                  (NCCL_HOSTID) over loopback, Open MPI with --mca btl self,tcp;
 #                  shm: shared memory, Open MPI with vader
-#     ROUNDS=5 B=8 E=32K N=40 W=100  rounds; sizes -b -e (factor 4); calls -n, warm-up -w
+#     ROUNDS=5 B=8 E=32K N=40 W=100 M=0  rounds; sizes -b -e (factor 4); calls -n,
+#                  warm-up -w, at least M ms timed per size (-M)
 #     BIND=none|default  collie unbound (collie-run --bind-to none, default) or
 #                  with collie-run's binding
 #     INPLACE=0|1  report the in-place column (compare_mpi.sh does for broadcast)
@@ -19,17 +20,17 @@
 #     BUILD=build  the build folder
 # Prints per size and series the median time (us) and every round's.
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 op=$1
 shift
 build=${BUILD:-build}
-rounds=${ROUNDS:-5} b=${B:-8} e=${E:-32K} n=${N:-40} w=${W:-100}
+rounds=${ROUNDS:-5} b=${B:-8} e=${E:-32K} n=${N:-40} w=${W:-100} m=${M:-0}
 col=6
 [ "${INPLACE:-0}" = 1 ] && col=10
 bind=(--bind-to none)
 [ "${BIND:-none}" = default ] && bind=()
 export NCCL_SOCKET_IFNAME=lo
-args=("$op" -b "$b" -e "$e" -f 4 -n "$n" -w "$w" -d float -o sum)
+args=("$op" -b "$b" -e "$e" -f 4 -n "$n" -w "$w" -M "$m" -d float -o sum)
 if [ "${TRANSPORT:-tcp}" = tcp ]; then
   wrap=(sh -c 'NCCL_HOSTID=h$COLLIE_RANK exec "$0" "$@"')
   btl=(--mca btl self,tcp --mca btl_tcp_if_include lo)

@@ -40,13 +40,17 @@ rounds=${ROUNDS:-3}
 hog=${HOG:-0}
 section_name=${SECTION:-compare_mpi$([ "$hog" = 1 ] && echo _hog)}
 check=${CHECK:-0}
-# -b -e -f -n -w per band: few iterations where one call takes long. The
+# -b -e -f -n -w -M per band: few iterations where one call takes long. The
 # warm-up of the small bands covers collie's 64-slot one-shot mailbox ring (the
 # first use of each slot's page costs a fault; with 5 warm-up calls 128 B
-# allreduce timed 5 us instead of 0.17) and is the same for Open MPI.
-bands=("8 32K 4 40 100" "128K 2M 4 10 70" "8M 32M 4 4 1" "128M 256M 2 2 1")
+# allreduce timed 5 us instead of 0.17) and is the same for Open MPI. -M: at
+# least 30 ms timed per size in the two small bands (40 calls of 0.1 us were
+# a 4 us loop, where one preemption or wake-up decided the cell, and fewer
+# calls than the one-shot's 64 slots, so a root that runs ahead never waited
+# for a slot); for both libraries alike.
+bands=("8 32K 4 40 100 30" "128K 2M 4 10 70 30" "8M 32M 4 4 1 0" "128M 256M 2 2 1 0")
 # QUICK=1: a smoke run of the script itself (8 B .. 2 KiB, few iterations).
-[ "${QUICK:-0}" = 1 ] && bands=("8 2K 4 10 2")
+[ "${QUICK:-0}" = 1 ] && bands=("8 2K 4 10 2 0")
 per_run_timeout=900
 
 for t in collie-run collie-perf mpi-perf; do
@@ -91,9 +95,9 @@ else
 fi
 
 perf_args() { # OP BAND -> the common benchmark arguments
-  local b e f n w
-  read -r b e f n w <<<"$2"
-  echo "$1 -b $b -e $e -f $f -n $n -w $w -c $check -d float -o sum"
+  local b e f n w m
+  read -r b e f n w m <<<"$2"
+  echo "$1 -b $b -e $e -f $f -n $n -w $w -M ${m:-0} -c $check -d float -o sum"
 }
 
 # Prints the command line for LIB(collie-MODE|mpi) TRANSPORT N; the benchmark
@@ -272,8 +276,10 @@ section=$out/section.md
   echo "collie ${modes[*]} (\"unbound\": \`collie-run --bind-to none\`, which also sets COLLIE_BIND=none:"
   echo "nothing binds, the scheduler places the ranks; \"bound\": collie-run's default binding, a disjoint share of the cores per rank, none with more ranks than cores$([ $bind_native = 0 ] && echo ' (taskset wrapper: this collie-run has no --bind-to)')); Open MPI with its default binding"
   echo "(\`mpirun --oversubscribe\`, ob1, vader or tcp BTL). Timing: tools/perf_common.c for both"
-  echo "(barrier, then back-to-back calls, mean over ranks). Iterations per size (warm-up): 8 B-32 KiB"
-  echo "40 (100), 128 KiB-2 MiB 10 (70), 8-32 MiB 4 (1), 128-256 MiB 2 (1). Medians and raw logs: \`$(basename "$build")/$section_name/\`."
+  echo "(barrier, then back-to-back calls, mean over ranks). Calls per size (warm-up): 8 B-32 KiB"
+  echo "40 (100), 128 KiB-2 MiB 10 (70), and in both bands more where needed for 30 ms timed per size"
+  echo "(\`-M 30\`: the slowest rank's warm-up decides the count); 8-32 MiB 4 (1), 128-256 MiB 2 (1)."
+  echo "Medians and raw logs: \`$(basename "$build")/$section_name/\`."
   echo
   for cfg in "${configs[@]}"; do
     tr=${cfg%%:*}; n=${cfg##*:}

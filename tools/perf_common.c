@@ -95,6 +95,10 @@ void perf_usage(FILE* f, const char* tool) {
           "                           is 1; with neither option the factor is 2)\n"
           "  -n, --iters N            timed calls per size (default 20)\n"
           "  -w, --warmup_iters N     untimed calls per size before timing (default 5)\n"
+          "  -M, --min_time_ms MS     (collie) time at least MS ms per size: more than -n\n"
+          "                           calls where the warm-up's second half says one call\n"
+          "                           is short; ranks take the slowest rank's figure\n"
+          "                           (default 0: exactly -n calls)\n"
           "  -m, --agg_iters N        calls per group, when the library has groups (default 1)\n"
           "  -c, --check N            check the result N times per size, 0 = never (default 1)\n"
           "  -o, --op OP              sum prod min max avg all (default sum)\n"
@@ -179,7 +183,8 @@ int perf_parse_args(int argc, char** argv, const char* tool, struct perf_args* a
       {"blocking", required_argument, 0, 'z'},     {"stream_null", required_argument, 0, 'y'},
       {"timeout", required_argument, 0, 'T'},      {"cudagraph", required_argument, 0, 'G'},
       {"report_cputime", required_argument, 0, 'C'}, {"average", required_argument, 0, 'a'},
-      {"help", no_argument, 0, 'h'},               {0, 0, 0, 0},
+      {"min_time_ms", required_argument, 0, 'M'}, {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0},
   };
   memset(a, 0, sizeof(*a));
   a->coll = PERF_NCOLLS;
@@ -209,7 +214,7 @@ int perf_parse_args(int argc, char** argv, const char* tool, struct perf_args* a
   optind = 1;
   long v;
   for (;;) {
-    int c = getopt_long(argc, argv, ":t:g:b:e:i:f:n:m:w:p:c:o:d:r:z:y:T:G:C:a:h", longopts, NULL);
+    int c = getopt_long(argc, argv, ":t:g:b:e:i:f:n:m:w:M:p:c:o:d:r:z:y:T:G:C:a:h", longopts, NULL);
     if (c == -1) break;
     switch (c) {
     case 'h': perf_usage(stdout, tool); return PERF_PARSE_HELP;
@@ -275,6 +280,10 @@ int perf_parse_args(int argc, char** argv, const char* tool, struct perf_args* a
     case 'a':
       if (parse_int(optarg, 0, 3, &v)) return usage_error(tool, "invalid -a/--average: '%s' (0, 1, 2 or 3)", optarg);
       a->average = (int)v;
+      break;
+    case 'M':
+      if (parse_int(optarg, 0, 3600 * 1000, &v)) return usage_error(tool, "invalid -M/--min_time_ms: '%s' (milliseconds)", optarg);
+      a->min_ms = (int)v;
       break;
     case 'T':
       if (parse_int(optarg, 0, INT32_MAX, &v)) return usage_error(tool, "invalid -T/--timeout: '%s' (seconds)", optarg);
@@ -693,18 +702,32 @@ static int bench_one(struct run_state* s, const struct layout* l, int type, int 
     }
   }
 
-  for (int k = 0; k < a->warmup; k++)
+  /* The warm-up's second half (the first touches pages and fills caches)
+   * gives the time of one call for -M. */
+  int warmup = a->warmup > 0 || a->min_ms <= 0 ? a->warmup : 1;
+  double tw = 0;
+  for (int k = 0; k < warmup; k++) {
+    if (k == warmup / 2) tw = now_s();
     if (b->run(b->ctx, c, send, recv, l->param, type, op, root, in_place)) return fail(b, perf_coll_name(c));
+  }
+  int iters = a->iters;
+  if (a->min_ms > 0) {
+    /* Every rank must make the same number of calls: the slowest's estimate. */
+    double per = (now_s() - tw) / (warmup - warmup / 2);
+    if (b->allreduce_f64(b->ctx, &per, PERF_MAX)) return fail(b, "allreduce of the warm-up time");
+    double want = a->min_ms * 1e-3 / (per * a->agg > 1e-9 ? per * a->agg : 1e-9);
+    if (want > iters) iters = want < 1e7 ? (int)want + 1 : 10000000;
+  }
   if (b->barrier(b->ctx)) return fail(b, "barrier");
 
   double t0 = now_s();
-  for (int it = 0; it < a->iters; it++) {
+  for (int it = 0; it < iters; it++) {
     if (a->agg > 1 && b->group_start(b->ctx)) return fail(b, "group start");
     for (int k = 0; k < a->agg; k++)
       if (b->run(b->ctx, c, send, recv, l->param, type, op, root, in_place)) return fail(b, perf_coll_name(c));
     if (a->agg > 1 && b->group_end(b->ctx)) return fail(b, "group end");
   }
-  double sec = (now_s() - t0) / ((double)a->iters * a->agg);
+  double sec = (now_s() - t0) / ((double)iters * a->agg);
 
   int mode = a->average == 2 ? PERF_MIN : a->average == 3 ? PERF_MAX : PERF_SUM;
   if (a->average == 0 && b->rank != 0) sec = 0;
@@ -781,6 +804,7 @@ static void print_header(const struct run_state* s, const char* lines) {
          "validation: %d graph: 0\n",
          a->minbytes, a->maxbytes, a->stepfactor > 1 ? (size_t)a->stepfactor : a->stepbytes,
          a->stepfactor > 1 ? "factor" : "bytes", a->warmup, a->iters, a->agg, a->check);
+  if (a->min_ms > 0) printf("# min time per size: %d ms (more calls than iters where one call is short)\n", a->min_ms);
   printf("#\n# Using devices\n");
   for (int r = 0; r < b->nranks; r++) printf("%s\n", lines + (size_t)r * PERF_LINE_LEN);
   printf("#\n");

@@ -57,6 +57,7 @@ struct perf_args {
   long stepfactor;    /* multiplicative step when > 1 */
   int iters;          /* timed calls per size */
   int warmup;         /* untimed calls per size before the barrier */
+  int min_ms;         /* -M: at least this long per size (more calls than iters); 0: off */
   int agg;            /* calls per group (-m); 1 unless the backend has groups */
   int check;          /* checked runs per size and placement; 0 = no check */
   int average;        /* time across ranks: 0 rank 0, 1 mean, 2 min, 3 max */

@@ -79,6 +79,21 @@ run 2 "unknown option exits 2" -- "$PERF" all_reduce --frobnicate
 run 2 "missing option value exits 2" -- "$PERF" all_reduce -b
 run 2 "a zero step exits 2" -- "$PERF" all_reduce -b 8 -e 64 -i 0
 
+run 2 "-M -1 exits 2" -- "$PERF" all_reduce -M -1
+check "-M -1: named in the message" -- grep -q "invalid -M/--min_time_ms: '-1'" "$tmp/err"
+run 2 "-M without a number exits 2" -- "$PERF" all_reduce -M 5ms
+
+# -M makes more calls than -n where one call is short; each call is logged
+# (NCCL_DEBUG_SUBSYS=COLL), so the calls can be counted (2 floats: the
+# benchmark's own; its time and error counts use other types). A call would
+# have to take over 2.5 ms for the 200 ms run to make fewer than 80.
+calls() { grep -c ' INFO AllReduce: opCount .* count 2 datatype 7 ' "$tmp/err"; }
+run 0 "one rank, -n 1 -w 4: runs" -- env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL "$PERF" all_reduce -b 8 -e 8 -n 1 -w 4 -c 0
+check "... exactly 5 calls a placement (10)" -- test "$(calls)" -eq 10
+run 0 "one rank, -n 1 -w 4 -M 200: runs" -- env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL "$PERF" all_reduce -b 8 -e 8 -n 1 -w 4 -c 0 -M 200
+check "... the header names the minimum time" -- grep -q '^# min time per size: 200 ms' "$tmp/out"
+check "... far more calls than -n asks for" -- test "$(calls)" -gt 80
+
 # The operation from the program's name, as with nccl-tests' binaries.
 ln -s "$PERF" "$tmp/all_gather_perf"
 run 0 "all_gather_perf -h exits 0" -- "$tmp/all_gather_perf" -h
