@@ -38,6 +38,19 @@
  * of one small slot (messages above it use the two large buffers). */
 #define NSLOTS 64
 #define SMALL_BYTES 4096
+/* After a call that used only slots a rank publishes its `done` counter
+ * every DONE_EVERY calls, not every call: a writer at the end of its ring
+ * polls that line, and a store to it in every call took it back from the
+ * writer each time (on the reader, the side that is behind). A writer may
+ * therefore find a reader up to DONE_EVERY - 1 calls further than its
+ * counter says, and it runs at least NSLOTS - DONE_EVERY + 1 calls ahead of
+ * a reader that has stopped calling. No wait can close a circle through it:
+ * a writer at call s needs the counter at s - NSLOTS for a slot, and a reader
+ * waiting for that writer's call s has finished call s - 1 and published
+ * s - DONE_EVERY or later. A large buffer is reused two calls later, so a
+ * call that used one publishes at once (a counter held back there left
+ * every rank of a run of reduce-scatters waiting for the others'). */
+#define DONE_EVERY 8
 /* Calls published on the call board that peers can still look up. */
 #define BOARD_DEPTH 64
 /* Communicators up to this size stream broadcasts larger than a buffer. */
@@ -115,6 +128,7 @@ struct direct_state {
   uint32_t nbig;
   uint32_t big_used[2];
   size_t wrote; /* payload bytes this rank put in its place in this call */
+  int ahead;    /* every peer direct_exchange waited for had published before it looked */
   int prefetchw; /* the CPU has prefetch-for-store (direct_end) */
   uint32_t* peer_done; /* by rank: the last value read of its done counter */
   uint32_t* peer_ack;  /* by rank: the last value read of its ack[] of this rank */
@@ -377,7 +391,7 @@ static ncclResult_t wait_peers(struct ncclComm* comm, uint32_t* seen, size_t wor
  * on most calls. After a symmetric call (everybody waited for everybody)
  * every peer has finished call seq - 2: each published that call only after
  * finishing the one before. */
-static ncclResult_t direct_begin(struct ncclComm* comm, size_t bytes, char** mine) {
+static ncclResult_t direct_begin(struct ncclComm* comm, size_t bytes, int writes, char** mine) {
   NCCLCHECK(direct_setup(comm));
   struct direct_state* d = comm->direct;
   uint32_t seq = ++d->seq;
@@ -402,7 +416,7 @@ static ncclResult_t direct_begin(struct ncclComm* comm, size_t bytes, char** min
     if ((int32_t)(d->big_used[d->big] - need) > 0) need = d->big_used[d->big];
     d->big_used[d->big] = seq;
   }
-  if (!(d->last_symmetric && (int32_t)(seq - 2 - need) >= 0))
+  if (writes && !(d->last_symmetric && (int32_t)(seq - 2 - need) >= 0))
     NCCLCHECK(wait_peers(comm, d->peer_done, offsetof(struct mb_ctrl, done), offsetof(struct mb_ctrl, done_waiters),
                          need));
   *mine = place(d, comm->rank);
@@ -412,7 +426,7 @@ static ncclResult_t direct_begin(struct ncclComm* comm, size_t bytes, char** min
 /* direct_begin, then this rank's payload into its buffer. */
 static ncclResult_t direct_post(struct ncclComm* comm, const void* src, size_t bytes) {
   char* mine;
-  NCCLCHECK(direct_begin(comm, bytes, &mine));
+  NCCLCHECK(direct_begin(comm, bytes, 1, &mine));
   memcpy(mine, src, bytes);
   comm->direct->wrote = bytes;
   return ncclSuccess;
@@ -421,6 +435,22 @@ static ncclResult_t direct_post(struct ncclComm* comm, const void* src, size_t b
 static const char* peer_data(struct direct_state* d, int i, size_t bytes) {
   (void)bytes; /* the place was chosen from it in direct_begin */
   return place(d, i);
+}
+
+/* A rank that reads from a peer running ahead of it (a broadcast reader, a
+ * reduce root, when the peer had published before it looked) asks for the
+ * peer's next slot line and as many bytes of its next small buffer now: the
+ * peer wrote them calls ago, and the next call would otherwise wait for each
+ * line in turn (the small buffers are a page apart: the hardware's own
+ * prefetch does not follow). Where the peer is not ahead nothing is asked
+ * for: a line taken shared before the peer writes it costs the peer a
+ * transfer. The large buffers are left to the hardware. */
+static void prefetch_next_from(struct direct_state* d, int i, size_t bytes) {
+  if (!d->ahead || d->where > 1) return;
+  unsigned next = (d->seq + 1) % NSLOTS;
+  __builtin_prefetch(&d->ctrl[i]->line[next], 0, 3);
+  if (d->where == 1)
+    for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(d->small[i] + next * SMALL_BYTES + off, 0, 3);
 }
 
 static void publish_ready(struct ncclComm* comm) {
@@ -442,13 +472,15 @@ static void describe_token(uint64_t t, char* buf, size_t n) {
 /* Publishes my line and waits for peer `src`'s (every peer's if src < 0);
  * then checks that they are on the same call with the same arguments.
  */
-static ncclResult_t direct_exchange(struct ncclComm* comm, int src) {
+static ncclResult_t direct_exchange(struct ncclComm* comm, int src, int publish_mine) {
   struct direct_state* d = comm->direct;
-  publish_ready(comm);
+  if (publish_mine) publish_ready(comm);
+  d->ahead = 1;
   ncclResult_t res = ncclSuccess;
   for (int i = 0; i < d->n && res == ncclSuccess; i++) {
     if (i == comm->rank || (src >= 0 && i != src)) continue;
     struct mb_line* l = &d->ctrl[i]->line[d->seq % NSLOTS];
+    if ((int32_t)(__atomic_load_n(&l->seq, __ATOMIC_ACQUIRE) - d->seq) < 0) d->ahead = 0;
     res = wait_seq(comm, &l->seq, &d->ctrl[i]->line_waiters[d->seq % NSLOTS], d->seq, i);
     if (res == ncclSuccess && (l->token != d->call_token || l->root != d->call_root)) {
       /* The board names both calls when it still holds the peer's entry; the
@@ -474,7 +506,8 @@ static ncclResult_t direct_exchange(struct ncclComm* comm, int src) {
   return res;
 }
 
-/* Ends a call: peers may reuse the buffers this rank read. The CPU word is
+/* Ends a call: peers may reuse the buffers this rank read (published every
+ * DONE_EVERY calls). The CPU word is
  * written only when it changed (waiting peers read it: a store every call
  * would take the line back from them each time). Then it asks for what the
  * next call will write, in exclusive state: the next slot's line and, when
@@ -492,9 +525,17 @@ static void direct_end(struct ncclComm* comm) {
   struct mb_ctrl* me = d->ctrl[comm->rank];
   int cpu = sched_getcpu();
   if (__atomic_load_n(&me->cpu, __ATOMIC_RELAXED) != cpu) __atomic_store_n(&me->cpu, cpu, __ATOMIC_RELAXED);
-  publish(&me->done, &me->done_waiters, d->seq);
+  if (d->seq % DONE_EVERY == 0 || d->where > 1) publish(&me->done, &me->done_waiters, d->seq);
   if (d->where > 1 || !d->prefetchw) return;
   unsigned next = (d->seq + 1) % NSLOTS;
+  /* Only a slot that is already free: a writer at the end of its ring would
+   * take the line from the reader that has yet to read it, then lose it to
+   * that reader and take it again to write it. */
+  if (!d->last_symmetric) {
+    uint32_t need = d->seq + 1 - NSLOTS;
+    for (int i = 0; i < d->n; i++)
+      if (i != comm->rank && (int32_t)(d->peer_done[i] - need) < 0) return;
+  }
   prefetch_for_store(&me->line[next]);
   if (d->where == 1)
     for (size_t off = 0; off < d->wrote; off += 64) prefetch_for_store(d->small[comm->rank] + next * SMALL_BYTES + off);
@@ -619,15 +660,16 @@ static double estimate(const struct coll_args* a, const struct tune_cost* c) {
 
 /* Reduces element range [off, off+count) of every rank's mailbox into dst. */
 static void reduce_all(struct direct_state* d, const struct red_op* op, char* dst, size_t bytes, size_t off_bytes,
-                       size_t count, int avg) {
+                       size_t count, int avg, int me, const void* own) {
   const void* srcs[64];
   int n = d->n;
   if (n <= 64) {
-    for (int i = 0; i < n; i++) srcs[i] = peer_data(d, i, bytes) + off_bytes;
+    for (int i = 0; i < n; i++) srcs[i] = (i == me && own ? (const char*)own : peer_data(d, i, bytes)) + off_bytes;
     red_reduce_n(op, dst, srcs, n, count);
   } else {
-    red_pre(op, dst, peer_data(d, 0, bytes) + off_bytes, count);
-    for (int i = 1; i < n; i++) red_reduce(op, dst, dst, peer_data(d, i, bytes) + off_bytes, count);
+    red_pre(op, dst, (me == 0 && own ? (const char*)own : peer_data(d, 0, bytes)) + off_bytes, count);
+    for (int i = 1; i < n; i++)
+      red_reduce(op, dst, dst, (i == me && own ? (const char*)own : peer_data(d, i, bytes)) + off_bytes, count);
   }
   if (avg) red_div(op->dt, dst, dst, count, n);
 }
@@ -636,8 +678,8 @@ static ncclResult_t direct_allreduce(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
   NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
-  NCCLCHECK(direct_exchange(comm, -1));
-  reduce_all(comm->direct, &a->op, a->recvbuff, bytes, 0, a->count, a->avg);
+  NCCLCHECK(direct_exchange(comm, -1, 1));
+  reduce_all(comm->direct, &a->op, a->recvbuff, bytes, 0, a->count, a->avg, -1, NULL);
   direct_end(comm);
   return ncclSuccess;
 }
@@ -645,11 +687,23 @@ static ncclResult_t direct_allreduce(struct coll_args* a) {
 static ncclResult_t direct_reduce(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
-  NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
-  if (comm->rank == a->root) {
-    NCCLCHECK(direct_exchange(comm, -1));
-    reduce_all(comm->direct, &a->op, a->recvbuff, bytes, 0, a->count, a->avg);
+  if (comm->rank == a->root && comm->nranks <= 64) {
+    /* Nobody reads the root's mailbox in a reduce: its own part comes
+     * straight from its send buffer (red_reduce_n allows it to be the
+     * destination too; reduce_all's path for more ranks does not), and it
+     * publishes nothing (so it need not wait for a slot either). */
+    char* mine;
+    NCCLCHECK(direct_begin(comm, bytes, 0, &mine));
+    NCCLCHECK(direct_exchange(comm, -1, 0));
+    reduce_all(comm->direct, &a->op, a->recvbuff, bytes, 0, a->count, a->avg, comm->rank, a->sendbuff);
+    for (int i = 0; i < comm->nranks; i++)
+      if (i != comm->rank) prefetch_next_from(comm->direct, i, bytes);
+  } else if (comm->rank == a->root) {
+    NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
+    NCCLCHECK(direct_exchange(comm, -1, 1));
+    reduce_all(comm->direct, &a->op, a->recvbuff, bytes, 0, a->count, a->avg, -1, NULL);
   } else {
+    NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
     publish_ready(comm);
   }
   /* Non-roots wait for nobody: the next call must check the done counters. */
@@ -662,8 +716,8 @@ static ncclResult_t direct_reducescatter(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t esz = dtype_size(a->dt), bytes = a->count * esz, total = bytes * (size_t)comm->nranks;
   NCCLCHECK(direct_post(comm, a->sendbuff, total));
-  NCCLCHECK(direct_exchange(comm, -1));
-  reduce_all(comm->direct, &a->op, a->recvbuff, total, (size_t)comm->rank * bytes, a->count, a->avg);
+  NCCLCHECK(direct_exchange(comm, -1, 1));
+  reduce_all(comm->direct, &a->op, a->recvbuff, total, (size_t)comm->rank * bytes, a->count, a->avg, -1, NULL);
   direct_end(comm);
   return ncclSuccess;
 }
@@ -672,7 +726,7 @@ static ncclResult_t direct_allgather(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
   NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
-  NCCLCHECK(direct_exchange(comm, -1));
+  NCCLCHECK(direct_exchange(comm, -1, 1));
   for (int i = 0; i < comm->nranks; i++) {
     char* dst = (char*)a->recvbuff + (size_t)i * bytes;
     if (i == comm->rank && dst == a->sendbuff) continue;
@@ -689,7 +743,7 @@ static ncclResult_t direct_alltoall(struct coll_args* a) {
   size_t bytes = a->count * dtype_size(a->dt), total = bytes * (size_t)comm->nranks;
   size_t mine = (size_t)comm->rank * bytes;
   NCCLCHECK(direct_post(comm, a->sendbuff, total));
-  NCCLCHECK(direct_exchange(comm, -1));
+  NCCLCHECK(direct_exchange(comm, -1, 1));
   for (int i = 0; i < comm->nranks; i++) {
     /* Never in place (the API front refuses sendbuff == recvbuff). */
     const char* src = i == comm->rank ? (const char*)a->sendbuff + mine : peer_data(comm->direct, i, total) + mine;
@@ -753,7 +807,7 @@ static ncclResult_t direct_broadcast(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
   char* mine;
-  NCCLCHECK(direct_begin(comm, bytes, &mine));
+  NCCLCHECK(direct_begin(comm, bytes, comm->rank == a->root, &mine));
   if (comm->rank == a->root) {
     if (bcast_chunked(bytes)) {
       NCCLCHECK(bcast_root_chunks(comm, mine, a->sendbuff, bytes));
@@ -764,10 +818,14 @@ static ncclResult_t direct_broadcast(struct coll_args* a) {
     }
     if (a->recvbuff != a->sendbuff) memcpy(a->recvbuff, a->sendbuff, bytes);
   } else {
-    NCCLCHECK(direct_exchange(comm, a->root));
+    NCCLCHECK(direct_exchange(comm, a->root, 0));
     const char* src = peer_data(comm->direct, a->root, bytes);
-    if (bcast_chunked(bytes)) NCCLCHECK(bcast_read_chunks(comm, a->root, a->recvbuff, src, bytes));
-    else memcpy(a->recvbuff, src, bytes);
+    if (bcast_chunked(bytes)) {
+      NCCLCHECK(bcast_read_chunks(comm, a->root, a->recvbuff, src, bytes));
+    } else {
+      memcpy(a->recvbuff, src, bytes);
+      prefetch_next_from(comm->direct, a->root, bytes);
+    }
   }
   comm->direct->last_symmetric = 0;
   direct_end(comm);

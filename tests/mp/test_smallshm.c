@@ -29,6 +29,11 @@
  *            tuner computed, never for the single-copy collective rows; then
  *            alltoalls and send/recv pairs around that threshold, checked
  *            (see rank_cmaauto).
+ *   runahead N one host, NCCL_ALGO=Direct: a broadcast root and reduce
+ *            non-roots that wait for nobody run 57 calls ahead of readers
+ *            that have stopped calling (the one-shot's 64 slots, less what a
+ *            reader may not yet have published, DONE_EVERY - 1); every value
+ *            checked when the readers catch up (see rank_runahead).
  * Run with NCCL_ALGO=Direct too, so the Direct alltoall row takes every size
  * it can. Uses the fork harness (harness.h). */
 #include <sched.h>
@@ -159,6 +164,57 @@ static int rank_a2a(int rank, int nranks, const ncclUniqueId* ids, int nids, voi
   }
   free(send);
   free(recv);
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
+/* Calls a writer (broadcast root, reduce non-root) must be able to make
+ * while its readers make none, once they have made a few: NSLOTS -
+ * DONE_EVERY + 1 in src/coll/direct_shm.c. */
+#define RUNAHEAD 57
+#define RUNAHEAD_WARM 13 /* calls before: the readers stop between two publications of their counter */
+
+static float ra_val(int k, int from, size_t i) { return (float)((k * 29 + from * 5 + (int)i) % 200); }
+
+/* Broadcasts from rank 0 (4 floats: in the slot's line), then reduces to
+ * rank 0 (300 floats: the slot's small buffer): after RUNAHEAD_WARM calls
+ * together, the writers make RUNAHEAD more while the readers wait for them
+ * outside collie (a shared counter), then the readers make theirs and check
+ * every one. A writer that needed a reader's later progress would wait for
+ * ever (the readers' wait gives up after 120 s: the test fails). */
+static int rank_runahead(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  enum { BC = 4, RC = 300 };
+  float send[RC], recv[RC];
+  int total = RUNAHEAD_WARM + RUNAHEAD;
+  /* Broadcasts: rank 0 writes. */
+  for (int k = 0; k < total; k++) {
+    if (k == RUNAHEAD_WARM && rank != 0)
+      MP_CHECK(mp_await(0, 1, 120) == 0, "the broadcast root never got %d calls ahead", RUNAHEAD);
+    for (size_t i = 0; i < BC; i++) send[i] = rank == 0 ? ra_val(k, 0, i) : -1.f;
+    MP_NCCL(ncclBroadcast(send, recv, BC, ncclFloat, 0, comm, NULL));
+    for (size_t i = 0; i < BC; i++)
+      MP_CHECK(recv[i] == ra_val(k, 0, i), "broadcast %d: element %zu is %g", k, i, recv[i]);
+    if (k == total - 1 && rank == 0) mp_arrive(0);
+  }
+  /* Reduces: every rank but 0 writes. */
+  for (int k = 0; k < total; k++) {
+    if (k == RUNAHEAD_WARM && rank == 0)
+      MP_CHECK(mp_await(1, nranks - 1, 120) == 0, "the reduce non-roots never got %d calls ahead", RUNAHEAD);
+    for (size_t i = 0; i < RC; i++) send[i] = ra_val(k, rank, i);
+    MP_NCCL(ncclReduce(send, recv, RC, ncclFloat, ncclSum, 0, comm, NULL));
+    if (rank == 0) {
+      for (size_t i = 0; i < RC; i++) {
+        float want = 0;
+        for (int r = 0; r < nranks; r++) want += ra_val(k, r, i);
+        MP_CHECK(recv[i] == want, "reduce %d: element %zu is %g, want %g", k, i, recv[i], want);
+      }
+    }
+    if (k == total - 1 && rank != 0) mp_arrive(1);
+  }
   MP_NCCL(ncclCommDestroy(comm));
   return 0;
 }
@@ -624,7 +680,7 @@ static int rank_helpers(int rank, int nranks, const ncclUniqueId* ids, int nids,
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s zero|a2a|paired|delack|helpers|localcc|duplex|cmaauto NRANKS\n", argv[0]);
+    fprintf(stderr, "usage: %s zero|a2a|paired|delack|helpers|localcc|duplex|cmaauto|runahead NRANKS\n", argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
@@ -632,7 +688,7 @@ int main(int argc, char** argv) {
   int zero = strcmp(argv[1], "zero") == 0, paired = strcmp(argv[1], "paired") == 0;
   int delack = strcmp(argv[1], "delack") == 0, helpers = strcmp(argv[1], "helpers") == 0;
   int localcc = strcmp(argv[1], "localcc") == 0, duplex = strcmp(argv[1], "duplex") == 0;
-  int cmaauto = strcmp(argv[1], "cmaauto") == 0;
+  int cmaauto = strcmp(argv[1], "cmaauto") == 0, runahead = strcmp(argv[1], "runahead") == 0;
   /* paired: a busy process on the last CPU, as a job beside the ranks, so the
    * scheduler has no idle CPU to spread them to by itself. */
   pid_t hog = -1;
@@ -661,7 +717,7 @@ int main(int argc, char** argv) {
       return 77;
     }
   }
-  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : helpers ? rank_helpers : localcc ? rank_localcc : duplex ? rank_duplex : cmaauto ? rank_cmaauto : rank_a2a, NULL, 600);
+  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : helpers ? rank_helpers : localcc ? rank_localcc : duplex ? rank_duplex : cmaauto ? rank_cmaauto : runahead ? rank_runahead : rank_a2a, NULL, 600);
   if (hog > 0) {
     kill(hog, SIGKILL);
     waitpid(hog, NULL, 0);
