@@ -469,9 +469,10 @@ static void describe_token(uint64_t t, char* buf, size_t n) {
            (unsigned long long)(t & 0xffffffffffffULL), dtype_name((ncclDataType_t)((t >> 52) & 0xf)));
 }
 
-/* Publishes my line and waits for peer `src`'s (every peer's if src < 0);
- * then checks that they are on the same call with the same arguments.
- */
+/* Publishes my line (unless nobody reads it: publish_mine 0) and waits for
+ * peer `src`'s (every peer's if src < 0); then checks that they are on the
+ * same call with the same arguments. d->ahead says whether every peer waited
+ * for had published before the first look. */
 static ncclResult_t direct_exchange(struct ncclComm* comm, int src, int publish_mine) {
   struct direct_state* d = comm->direct;
   if (publish_mine) publish_ready(comm);
@@ -687,23 +688,25 @@ static ncclResult_t direct_allreduce(struct coll_args* a) {
 static ncclResult_t direct_reduce(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
-  if (comm->rank == a->root && comm->nranks <= 64) {
-    /* Nobody reads the root's mailbox in a reduce: its own part comes
-     * straight from its send buffer (red_reduce_n allows it to be the
-     * destination too; reduce_all's path for more ranks does not), and it
-     * publishes nothing (so it need not wait for a slot either). */
+  int root = comm->rank == a->root;
+  /* Nobody reads the root's mailbox in a reduce: its own part comes straight
+   * from its send buffer (red_reduce_n allows it to be the destination too;
+   * reduce_all's path for more than 64 ranks does not), and it publishes
+   * nothing, so it need not wait for a slot either. */
+  int own = root && comm->nranks <= 64;
+  if (own) {
     char* mine;
     NCCLCHECK(direct_begin(comm, bytes, 0, &mine));
-    NCCLCHECK(direct_exchange(comm, -1, 0));
-    reduce_all(comm->direct, &a->op, a->recvbuff, bytes, 0, a->count, a->avg, comm->rank, a->sendbuff);
-    for (int i = 0; i < comm->nranks; i++)
-      if (i != comm->rank) prefetch_next_from(comm->direct, i, bytes);
-  } else if (comm->rank == a->root) {
-    NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
-    NCCLCHECK(direct_exchange(comm, -1, 1));
-    reduce_all(comm->direct, &a->op, a->recvbuff, bytes, 0, a->count, a->avg, -1, NULL);
   } else {
     NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
+  }
+  if (root) {
+    NCCLCHECK(direct_exchange(comm, -1, !own));
+    reduce_all(comm->direct, &a->op, a->recvbuff, bytes, 0, a->count, a->avg, own ? comm->rank : -1,
+               own ? a->sendbuff : NULL);
+    for (int i = 0; i < comm->nranks; i++)
+      if (i != comm->rank) prefetch_next_from(comm->direct, i, bytes);
+  } else {
     publish_ready(comm);
   }
   /* Non-roots wait for nobody: the next call must check the done counters. */
