@@ -15,9 +15,11 @@
 #define COMM_MAGIC 0x436f6c6c6965436dULL /* "CollieCm" */
 
 struct tune_memo {
-  int valid, algo;
+  int valid;
   ncclDataType_t dt;
   size_t count;
+  int algo, nch; /* the plan made for it (coll.h): its row in algo_table, channels and chunk */
+  size_t chunk;
 };
 
 struct ncclComm {
@@ -64,7 +66,7 @@ struct ncclComm {
    * and the ring of host leaders. */
   int *ring, *ring_pos, *local_ring, *leader_ring;
   int nlocal, local_pos, nleaders, leader_pos;
-  struct tune_memo memo[8]; /* last choice (index in algo_table) per collective kind */
+  struct tune_memo memo[8]; /* last plan per collective kind, and the call shape it was made for */
   int algo_mask;  /* 1 << ALGO_* (names) allowed by NCCL_ALGO / NCCL_PROTO */
   int proto_mask; /* 1 << PROTO_* allowed by NCCL_PROTO */
   uint64_t opcount; /* calls run so far (NCCL_DEBUG_SUBSYS=COLL logs it) */

@@ -96,27 +96,28 @@ static ncclResult_t resolve_op(struct ncclComm* comm, ncclRedOp_t op, ncclDataTy
 
 /* ------------------------------------------------------------ argument checks */
 
-/* The memory classes of the buffers the current call uses (device/dev_plan.h),
- * the first buffer of each class, and its stream: set by the entry point's
- * checks, read by submit(). */
-static __thread int call_mem;
-static __thread const char *call_dev_buf, *call_host_buf;
-static __thread void* call_stream;
+/* One call on its way through the front: its arguments, and the first buffer
+ * of each memory class (device/dev_plan.h) for the message when a call mixes
+ * them. On the caller's stack: the front keeps no per-call state in
+ * thread-locals (each access costs a TLS descriptor call on every call). */
+struct call {
+  struct coll_args a;
+  const char *dev_buf, *host_buf;
+};
 
-static ncclResult_t check_buf(const void* p, size_t bytes, const char* what, const char* fn) {
-  if (bytes && p == NULL) return err_set(ncclInvalidArgument, "%s: %s is NULL with a non-zero count", fn, what);
-  if (bytes) {
-    int cls = device_mem_class(p);
-    if (cls == MEM_DEVICE && !call_dev_buf) call_dev_buf = what;
-    if (cls == MEM_HOST && !call_host_buf) call_host_buf = what;
-    call_mem |= cls;
-  }
+static ncclResult_t check_buf(struct call* c, const void* p, size_t bytes, const char* what, const char* fn) {
+  if (!bytes) return ncclSuccess;
+  if (p == NULL) return err_set(ncclInvalidArgument, "%s: %s is NULL with a non-zero count", fn, what);
+  int cls = device_mem_class(p);
+  const char** first = cls == MEM_DEVICE ? &c->dev_buf : &c->host_buf;
+  if (!*first) *first = what;
+  c->a.mem |= cls;
   return ncclSuccess;
 }
 
-static ncclResult_t check_common(struct coll_args* a, ncclComm_t comm, size_t count, ncclDataType_t dt, const char* fn) {
-  call_mem = 0;
-  call_dev_buf = call_host_buf = NULL;
+/* Checks what every call has and fills c->a with it (the rest zero). */
+static ncclResult_t check_common(struct call* c, ncclComm_t comm, size_t count, ncclDataType_t dt, void* stream,
+                                 const char* fn) {
   NCCLCHECK(comm_check(comm, fn));
   if (comm->finalized) return err_set(ncclInvalidUsage, "%s: the communicator was finalized", fn);
   if (__atomic_load_n(&comm->revoked, __ATOMIC_ACQUIRE))
@@ -138,11 +139,12 @@ static ncclResult_t check_common(struct coll_args* a, ncclComm_t comm, size_t co
   if (__builtin_mul_overflow(count, esz, &largest) ||
       __builtin_mul_overflow(largest, (size_t)comm->nranks, &largest))
     return err_set(ncclInvalidArgument, "%s: count %zu of %s overflows the address space", fn, count, dtype_name(dt));
-  memset(a, 0, sizeof(*a));
-  a->comm = comm;
-  a->count = count;
-  a->dt = dt;
-  a->op.dt = dt;
+  memset(c, 0, sizeof(*c));
+  c->a.comm = comm;
+  c->a.count = count;
+  c->a.dt = dt;
+  c->a.op.dt = dt;
+  c->a.stream = stream;
   return ncclSuccess;
 }
 
@@ -244,12 +246,13 @@ out:
   return res == ncclSuccess && any_async ? ncclInProgress : res;
 }
 
-static ncclResult_t submit(struct coll_args* a0) {
-  if (dev_mem_mixed(call_mem))
+static ncclResult_t submit(struct call* c) {
+  struct coll_args* a0 = &c->a;
+  if (dev_mem_mixed(a0->mem))
     return arg_error(err_set(ncclInvalidArgument,
                              "%s: %s is device memory but %s is host memory; the buffers of one call must all be "
                              "device memory or all host memory",
-                             coll_name(a0->kind), call_dev_buf, call_host_buf));
+                             coll_name(a0->kind), c->dev_buf, c->host_buf));
   /* A collective of count 0 moves nothing: after the argument checks it
    * returns at once, as in NCCL (no call board entry, no synchronisation,
    * nothing queued in a group). Sends and receives of 0 bytes still pair up:
@@ -257,16 +260,12 @@ static ncclResult_t submit(struct coll_args* a0) {
   if (a0->count == 0 && a0->kind != COLL_SEND && a0->kind != COLL_RECV) return ncclSuccess;
   if (group_depth == 0 && !a0->comm->nonblocking) {
     /* The common case runs straight away, without allocating or copying. */
-    a0->mem = call_mem;
-    a0->stream = call_stream;
     return exec_run_one(a0);
   }
   struct task* t = malloc(sizeof(*t));
   if (!t) return err_set(ncclSystemError, "%s: out of memory", coll_name(a0->kind));
   t->next = NULL;
   t->a = *a0;
-  t->a.mem = call_mem;
-  t->a.stream = call_stream;
   if (group_depth == 0) {
     async_push(t->a.comm, t);
     return ncclInProgress;
@@ -344,57 +343,54 @@ NCCL_API(ncclResult_t, ncclAllReduce, const void* sendbuff, void* recvbuff, size
          ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
-  call_stream = stream;
   const char* fn = "ncclAllReduce";
-  struct coll_args a;
-  ARGCHECK(check_common(&a, comm, count, datatype, fn));
+  struct call c;
+  ARGCHECK(check_common(&c, comm, count, datatype, stream, fn));
   size_t bytes = count * dtype_size(datatype);
-  ARGCHECK(check_buf(sendbuff, bytes, "sendbuff", fn));
-  ARGCHECK(check_buf(recvbuff, bytes, "recvbuff", fn));
-  ARGCHECK(resolve_op(comm, op, datatype, &a, fn));
-  a.kind = COLL_ALLREDUCE;
-  a.sendbuff = sendbuff;
-  a.recvbuff = recvbuff;
-  return submit(&a);
+  ARGCHECK(check_buf(&c, sendbuff, bytes, "sendbuff", fn));
+  ARGCHECK(check_buf(&c, recvbuff, bytes, "recvbuff", fn));
+  ARGCHECK(resolve_op(comm, op, datatype, &c.a, fn));
+  c.a.kind = COLL_ALLREDUCE;
+  c.a.sendbuff = sendbuff;
+  c.a.recvbuff = recvbuff;
+  return submit(&c);
 }
 
 NCCL_API(ncclResult_t, ncclReduce, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
          ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                         int root, ncclComm_t comm, cudaStream_t stream) {
-  call_stream = stream;
   const char* fn = "ncclReduce";
-  struct coll_args a;
-  ARGCHECK(check_common(&a, comm, count, datatype, fn));
+  struct call c;
+  ARGCHECK(check_common(&c, comm, count, datatype, stream, fn));
   ARGCHECK(check_root(comm, root, "root", fn));
   size_t bytes = count * dtype_size(datatype);
-  ARGCHECK(check_buf(sendbuff, bytes, "sendbuff", fn));
-  if (comm->rank == root) ARGCHECK(check_buf(recvbuff, bytes, "recvbuff (at the root)", fn));
-  ARGCHECK(resolve_op(comm, op, datatype, &a, fn));
-  a.kind = COLL_REDUCE;
-  a.sendbuff = sendbuff;
-  a.recvbuff = recvbuff;
-  a.root = root;
-  return submit(&a);
+  ARGCHECK(check_buf(&c, sendbuff, bytes, "sendbuff", fn));
+  if (comm->rank == root) ARGCHECK(check_buf(&c, recvbuff, bytes, "recvbuff (at the root)", fn));
+  ARGCHECK(resolve_op(comm, op, datatype, &c.a, fn));
+  c.a.kind = COLL_REDUCE;
+  c.a.sendbuff = sendbuff;
+  c.a.recvbuff = recvbuff;
+  c.a.root = root;
+  return submit(&c);
 }
 
 NCCL_API(ncclResult_t, ncclBroadcast, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
          int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
-  call_stream = stream;
   const char* fn = "ncclBroadcast";
-  struct coll_args a;
-  ARGCHECK(check_common(&a, comm, count, datatype, fn));
+  struct call c;
+  ARGCHECK(check_common(&c, comm, count, datatype, stream, fn));
   ARGCHECK(check_root(comm, root, "root", fn));
   size_t bytes = count * dtype_size(datatype);
-  if (comm->rank == root) ARGCHECK(check_buf(sendbuff, bytes, "sendbuff (at the root)", fn));
-  ARGCHECK(check_buf(recvbuff, bytes, "recvbuff", fn));
-  a.kind = COLL_BROADCAST;
-  a.sendbuff = sendbuff;
-  a.recvbuff = recvbuff;
-  a.root = root;
-  return submit(&a);
+  if (comm->rank == root) ARGCHECK(check_buf(&c, sendbuff, bytes, "sendbuff (at the root)", fn));
+  ARGCHECK(check_buf(&c, recvbuff, bytes, "recvbuff", fn));
+  c.a.kind = COLL_BROADCAST;
+  c.a.sendbuff = sendbuff;
+  c.a.recvbuff = recvbuff;
+  c.a.root = root;
+  return submit(&c);
 }
 
 NCCL_API(ncclResult_t, ncclBcast, void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
@@ -408,122 +404,115 @@ NCCL_API(ncclResult_t, ncclAllGather, const void* sendbuff, void* recvbuff, size
          ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
-  call_stream = stream;
   const char* fn = "ncclAllGather";
-  struct coll_args a;
-  ARGCHECK(check_common(&a, comm, sendcount, datatype, fn));
+  struct call c;
+  ARGCHECK(check_common(&c, comm, sendcount, datatype, stream, fn));
   size_t bytes = sendcount * dtype_size(datatype);
-  ARGCHECK(check_buf(sendbuff, bytes, "sendbuff", fn));
-  ARGCHECK(check_buf(recvbuff, bytes * (size_t)comm->nranks, "recvbuff", fn));
-  a.kind = COLL_ALLGATHER;
-  a.sendbuff = sendbuff;
-  a.recvbuff = recvbuff;
-  return submit(&a);
+  ARGCHECK(check_buf(&c, sendbuff, bytes, "sendbuff", fn));
+  ARGCHECK(check_buf(&c, recvbuff, bytes * (size_t)comm->nranks, "recvbuff", fn));
+  c.a.kind = COLL_ALLGATHER;
+  c.a.sendbuff = sendbuff;
+  c.a.recvbuff = recvbuff;
+  return submit(&c);
 }
 
 NCCL_API(ncclResult_t, ncclReduceScatter, const void* sendbuff, void* recvbuff, size_t recvcount,
          ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  call_stream = stream;
   const char* fn = "ncclReduceScatter";
-  struct coll_args a;
-  ARGCHECK(check_common(&a, comm, recvcount, datatype, fn));
+  struct call c;
+  ARGCHECK(check_common(&c, comm, recvcount, datatype, stream, fn));
   size_t bytes = recvcount * dtype_size(datatype);
-  ARGCHECK(check_buf(sendbuff, bytes * (size_t)comm->nranks, "sendbuff", fn));
-  ARGCHECK(check_buf(recvbuff, bytes, "recvbuff", fn));
-  ARGCHECK(resolve_op(comm, op, datatype, &a, fn));
-  a.kind = COLL_REDUCESCATTER;
-  a.sendbuff = sendbuff;
-  a.recvbuff = recvbuff;
-  return submit(&a);
+  ARGCHECK(check_buf(&c, sendbuff, bytes * (size_t)comm->nranks, "sendbuff", fn));
+  ARGCHECK(check_buf(&c, recvbuff, bytes, "recvbuff", fn));
+  ARGCHECK(resolve_op(comm, op, datatype, &c.a, fn));
+  c.a.kind = COLL_REDUCESCATTER;
+  c.a.sendbuff = sendbuff;
+  c.a.recvbuff = recvbuff;
+  return submit(&c);
 }
 
 NCCL_API(ncclResult_t, ncclAlltoAll, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
          ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm,
                           cudaStream_t stream) {
-  call_stream = stream;
   const char* fn = "ncclAlltoAll";
-  struct coll_args a;
-  ARGCHECK(check_common(&a, comm, count, datatype, fn));
+  struct call c;
+  ARGCHECK(check_common(&c, comm, count, datatype, stream, fn));
   size_t bytes = count * dtype_size(datatype) * (size_t)comm->nranks;
-  ARGCHECK(check_buf(sendbuff, bytes, "sendbuff", fn));
-  ARGCHECK(check_buf(recvbuff, bytes, "recvbuff", fn));
+  ARGCHECK(check_buf(&c, sendbuff, bytes, "sendbuff", fn));
+  ARGCHECK(check_buf(&c, recvbuff, bytes, "recvbuff", fn));
   if (bytes && sendbuff == recvbuff)
     return arg_error(err_set(ncclInvalidArgument, "%s: in-place alltoall is not supported (sendbuff == recvbuff)", fn));
-  a.kind = COLL_ALLTOALL;
-  a.sendbuff = sendbuff;
-  a.recvbuff = recvbuff;
-  return submit(&a);
+  c.a.kind = COLL_ALLTOALL;
+  c.a.sendbuff = sendbuff;
+  c.a.recvbuff = recvbuff;
+  return submit(&c);
 }
 
 NCCL_API(ncclResult_t, ncclGather, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
          int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                         ncclComm_t comm, cudaStream_t stream) {
-  call_stream = stream;
   const char* fn = "ncclGather";
-  struct coll_args a;
-  ARGCHECK(check_common(&a, comm, count, datatype, fn));
+  struct call c;
+  ARGCHECK(check_common(&c, comm, count, datatype, stream, fn));
   ARGCHECK(check_root(comm, root, "root", fn));
   size_t bytes = count * dtype_size(datatype);
-  ARGCHECK(check_buf(sendbuff, bytes, "sendbuff", fn));
-  if (comm->rank == root) ARGCHECK(check_buf(recvbuff, bytes * (size_t)comm->nranks, "recvbuff (at the root)", fn));
-  a.kind = COLL_GATHER;
-  a.sendbuff = sendbuff;
-  a.recvbuff = recvbuff;
-  a.root = root;
-  return submit(&a);
+  ARGCHECK(check_buf(&c, sendbuff, bytes, "sendbuff", fn));
+  if (comm->rank == root) ARGCHECK(check_buf(&c, recvbuff, bytes * (size_t)comm->nranks, "recvbuff (at the root)", fn));
+  c.a.kind = COLL_GATHER;
+  c.a.sendbuff = sendbuff;
+  c.a.recvbuff = recvbuff;
+  c.a.root = root;
+  return submit(&c);
 }
 
 NCCL_API(ncclResult_t, ncclScatter, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
          int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                          ncclComm_t comm, cudaStream_t stream) {
-  call_stream = stream;
   const char* fn = "ncclScatter";
-  struct coll_args a;
-  ARGCHECK(check_common(&a, comm, count, datatype, fn));
+  struct call c;
+  ARGCHECK(check_common(&c, comm, count, datatype, stream, fn));
   ARGCHECK(check_root(comm, root, "root", fn));
   size_t bytes = count * dtype_size(datatype);
-  if (comm->rank == root) ARGCHECK(check_buf(sendbuff, bytes * (size_t)comm->nranks, "sendbuff (at the root)", fn));
-  ARGCHECK(check_buf(recvbuff, bytes, "recvbuff", fn));
-  a.kind = COLL_SCATTER;
-  a.sendbuff = sendbuff;
-  a.recvbuff = recvbuff;
-  a.root = root;
-  return submit(&a);
+  if (comm->rank == root) ARGCHECK(check_buf(&c, sendbuff, bytes * (size_t)comm->nranks, "sendbuff (at the root)", fn));
+  ARGCHECK(check_buf(&c, recvbuff, bytes, "recvbuff", fn));
+  c.a.kind = COLL_SCATTER;
+  c.a.sendbuff = sendbuff;
+  c.a.recvbuff = recvbuff;
+  c.a.root = root;
+  return submit(&c);
 }
 
 NCCL_API(ncclResult_t, ncclSend, const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
          ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
-  call_stream = stream;
   const char* fn = "ncclSend";
-  struct coll_args a;
-  ARGCHECK(check_common(&a, comm, count, datatype, fn));
+  struct call c;
+  ARGCHECK(check_common(&c, comm, count, datatype, stream, fn));
   ARGCHECK(check_root(comm, peer, "peer", fn));
-  ARGCHECK(check_buf(sendbuff, count * dtype_size(datatype), "sendbuff", fn));
-  a.kind = COLL_SEND;
-  a.sendbuff = sendbuff;
-  a.peer = peer;
-  return submit(&a);
+  ARGCHECK(check_buf(&c, sendbuff, count * dtype_size(datatype), "sendbuff", fn));
+  c.a.kind = COLL_SEND;
+  c.a.sendbuff = sendbuff;
+  c.a.peer = peer;
+  return submit(&c);
 }
 
 NCCL_API(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
          cudaStream_t stream);
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
-  call_stream = stream;
   const char* fn = "ncclRecv";
-  struct coll_args a;
-  ARGCHECK(check_common(&a, comm, count, datatype, fn));
+  struct call c;
+  ARGCHECK(check_common(&c, comm, count, datatype, stream, fn));
   ARGCHECK(check_root(comm, peer, "peer", fn));
-  ARGCHECK(check_buf(recvbuff, count * dtype_size(datatype), "recvbuff", fn));
-  a.kind = COLL_RECV;
-  a.recvbuff = recvbuff;
-  a.peer = peer;
-  return submit(&a);
+  ARGCHECK(check_buf(&c, recvbuff, count * dtype_size(datatype), "recvbuff", fn));
+  c.a.kind = COLL_RECV;
+  c.a.recvbuff = recvbuff;
+  c.a.peer = peer;
+  return submit(&c);
 }

@@ -71,6 +71,7 @@ static ncclResult_t dev_route(struct task* t, int* routed) {
 }
 
 ncclResult_t enqueue_run_host(struct coll_args* a, int n) {
+  if (n <= 0) return ncclSuccess;
   struct task* ts = calloc((size_t)n, sizeof(*ts));
   if (!ts) return err_set(ncclSystemError, "%s: out of memory", coll_name(a[0].kind));
   for (int i = 0; i < n; i++) {

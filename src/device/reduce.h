@@ -34,13 +34,19 @@
 
 /* ---- datatypes -------------------------------------------------------------- */
 
-/* Size in bytes of one element; 0 for an invalid type. */
-size_t dtype_size(ncclDataType_t dt);
+/* 1 for 0..11 (ncclInt8..ncclFloat8e5m2), else 0. Inline with dtype_size:
+ * every call's argument check asks both. */
+static inline int dtype_valid(ncclDataType_t dt) { return (unsigned)dt < (unsigned)ncclNumTypes; }
+/* Size in bytes of one element; 0 for an invalid type. The sizes in order of
+ * ncclDataType_t, one hexadecimal digit each from the lowest: int8 uint8
+ * int32 uint32 int64 uint64 float16 float32 float64 bfloat16 f8e4m3 f8e5m2. */
+#define DTYPE_SIZES 0x112842884411ull
+static inline size_t dtype_size(ncclDataType_t dt) {
+  return dtype_valid(dt) ? (size_t)((DTYPE_SIZES >> (4 * (unsigned)dt)) & 0xf) : 0;
+}
 /* "int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32",
  * "float64", "bfloat16", "f8e4m3", "f8e5m2"; "invalid" otherwise. */
 const char* dtype_name(ncclDataType_t dt);
-/* 1 for 0..11 (ncclInt8..ncclFloat8e5m2), else 0. */
-int dtype_valid(ncclDataType_t dt);
 
 /* ---- reduction operators ---------------------------------------------------- */
 

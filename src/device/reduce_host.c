@@ -38,13 +38,10 @@ uint8_t red_float_to_e5m2(float f) { return (uint8_t)re_f2e5m2(f); }
 
 /* ---- datatypes ------------------------------------------------------------------ */
 
-static const unsigned char red_dtype_sizes[ncclNumTypes] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
 static const char* const red_dtype_names[ncclNumTypes] = {"int8",    "uint8",    "int32",   "uint32",
                                                           "int64",   "uint64",   "float16", "float32",
                                                           "float64", "bfloat16", "f8e4m3",  "f8e5m2"};
 
-int dtype_valid(ncclDataType_t dt) { return (int)dt >= 0 && (int)dt < ncclNumTypes; }
-size_t dtype_size(ncclDataType_t dt) { return dtype_valid(dt) ? red_dtype_sizes[dt] : 0; }
 const char* dtype_name(ncclDataType_t dt) { return dtype_valid(dt) ? red_dtype_names[dt] : "invalid"; }
 
 /* ---- kernel generators ------------------------------------------------------------ */

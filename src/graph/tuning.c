@@ -274,23 +274,23 @@ static size_t plan_chunk(const struct coll_args* a) {
 
 ncclResult_t tuning_plan(const struct coll_args* a, struct plan* p) {
   struct ncclComm* comm = a->comm;
-  int idx = -1;
-  /* Same call shape as last time: same choice (the model is a pure function of it). */
+  /* Same call shape as last time: same plan (the model, the channel count and
+   * the chunk are pure functions of it and of the communicator). */
   struct tune_memo* m = a->kind < (int)(sizeof(comm->memo) / sizeof(comm->memo[0])) ? &comm->memo[a->kind] : NULL;
   if (m && m->valid && m->count == a->count && m->dt == a->dt) {
-    idx = m->algo;
-  } else {
-    double t = 0;
-    idx = choose(a, NULL, &t);
-    if (idx < 0) return err_set(ncclInternalError, "no algorithm in the table runs %s", coll_name(a->kind));
-    if (m) *m = (struct tune_memo){1, idx, a->dt, a->count};
-    INFO(LOG_TUNING, "%s %zu x %s on %d ranks: %s/%s (%.1f us predicted)", coll_name(a->kind), a->count,
-          dtype_name(a->dt), comm->nranks, algo_name(algo_table[idx]->name), proto_names[algo_table[idx]->proto], t);
+    *p = (struct plan){algo_table[m->algo], m->algo, m->nch, m->chunk};
+    return ncclSuccess;
   }
+  double t = 0;
+  int idx = choose(a, NULL, &t);
+  if (idx < 0) return err_set(ncclInternalError, "no algorithm in the table runs %s", coll_name(a->kind));
+  INFO(LOG_TUNING, "%s %zu x %s on %d ranks: %s/%s (%.1f us predicted)", coll_name(a->kind), a->count,
+       dtype_name(a->dt), comm->nranks, algo_name(algo_table[idx]->name), proto_names[algo_table[idx]->proto], t);
   p->algo = algo_table[idx];
   p->index = idx;
   p->nch = channels_for(a, p->algo);
   p->chunk = plan_chunk(a);
+  if (m) *m = (struct tune_memo){1, a->dt, a->count, idx, p->nch, p->chunk};
   return ncclSuccess;
 }
 
