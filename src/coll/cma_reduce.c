@@ -100,6 +100,7 @@ static ncclResult_t run_root(struct coll_args* a, struct conn* rc, uint64_t tok,
   char* out = a->recvbuff;
   struct prim_link l;
   prim_begin(&l, rc, tok);
+  l.out_far = a->out_far;
   uint64_t tag = l.opseq % 0xffff + 1;
   uint64_t* w = rc->ops->shared_words(rc);
   char* tmp = NULL;
@@ -141,8 +142,12 @@ static ncclResult_t run_root(struct coll_args* a, struct conn* rc, uint64_t tok,
       res = rc->ops->read_peer(rc, tmp, __atomic_load_n(&w[1], __ATOMIC_RELAXED) + off * esz, len * esz);
       if (res != ncclSuccess) break;
       red_pre(&a->op, tmp, tmp, len); /* nothing unless premultiplied */
-      red_reduce(&a->op, out + off * esz, tmp, in + off * esz, len);
-      if (avg_n) red_div(a->dt, out + off * esz, out + off * esz, len, avg_n);
+      if (a->out_far && out != in) {
+        red_reduce_out(&a->op, out + off * esz, NULL, tmp, in + off * esz, len, avg_n);
+      } else {
+        red_reduce(&a->op, out + off * esz, tmp, in + off * esz, len);
+        if (avg_n) red_div(a->dt, out + off * esz, out + off * esz, len, avg_n);
+      }
       comm->reduce_steals++;
       continue;
     }

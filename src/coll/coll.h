@@ -38,7 +38,18 @@ struct coll_args {
   int mem;                /* MEM_HOST / MEM_DEVICE bits of the buffers this rank uses (device/dev_plan.h) */
   int redop;              /* the ncclRedOp_t the user passed (for logs) */
   size_t chunk;           /* bytes a step moves: the plan's (exec.c); 0: a whole slot */
+  int out_far;            /* the plan's out_far, unless in place (exec.c) */
 };
+
+/* The call's send and receive buffers overlap (NCCL's in-place forms) on a
+ * rank that reads its send buffer (not a broadcast's receivers). */
+static inline int coll_in_place(const struct coll_args* a) {
+  if (a->kind == COLL_BROADCAST && a->comm->rank != a->root) return 0;
+  size_t b = a->count * dtype_size(a->dt), n = (size_t)a->comm->nranks;
+  size_t sb = a->kind == COLL_REDUCESCATTER ? b * n : b, rb = a->kind == COLL_ALLGATHER ? b * n : b;
+  uintptr_t s = (uintptr_t)a->sendbuff, r = (uintptr_t)a->recvbuff;
+  return s && r && s < r + rb && r < s + sb;
+}
 
 /* Token identifying an operation on a connector: both sides must compute the
  * same value, or the receiver reports the mismatch (prims.c). */
@@ -90,6 +101,9 @@ struct plan {
   int index; /* in algo_table */
   int nch;
   size_t chunk;
+  /* The host's ranks' buffers do not fit its cache together: a reduction's
+   * result goes out to memory, written with non-temporal stores (prims.h). */
+  int out_far;
 };
 
 /* The row may split its data over several channels (graph/channels.c). */

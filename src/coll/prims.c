@@ -25,6 +25,7 @@ void prim_begin(struct prim_link* l, struct conn* c, uint64_t total) {
   l->c = c;
   l->opseq = c->opseq++;
   l->total = total;
+  l->out_far = 0;
 }
 
 int64_t prim_deadline(struct ncclComm* comm) {
@@ -243,7 +244,10 @@ ncclResult_t prim_recv(struct prim_link* r, void* dst, size_t bytes) {
   const void* slot;
   if (r->c->ops->recv_post && bytes) r->c->ops->recv_post(r->c, dst, bytes);
   NCCLCHECK(prim_recv_slot(r, bytes, &slot));
-  if (bytes && slot != dst) memcpy(dst, slot, bytes);
+  if (bytes && slot != dst) {
+    if (r->out_far) red_copy_far(dst, slot, bytes);
+    else memcpy(dst, slot, bytes);
+  }
   return prim_recv_release(r);
 }
 
@@ -261,7 +265,10 @@ ncclResult_t prim_recv_copy_send(struct prim_link* r, struct prim_link* s, void*
   NCCLCHECK(prim_send_slot(s, &out));
   if (bytes) {
     memcpy(out, in, bytes);
-    if (dst && dst != in) memcpy(dst, in, bytes);
+    if (dst && dst != in) {
+      if (r->out_far) red_copy_far(dst, in, bytes);
+      else memcpy(dst, in, bytes);
+    }
   }
   NCCLCHECK(prim_send_commit(s, bytes));
   return prim_recv_release(r);
@@ -284,6 +291,23 @@ ncclResult_t prim_recv_reduce_copy(struct prim_link* r, struct prim_link* s, con
   size_t bytes = count * dtype_size(op->dt);
   const void* in;
   NCCLCHECK(prim_recv_slot(r, bytes, &in));
+  if (r->out_far && count && dst != local && dst != in) {
+    /* The result goes to memory: stream it there; a shared-memory send slot
+     * (read again at once) takes it from the same pass. A transport that
+     * sends from the caller's memory (send_commit_ext) reads dst, so it
+     * keeps the plain path. */
+    if (!s) {
+      red_reduce_out(op, dst, NULL, in, local, count, avg_n);
+      return prim_recv_release(r);
+    }
+    if (!s->c->ops->send_commit_ext) {
+      void* out;
+      NCCLCHECK(prim_send_slot(s, &out));
+      red_reduce_out(op, dst, out, in, local, count, avg_n);
+      NCCLCHECK(prim_send_commit(s, bytes));
+      return prim_recv_release(r);
+    }
+  }
   if (count) {
     red_reduce(op, dst, in, local, count);
     if (avg_n > 1) red_div(op->dt, dst, dst, count, avg_n);

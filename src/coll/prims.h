@@ -15,9 +15,12 @@ struct prim_link {
   struct conn* c;
   uint64_t opseq;
   uint64_t total;
+  int out_far; /* what this receiving side writes to the caller's buffer goes out to memory (the plan's
+                  out_far): reductions and copies there use non-temporal stores */
 };
 
-/* Starts an operation on a connector: both sides must call it once per op. */
+/* Starts an operation on a connector: both sides must call it once per op
+ * (out_far 0; an algorithm sets it from coll_args after). */
 void prim_begin(struct prim_link* l, struct conn* c, uint64_t total);
 
 /* Wait for a free send slot / a filled receive slot (header checked:
@@ -38,7 +41,10 @@ ncclResult_t prim_recv(struct prim_link* r, void* dst, size_t bytes);
 ncclResult_t prim_recv_copy_send(struct prim_link* r, struct prim_link* s, void* dst, size_t bytes);
 ncclResult_t prim_recv_reduce_send(struct prim_link* r, struct prim_link* s, const struct red_op* op,
                                    const void* local, size_t count);
-/* dst = recv OP pre(local); with `s` also sends dst on. */
+/* dst = recv OP pre(local); with `s` also sends dst on. With r->out_far and
+ * dst distinct from local, dst is written with non-temporal stores
+ * (red_reduce_out), and a slot of `s` (shared memory) gets the result too;
+ * prim_recv and prim_recv_copy_send then copy into dst the same way. */
 ncclResult_t prim_recv_reduce_copy(struct prim_link* r, struct prim_link* s, const struct red_op* op,
                                    const void* local, void* dst, size_t count, int avg_n);
 

@@ -26,10 +26,14 @@ ncclResult_t ring_broadcast_view(struct coll_args* a, const struct ring_view* v,
    * overlaps the receiver draining the socket instead of delaying the first
    * byte by a whole-message copy. */
   int copy_after = pos == 0 && sendbuff != recvbuff && (conn_caps(sc) & TRANSPORT_CAP_SYSCALL_DATA);
-  if (pos == 0 && sendbuff != recvbuff && !copy_after) memcpy(recvbuff, sendbuff, bytes);
+  if (pos == 0 && sendbuff != recvbuff && !copy_after) {
+    if (a->out_far) red_copy_far(recvbuff, sendbuff, bytes);
+    else memcpy(recvbuff, sendbuff, bytes);
+  }
   struct prim_link l[2] = {{0}, {0}};
   if (nsend) prim_begin(&l[0], sc, coll_token(a, bytes));
   if (nrecv) prim_begin(&l[1], rc, coll_token(a, bytes));
+  l[1].out_far = a->out_far;
   char* buf = recvbuff;
   ncclResult_t res = ncclSuccess;
   size_t chunk = coll_chunk(a);

@@ -24,6 +24,7 @@ ncclResult_t ring_reduce_view(struct coll_args* a, const struct ring_view* v, in
   struct prim_link l[2] = {{0}, {0}};
   if (nsend) prim_begin(&l[0], sc, coll_token(a, a->count * esz));
   if (nrecv) prim_begin(&l[1], rc, coll_token(a, a->count * esz));
+  l[1].out_far = a->out_far;
   size_t chunk = coll_chunk(a) / esz;
   ncclResult_t res = ncclSuccess;
   for (size_t off = 0; off < a->count && res == ncclSuccess; off += chunk) {

@@ -21,6 +21,7 @@ ncclResult_t ring_reducescatter_view(struct coll_args* a, const struct ring_view
   struct prim_link l[2];
   prim_begin(&l[0], sc, coll_token(a, rc_count * esz));
   prim_begin(&l[1], rc, coll_token(a, rc_count * esz));
+  l[1].out_far = a->out_far;
   size_t chunk = coll_chunk(a) / esz;
   ncclResult_t res = ncclSuccess;
 #define BLOCK(pos) (in + ((size_t)v->ranks[(pos)] * rc_count + off) * esz)

@@ -86,6 +86,20 @@ void red_pre(const struct red_op* r, void* dst, const void* src, size_t count);
  * bit that of red_pre(src[0]) followed by red_reduce with src[1], src[2], ...
  * in order. dst may equal any src[k]. */
 void red_reduce_n(const struct red_op* r, void* dst, const void* const* src, int n, size_t count);
+/* red_reduce (and, avg_n > 1, red_div by avg_n) for a result that goes out
+ * to memory and is not read again soon: dst is written with non-temporal
+ * stores where the CPU has them (x86-64), so its lines are neither read
+ * first (no read-for-ownership) nor kept in cache. If `copy` is not NULL it
+ * receives the same result with ordinary stores (a slot that is sent on at
+ * once). The work runs in blocks that stay in the first-level cache. dst
+ * must not overlap a, b or copy; copy may equal a or b. The stores are
+ * globally visible on return (a store fence). */
+void red_reduce_out(const struct red_op* r, void* dst, void* copy, const void* a, const void* b, size_t count,
+                    int avg_n);
+/* memcpy for a destination that goes out to memory and is not read again
+ * soon: non-temporal stores where the CPU has them (see red_reduce_out);
+ * visible on return. dst and src must not overlap. */
+void red_copy_far(void* dst, const void* src, size_t n);
 /* ncclAvg finalisation: dst[i] = src[i] / n (n >= 1; n < 1 is taken as 1).
  * Integers: truncating division (signed types toward zero). Floats: divided
  * in float (double for float64) and rounded back to the type. dst may equal src. */

@@ -11,6 +11,10 @@
 
 #include <string.h>
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 #include "device/reduce_elem.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
@@ -345,6 +349,59 @@ void red_reduce_n(const struct red_op* r, void* dst, const void* const* src, int
        if it is the last one, f takes its aliasing path. */
     f((char*)dst + bo, acc, (const char*)src[n - 1] + bo, m, r);
   }
+}
+
+/* Copies n bytes to a destination that goes out to memory: non-temporal
+ * stores of 64 bytes (one line) at a time from the first 16-byte boundary
+ * of dst; the ends go through memcpy. No fence: the caller fences once. */
+static void red_copy_out(unsigned char* dst, const unsigned char* src, size_t n) {
+#if defined(__x86_64__)
+  size_t head = (size_t)(-(uintptr_t)dst & 15);
+  if (head > n) head = n;
+  memcpy(dst, src, head);
+  dst += head, src += head, n -= head;
+  size_t body = n & ~(size_t)63;
+  for (size_t i = 0; i < body; i += 64) {
+    __m128i v0 = _mm_loadu_si128((const __m128i*)(src + i)), v1 = _mm_loadu_si128((const __m128i*)(src + i + 16));
+    __m128i v2 = _mm_loadu_si128((const __m128i*)(src + i + 32)), v3 = _mm_loadu_si128((const __m128i*)(src + i + 48));
+    _mm_stream_si128((__m128i*)(dst + i), v0);
+    _mm_stream_si128((__m128i*)(dst + i + 16), v1);
+    _mm_stream_si128((__m128i*)(dst + i + 32), v2);
+    _mm_stream_si128((__m128i*)(dst + i + 48), v3);
+  }
+  memcpy(dst + body, src + body, n - body);
+#else
+  memcpy(dst, src, n);
+#endif
+}
+
+/* A block of red_reduce_out: small enough that the result is still in the
+ * first-level cache when it is copied out (1-16 KiB measured alike). */
+#define RED_OUT_BLOCK 4096
+
+void red_copy_far(void* dst, const void* src, size_t n) {
+  red_copy_out(dst, src, n);
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+void red_reduce_out(const struct red_op* r, void* dst, void* copy, const void* a, const void* b, size_t count,
+                    int avg_n) {
+  if (count == 0 || !dtype_valid(r->dt) || !red_kind_valid(r->kind)) return;
+  red_bin_fn f = red_bin_table[r->dt][r->kind];
+  size_t es = dtype_size(r->dt), blk = RED_OUT_BLOCK / es;
+  _Alignas(64) unsigned char acc[RED_OUT_BLOCK];
+  for (size_t off = 0; off < count; off += blk) {
+    size_t m = count - off < blk ? count - off : blk, bo = off * es;
+    unsigned char* t = copy ? (unsigned char*)copy + bo : acc;
+    f(t, (const char*)a + bo, (const char*)b + bo, m, r);
+    if (avg_n > 1) red_div(r->dt, t, t, m, avg_n);
+    red_copy_out((unsigned char*)dst + bo, t, m * es);
+  }
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
 }
 
 void red_div(ncclDataType_t dt, void* dst, const void* src, size_t count, int n) {

@@ -73,6 +73,33 @@ static ncclComm_t one_rank_comm(void) {
   return c;
 }
 
+/* Tuning variables with values the tuner cannot read: init fails with
+ * ncclInvalidArgument naming the variable, and a good value afterwards works. */
+static void test_bad_tuning_env(void** state) {
+  (void)state;
+  static const char* const bad[][3] = {
+      {"NCCL_ALGO", "Bogus", "NCCL_ALGO"},
+      {"NCCL_PROTO", "Fast", "NCCL_PROTO"},
+      {"COLLIE_STREAM_STORES", "2", "COLLIE_STREAM_STORES"},
+      {"COLLIE_STREAM_STORES", "yes", "COLLIE_STREAM_STORES"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ncclUniqueId id;
+    ncclComm_t c = NULL;
+    EXPECT_OK(ncclGetUniqueId(&id));
+    assert_int_equal(setenv(bad[i][0], bad[i][1], 1), 0);
+    EXPECT_ERR(ncclCommInitRank(&c, 1, id, 0), ncclInvalidArgument, bad[i][2]);
+    assert_int_equal(unsetenv(bad[i][0]), 0);
+  }
+  assert_int_equal(setenv("COLLIE_STREAM_STORES", "1", 1), 0);
+  ncclComm_t c = one_rank_comm();
+  assert_int_equal(unsetenv("COLLIE_STREAM_STORES"), 0);
+  float x[4] = {1, 2, 3, 4}, y[4] = {0};
+  EXPECT_OK(ncclAllReduce(x, y, 4, ncclFloat32, ncclSum, c, NULL));
+  assert_true(y[0] == 1 && y[3] == 4);
+  EXPECT_OK(ncclCommDestroy(c));
+}
+
 /* --------------------------------------------------------------- version, IDs */
 
 static void test_get_version(void** state) {
@@ -1008,6 +1035,7 @@ int main(void) {
   unsetenv("NCCL_COMM_ID");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_get_version),
+      cmocka_unit_test(test_bad_tuning_env),
       cmocka_unit_test(test_get_unique_id),
       cmocka_unit_test(test_comm_id_garbage),
       cmocka_unit_test(test_init_rank_args),

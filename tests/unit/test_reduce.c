@@ -597,6 +597,71 @@ static void test_reduce_n(void** state) {
   }
 }
 
+/* red_reduce_out equals red_reduce (then red_div for avg_n > 1), into dst
+ * and into copy, for every type and operator, over several internal blocks,
+ * with dst at every offset from a 16-byte boundary (the non-temporal body
+ * and the copied ends), counts that end inside a block and inside a line,
+ * and without touching a byte outside dst. */
+static void test_reduce_out(void** state) {
+  (void)state;
+  const size_t counts[] = {1, 3, 17, 1000, 4097, 20011};
+  for (int dt = 0; dt < ncclNumTypes; dt++) {
+    size_t es = dtype_size((ncclDataType_t)dt), nmax = 20011, bytes = nmax * es;
+    char *a = malloc(bytes), *b = malloc(bytes), *want = malloc(bytes), *copy = malloc(bytes);
+    char* base = malloc(bytes + 64 + 64);
+    assert_true(a && b && want && copy && base);
+    fill(dt, a, nmax);
+    fill(dt, b, nmax);
+    for (int kind = 0; kind <= RED_PREMULSUM; kind++) {
+      struct red_op r;
+      make_op(&r, dt, kind);
+      for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+        size_t n = counts[ci];
+        for (int avg = 0; avg <= 3; avg += 3) {
+          red_reduce(&r, want, a, b, n);
+          if (avg) red_div((ncclDataType_t)dt, want, want, n, avg);
+          for (size_t mis = 0; mis < 16; mis += es) {
+            /* dst 64 bytes into base (a line boundary) plus the offset. */
+            char* dst = (char*)(((uintptr_t)base + 63) & ~(uintptr_t)63) + mis;
+            memset(base, 0x5a, bytes + 128);
+            red_reduce_out(&r, dst, mis ? NULL : copy, a, b, n, avg);
+            compare_buf(dt, kind, "reduce_out", dst, want, n);
+            if (!mis) compare_buf(dt, kind, "reduce_out copy", copy, want, n);
+            for (char* p = base; p < dst; p++) assert_int_equal((unsigned char)*p, 0x5a);
+            for (char* p = dst + n * es; p < base + bytes + 128; p++) assert_int_equal((unsigned char)*p, 0x5a);
+          }
+        }
+      }
+    }
+    free(a);
+    free(b);
+    free(want);
+    free(copy);
+    free(base);
+  }
+}
+
+/* red_copy_far copies exactly n bytes at every destination offset from a
+ * 16-byte boundary and every length around a line. */
+static void test_copy_far(void** state) {
+  (void)state;
+  enum { MAX = 3000 };
+  unsigned char src[MAX], buf[MAX + 128];
+  for (size_t i = 0; i < MAX; i++) src[i] = (unsigned char)(rng() | 1);
+  const size_t lens[] = {0, 1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 1000, 2999};
+  for (size_t mis = 0; mis < 64; mis++) {
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+      size_t n = lens[li];
+      unsigned char* dst = (unsigned char*)(((uintptr_t)buf + 63) & ~(uintptr_t)63) + mis;
+      memset(buf, 0, sizeof buf);
+      red_copy_far(dst, src + (mis & 7), n);
+      assert_memory_equal(dst, src + (mis & 7), n);
+      for (unsigned char* p = buf; p < dst; p++) assert_int_equal(*p, 0);
+      for (unsigned char* p = dst + n; p < buf + sizeof buf; p++) assert_int_equal(*p, 0);
+    }
+  }
+}
+
 static void test_premulsum_scalars(void** state) {
   (void)state;
   struct red_op r;
@@ -805,6 +870,8 @@ int main(void) {
       cmocka_unit_test(test_reduce_all),
       cmocka_unit_test(test_reduce_alias),
       cmocka_unit_test(test_reduce_n),
+      cmocka_unit_test(test_reduce_out),
+      cmocka_unit_test(test_copy_far),
       cmocka_unit_test(test_premulsum_scalars),
       cmocka_unit_test(test_maxmin_special),
       cmocka_unit_test(test_div),
