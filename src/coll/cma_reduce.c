@@ -142,7 +142,7 @@ static ncclResult_t run_root(struct coll_args* a, struct conn* rc, uint64_t tok,
       res = rc->ops->read_peer(rc, tmp, __atomic_load_n(&w[1], __ATOMIC_RELAXED) + off * esz, len * esz);
       if (res != ncclSuccess) break;
       red_pre(&a->op, tmp, tmp, len); /* nothing unless premultiplied */
-      if (a->out_far && out != in) {
+      if (a->out_far) { /* never in place (exec.c) */
         red_reduce_out(&a->op, out + off * esz, NULL, tmp, in + off * esz, len, avg_n);
       } else {
         red_reduce(&a->op, out + off * esz, tmp, in + off * esz, len);

@@ -375,16 +375,21 @@ static void red_copy_out(unsigned char* dst, const unsigned char* src, size_t n)
 #endif
 }
 
-/* A block of red_reduce_out: small enough that the result is still in the
- * first-level cache when it is copied out (1-16 KiB measured alike). */
-#define RED_OUT_BLOCK 4096
-
-void red_copy_far(void* dst, const void* src, size_t n) {
-  red_copy_out(dst, src, n);
+/* Makes red_copy_out's stores visible before anything stored after. */
+static void red_copy_out_fence(void) {
 #if defined(__x86_64__)
   _mm_sfence();
 #endif
 }
+
+void red_copy_far(void* dst, const void* src, size_t n) {
+  red_copy_out(dst, src, n);
+  red_copy_out_fence();
+}
+
+/* A block of red_reduce_out: small enough that the result is still in the
+ * first-level cache when it is copied out (1-16 KiB measured alike). */
+#define RED_OUT_BLOCK 4096
 
 void red_reduce_out(const struct red_op* r, void* dst, void* copy, const void* a, const void* b, size_t count,
                     int avg_n) {
@@ -399,9 +404,7 @@ void red_reduce_out(const struct red_op* r, void* dst, void* copy, const void* a
     if (avg_n > 1) red_div(r->dt, t, t, m, avg_n);
     red_copy_out((unsigned char*)dst + bo, t, m * es);
   }
-#if defined(__x86_64__)
-  _mm_sfence();
-#endif
+  red_copy_out_fence();
 }
 
 void red_div(ncclDataType_t dt, void* dst, const void* src, size_t count, int n) {
