@@ -91,6 +91,7 @@ struct ncclComm {
   struct health* health;
   struct async_worker* async;
   int nonblocking;   /* config.blocking = 0, or NCCL_COMM_BLOCKING=0: work runs on `async` */
+  int init_deferred; /* blocking, but created inside a group: ncclGroupEnd finishes the init */
   uint32_t revoked;  /* ncclCommRevoke / NCCL_SHRINK_ABORT: running work stops */
   int busy;          /* operations running now: abort frees nothing before 0 (a futex word: comm_wait_idle) */
   /* The same count for the communicator's first calling thread (busy_owner),

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "comm.h"
+#include "comm_err.h"
 #include "device/dev_plan.h"
 #include "device/device.h"
 #include "exec.h"
@@ -86,7 +87,12 @@ static ncclResult_t resolve_op(struct ncclComm* comm, ncclRedOp_t op, ncclDataTy
   if (u->dt != dt)
     return err_set(ncclInvalidArgument, "%s: operator %d was created for datatype %s, not %s", fn, (int)op,
                    dtype_name(u->dt), dtype_name(dt));
-  const void* scalar = u->residence == ncclScalarHostImmediate ? (const void*)&u->value : u->ptr;
+  /* A scalar in device memory is read when the call runs (by the kernel, the
+   * staging copy or exec_coll); until then the operator holds zero. */
+  static const uint64_t zero;
+  const void* scalar = u->residence == ncclScalarHostImmediate ? (const void*)&u->value
+                       : device_mem_class(u->ptr) == MEM_DEVICE ? (const void*)&zero
+                                                                : u->ptr;
   if (red_op_init_premulsum(&a->op, scalar, dt) != 0)
     return err_set(ncclInvalidArgument, "%s: cannot use operator %d", fn, (int)op);
   /* A device-resident scalar is read when the operation runs (ncclGroupEnd for grouped calls). */
@@ -164,6 +170,47 @@ static __thread ncclResult_t group_error;
 static __thread char group_cause[1024];
 
 static ncclResult_t arg_error(ncclResult_t res);
+
+/* Communicators whose blocking init was called inside the group (init.c). */
+static __thread struct ncclComm** group_inits;
+static __thread int group_ninits, group_cap_inits;
+
+int group_active(void) { return group_depth > 0; }
+
+ncclResult_t group_defer_init(struct ncclComm* comm) {
+  if (group_ninits == group_cap_inits) {
+    int cap = group_cap_inits ? 2 * group_cap_inits : 8;
+    struct ncclComm** n = realloc(group_inits, sizeof(*n) * (size_t)cap);
+    if (!n) return arg_error(err_set(ncclSystemError, "ncclCommInitRank in a group: out of memory"));
+    group_inits = n;
+    group_cap_inits = cap;
+  }
+  group_inits[group_ninits++] = comm;
+  return ncclSuccess;
+}
+
+/* Waits for the inits deferred to the end of the group (they run side by
+ * side, one worker each) and makes their communicators blocking again. */
+static ncclResult_t group_finish_inits(void) {
+  ncclResult_t res = ncclSuccess;
+  for (int i = 0; i < group_ninits; i++) {
+    struct ncclComm* comm = group_inits[i];
+    async_drain(comm);
+    ncclResult_t e = __atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE);
+    if (e == ncclSuccess) e = async_make_blocking(comm);
+    comm->init_deferred = 0;
+    if (e != ncclSuccess && res == ncclSuccess)
+      res = err_set(e, "ncclGroupEnd: the init of rank %d (of %d) in this group failed: %s", comm->rank,
+                    comm->nranks, comm_error_msg(comm));
+  }
+  group_ninits = 0;
+  if (group_cap_inits > 64) {
+    free(group_inits);
+    group_inits = NULL;
+    group_cap_inits = 0;
+  }
+  return res;
+}
 
 struct comm_job {
   struct task* tasks;
@@ -308,11 +355,16 @@ ncclResult_t ncclGroupEnd(void) {
   if (group_depth == 0) return err_set(ncclInvalidUsage, "ncclGroupEnd: no matching ncclGroupStart on this thread");
   if (--group_depth > 0) return ncclSuccess;
   struct task* list = group_take();
+  ncclResult_t inits = group_finish_inits();
   if (group_error != ncclSuccess) {
     exec_free_tasks(list);
     ncclResult_t e = group_error;
     group_error = ncclSuccess;
     return err_set(e, "ncclGroupEnd: the group was not run because a call in it failed: %s", group_cause);
+  }
+  if (inits != ncclSuccess) {
+    exec_free_tasks(list);
+    return inits;
   }
   return list ? run_tasks(list) : ncclSuccess;
 }
@@ -325,6 +377,12 @@ ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
     return err_set(ncclInvalidArgument, "ncclGroupSimulateEnd: simInfo not made with NCCL_SIM_INFO_INITIALIZER");
   if (--group_depth > 0) return ncclSuccess;
   struct task* list = group_take();
+  ncclResult_t inits = group_finish_inits();
+  if (inits != ncclSuccess) {
+    exec_free_tasks(list);
+    group_error = ncclSuccess;
+    return inits;
+  }
   double us = 0;
   for (struct task* t = list; t; t = t->next) us += coll_estimate_us(&t->a);
   exec_free_tasks(list);

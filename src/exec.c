@@ -40,7 +40,16 @@ static void log_call(const struct coll_args* a, uint64_t opcount, const struct p
 }
 
 static ncclResult_t exec_coll(struct coll_args* a) {
-  if (a->scalar_ptr) red_op_init_premulsum(&a->op, a->scalar_ptr, a->dt);
+  if (a->scalar_ptr) {
+    /* ncclScalarDevice: the value at the time the call runs. */
+    uint64_t v = 0;
+    const void* s = a->scalar_ptr;
+    if (device_mem_class(s) == MEM_DEVICE) {
+      if (device_read(&v, s, dtype_size(a->dt)) != 0) return ncclUnhandledCudaError;
+      s = &v;
+    }
+    red_op_init_premulsum(&a->op, s, a->dt);
+  }
   NCCLCHECK(board_publish(a->comm, coll_token(a, a->count * dtype_size(a->dt)), a->root));
   struct plan p;
   NCCLCHECK(tuning_plan(a, &p));

@@ -59,6 +59,14 @@ void async_stop(struct ncclComm* comm, int cancel);
  * (src/elastic). Not thread-safe: no other thread may use comm meanwhile. */
 ncclResult_t async_make_blocking(struct ncclComm* comm);
 
+/* enqueue.c: whether the calling thread is inside ncclGroupStart/End. */
+int group_active(void);
+/* enqueue.c: a blocking communicator whose init was called inside a group:
+ * its init runs on its worker (async_start) and ncclGroupEnd waits for it,
+ * so that one thread can create several ranks' communicators in one group,
+ * as with NCCL. */
+ncclResult_t group_defer_init(struct ncclComm* comm);
+
 /* enqueue.c: runs a task list of one communicator and frees it. */
 ncclResult_t enqueue_run_list(struct task* list);
 /* enqueue.c: frees a task list without running it. */

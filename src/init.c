@@ -368,6 +368,7 @@ struct async_init {
 
 static ncclResult_t comm_setup_async(struct ncclComm* comm, void* arg) {
   struct async_init* ai = arg;
+  if (comm->cuda_dev >= 0) device_set(comm->cuda_dev); /* the device current at the call */
   ncclResult_t res = comm_setup(comm, ai->nids, ai->ids, ai->fn);
   if (res != ncclSuccess) comm_release(comm);
   return res;
@@ -419,7 +420,10 @@ ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const ncclUniq
     goto fail;
   }
   for (int i = 0; i < nranks; i++) comm->peer_cpu[i] = -1;
-  if (comm->nonblocking) {
+  /* Inside a group a blocking init is deferred to ncclGroupEnd: it runs on the
+   * worker of a nonblocking one, and the group's end turns it blocking. */
+  comm->init_deferred = !comm->nonblocking && group_active();
+  if (comm->nonblocking || comm->init_deferred) {
     /* The worker runs the init; the handle is valid at once and reads
      * ncclInProgress (ncclCommGetAsyncError) until the init is over. */
     struct async_init* ai = malloc(sizeof(*ai) + sizeof(ncclUniqueId) * (size_t)nids);
@@ -438,6 +442,10 @@ ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const ncclUniq
     }
     *newcomm = comm;
     log_set_rank(saved_rank < 0 ? rank : saved_rank);
+    if (comm->init_deferred) {
+      comm->nonblocking = 1; /* until ncclGroupEnd */
+      return group_defer_init(comm);
+    }
     return ncclInProgress;
   }
   NCCLCHECKGOTO(comm_setup(comm, nids, ids, fn), res, fail);

@@ -37,6 +37,28 @@ ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
   return not_yet(__func__, WHY_REG);
 }
 
+/* ---- The device API (nccl_device/core.h, NCCL 2.28) --------------------- */
+/* Declared in NVIDIA's nccl_device/core.h, not nccl.h; clients built against
+ * it (nccl-tests, PyTorch 2.11) import these two. Their types are opaque
+ * here: only pointers cross the ABI. Without them a client's call would bind
+ * to whichever other libnccl is loaded and get a collie communicator. */
+#define WHY_DEVAPI "the device-side API (ncclDevComm, symmetric kernels) is not implemented by collie"
+
+NCCL_API(ncclResult_t, ncclDevCommCreate, ncclComm_t comm, const void* reqs, void* outDevComm);
+ncclResult_t ncclDevCommCreate(ncclComm_t comm, const void* reqs, void* outDevComm) {
+  (void)comm;
+  (void)reqs;
+  (void)outDevComm;
+  return not_yet(__func__, WHY_DEVAPI);
+}
+
+NCCL_API(ncclResult_t, ncclDevCommDestroy, ncclComm_t comm, const void* devComm);
+ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const void* devComm) {
+  (void)comm;
+  (void)devComm;
+  return not_yet(__func__, WHY_DEVAPI);
+}
+
 /* ---- Logging ------------------------------------------------------------ */
 
 /* Not a stub: the deprecated hook only asks for the logging environment to

@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "../comm.h"
+#include "../comm_err.h"
 #include "coll/coll.h"
 #include "device.h"
 #include "device/dev_conn.h"
@@ -506,7 +507,23 @@ static int stream_index(cudaStream_t* s, int n, cudaStream_t x) {
   return -1;
 }
 
+static ncclResult_t submit(struct ncclComm* comm, const struct coll_args* a, int n, int host_wait);
+
 ncclResult_t dev_submit(struct ncclComm* comm, const struct coll_args* a, int n, int host_wait) {
+  /* The first call of a communicator sets things up (pinned words, device
+   * connectors: cudaHostAlloc, cudaMalloc, IPC, a synchronize on collie's own
+   * stream). Under stream capture in the global or thread-local mode those
+   * calls would fail or invalidate the user's capture; relaxed mode for the
+   * duration of this call allows them, as none touches a captured stream. */
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaError_t me = cudaThreadExchangeStreamCaptureMode(&mode);
+  ncclResult_t res = submit(comm, a, n, host_wait);
+  if (me == cudaSuccess) cudaThreadExchangeStreamCaptureMode(&mode);
+  else cudaGetLastError();
+  return res;
+}
+
+static ncclResult_t submit(struct ncclComm* comm, const struct coll_args* a, int n, int host_wait) {
   struct dev_state* d = NULL;
   NCCLCHECK(state_get(comm, &d));
   ncclResult_t res = ncclSuccess;
@@ -616,7 +633,9 @@ void dev_exec_free(struct ncclComm* comm) {
   /* Kernels still use the connectors: wait for the last one; after
    * ncclCommAbort, the abort word makes their waits give up. */
   for (int it = 0; d->have_last; it++) {
-    if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) __atomic_store_n(&d->kwords[0], 1, __ATOMIC_RELEASE);
+    /* After ncclCommAbort, or once the communicator has failed (a peer died:
+     * its kernels would wait for it forever), the abort word stops them. */
+    if (comm_stopping(comm)) __atomic_store_n(&d->kwords[0], 1, __ATOMIC_RELEASE);
     cudaError_t e = cudaEventQuery(d->last);
     if (e != cudaErrorNotReady) break;
     struct timespec ts = {0, it < 100 ? 100000 : 1000000};

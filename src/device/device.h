@@ -23,6 +23,10 @@ const char* device_runtime(void);
 /* dev_plan.h's MEM_DEVICE for device or managed memory (stream-ordered, as
  * NCCL treats it), MEM_HOST for anything else (plain, pinned, unknown). */
 int device_mem_class(const void* p);
+/* Copies n bytes of device memory to the host (synchronous); 0, or -1 with
+ * err_set called (no device, or the copy failed). For small values the host
+ * must read, such as a device-resident PreMulSum scalar of a host call. */
+int device_read(void* dst, const void* src, size_t n);
 /* ncclMemAlloc / ncclMemFree on the calling thread's device. */
 ncclResult_t device_mem_alloc(void** p, size_t bytes);
 ncclResult_t device_mem_free(void* p);

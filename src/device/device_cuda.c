@@ -66,6 +66,17 @@ int device_mem_class(const void* p) {
   return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged ? MEM_DEVICE : MEM_HOST;
 }
 
+int device_read(void* dst, const void* src, size_t n) {
+  cudaError_t e = cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    err_set(ncclUnhandledCudaError, "reading %zu bytes of device memory at %p failed: %s", n, src,
+            cudaGetErrorString(e));
+    return -1;
+  }
+  return 0;
+}
+
 ncclResult_t device_mem_alloc(void** p, size_t bytes) {
   if (device_count() == 0) return err_set(ncclInvalidUsage, "ncclMemAlloc: no CUDA device (the device path is off)");
   cudaError_t e = cudaMalloc(p, bytes);

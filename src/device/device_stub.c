@@ -25,6 +25,13 @@ int device_mem_class(const void* p) {
   (void)p;
   return MEM_HOST;
 }
+int device_read(void* dst, const void* src, size_t n) {
+  (void)dst;
+  (void)src;
+  (void)n;
+  err_set(ncclInvalidUsage, "device memory cannot be read: collie was built without CUDA");
+  return -1;
+}
 ncclResult_t device_mem_alloc(void** p, size_t bytes) {
   (void)bytes;
   *p = NULL;

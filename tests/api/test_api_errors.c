@@ -63,6 +63,11 @@ static void check_error(ncclResult_t got, ncclResult_t want, const char* word, c
                ncclGetLastError(NULL));                                                          \
   } while (0)
 
+/* The host entry points of NVIDIA's nccl_device/core.h (not in nccl.h);
+ * their structures are opaque here, only pointers cross. */
+ncclResult_t ncclDevCommCreate(ncclComm_t comm, const void* reqs, void* outDevComm);
+ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const void* devComm);
+
 /* A live 1-rank communicator; each one needs an ID of its own. */
 static ncclComm_t one_rank_comm(void) {
   ncclUniqueId id;
@@ -309,6 +314,55 @@ static void test_init_all_args(void** state) {
   for (int i = 0; i < 2; i++) EXPECT_OK(ncclCommDestroy(comms[i]));
 }
 
+/* Several ranks' communicators created by one thread inside a group (as
+ * nccl-tests does for the ranks it drives): each init is deferred to
+ * ncclGroupEnd, which runs them side by side; without that the first would
+ * wait forever for the others. Then one group of allreduces over all of them. */
+static void test_init_in_group(void** state) {
+  (void)state;
+  enum { N = 3, COUNT = 1001 };
+  ncclUniqueId id;
+  ncclComm_t comms[N] = {NULL};
+  EXPECT_OK(ncclGetUniqueId(&id));
+  EXPECT_OK(ncclGroupStart());
+  for (int i = 0; i < N; i++) EXPECT_OK(ncclCommInitRank(&comms[i], N, id, i));
+  EXPECT_OK(ncclGroupEnd());
+  float* bufs[N];
+  for (int i = 0; i < N; i++) {
+    int n = 0, r = -1;
+    ncclResult_t async = ncclInProgress;
+    assert_non_null(comms[i]);
+    EXPECT_OK(ncclCommGetAsyncError(comms[i], &async));
+    assert_int_equal(async, ncclSuccess);
+    EXPECT_OK(ncclCommCount(comms[i], &n));
+    EXPECT_OK(ncclCommUserRank(comms[i], &r));
+    assert_int_equal(n, N);
+    assert_int_equal(r, i);
+    bufs[i] = malloc(COUNT * sizeof(float));
+    assert_non_null(bufs[i]);
+    for (int k = 0; k < COUNT; k++) bufs[i][k] = (float)(i + 1 + k % 5);
+  }
+  EXPECT_OK(ncclGroupStart());
+  for (int i = 0; i < N; i++) EXPECT_OK(ncclAllReduce(bufs[i], bufs[i], COUNT, ncclFloat, ncclSum, comms[i], NULL));
+  EXPECT_OK(ncclGroupEnd());
+  for (int i = 0; i < N; i++) {
+    for (int k = 0; k < COUNT; k++) assert_true(bufs[i][k] == (float)(N * (N + 1) / 2 + N * (k % 5)));
+    free(bufs[i]);
+  }
+  /* The same with ncclCommInitRankConfig, and a nested group. */
+  ncclComm_t more[2] = {NULL, NULL};
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  EXPECT_OK(ncclGetUniqueId(&id));
+  EXPECT_OK(ncclGroupStart());
+  EXPECT_OK(ncclGroupStart());
+  EXPECT_OK(ncclCommInitRankConfig(&more[0], 2, id, 0, &cfg));
+  EXPECT_OK(ncclGroupEnd());
+  EXPECT_OK(ncclCommInitRankConfig(&more[1], 2, id, 1, &cfg));
+  EXPECT_OK(ncclGroupEnd());
+  for (int i = 0; i < 2; i++) EXPECT_OK(ncclCommDestroy(more[i]));
+  for (int i = 0; i < N; i++) EXPECT_OK(ncclCommDestroy(comms[i]));
+}
+
 /* --------------------------------------------------------------- queries, teardown */
 
 static void test_null_comm_queries(void** state) {
@@ -435,6 +489,9 @@ static void test_stubs(void** state) {
   EXPECT_ERR(ncclCommDeregister(c, handle), ncclInvalidArgument, "ncclCommDeregister");
   EXPECT_ERR(ncclCommWindowRegister(c, buf, sizeof(buf), &win, 0), ncclInvalidUsage, "ncclCommWindowRegister");
   EXPECT_ERR(ncclCommWindowDeregister(c, win), ncclInvalidUsage, "ncclCommWindowDeregister");
+  char devcomm[256] = {0};
+  EXPECT_ERR(ncclDevCommCreate(c, devcomm, devcomm), ncclInvalidUsage, "ncclDevCommCreate");
+  EXPECT_ERR(ncclDevCommDestroy(c, devcomm), ncclInvalidUsage, "ncclDevCommDestroy");
   EXPECT_ERR(ncclCommRevoke(c, 5), ncclInvalidArgument, "revokeFlags");
   /* ncclCommSplit exists: bad arguments are ncclInvalidArgument; a 1-rank split works. */
   EXPECT_ERR(ncclCommSplit(c, -5, 0, &nc, NULL), ncclInvalidArgument, "ncclCommSplit");
@@ -1050,6 +1107,7 @@ int main(void) {
       cmocka_unit_test(test_stubs),
       cmocka_unit_test(test_collective_args),
       cmocka_unit_test(test_collective_groups),
+      cmocka_unit_test(test_init_in_group),
       cmocka_unit_test(test_collective_redops),
       cmocka_unit_test(test_collective_one_rank),
       cmocka_unit_test(test_collective_premulsum),

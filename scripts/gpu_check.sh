@@ -1,0 +1,250 @@
+#!/usr/bin/env bash
+# The device path on a machine with an NVIDIA GPU, in one go: collie's GPU
+# tests (also with NCCL_P2P_DISABLE=1 and COLLIE_DEVICE_KERNELS=0, and once
+# under compute-sanitizer), a client's binaries (nccl-tests, when given),
+# PyTorch's own nccl backend on collie, then the benchmarks; a table at the end.
+#
+# Usage: scripts/gpu_check.sh [PREFIX]
+#   PREFIX  a folder made by scripts/gpu_bundle.sh (lib/, bin/, nt/); without
+#           it collie is built into build-gpu and bundled into build-gpu/bundle
+#           (client binaries only if CLIENT_BIN names a folder of them).
+# Environment:
+#   LOGDIR  where each check's log goes (default: $OUT/.. or ./gpu-logs); the
+#           logs are packed into $RESULTS_DIR/gpu-logs.tgz at the end
+#   PHASES  which phases run (default "env tests extra sanitize clients torch perf mps")
+#   QUICK=1 shorter sweeps (each check keeps its own time limit)
+#   TORCH_ARGS  extra arguments for tests/gpu/torch_nccl.py (e.g. --quick)
+#   NT_MAX  largest size for the client runs (default 1G)
+#   DEADLINE  seconds the whole script may take (default 1500); checks are cut
+#           short to fit it, and those with no time left are NOTRUN
+#   PARALLEL=1  run the test, client and torch phases side by side (correctness
+#           only: they share the GPU); perf always runs alone, last
+# Each check has a time limit; a check that passes its limit is reported as
+# TIMEOUT and its process group is killed, so the script ends in bounded time.
+set -uo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+prefix=${1:-}
+if [ -z "$prefix" ]; then
+  "$here/scripts/build.sh" "$here/build-gpu" -DCOLLIE_CUDA=ON -DCMAKE_BUILD_TYPE=Release || exit 1
+  "$here/scripts/gpu_bundle.sh" "$here/build-gpu" "$here/build-gpu/bundle" || exit 1
+  prefix=$here/build-gpu/bundle
+fi
+prefix=$(cd "$prefix" && pwd)
+results_dir=${RESULTS_DIR:-${OUT:-$here/gpu-logs}}
+LOGDIR=${LOGDIR:-/tmp/collie-gpu-logs}
+PHASES=${PHASES:-env tests extra sanitize clients torch perf mps}
+DEADLINE=${DEADLINE:-1500}
+PARALLEL=${PARALLEL:-0}
+QUICK=${QUICK:-0}
+NT_MAX=${NT_MAX:-1G}
+mkdir -p "$LOGDIR" "$results_dir"
+table=$LOGDIR/table.txt
+: >"$table"
+bin=$prefix/bin
+lib=$prefix/lib
+export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
+py=${PYTHON:-python3}
+start=$(date +%s)
+# The perf phase keeps this many seconds of the deadline for itself.
+perf_reserve=0
+[[ " $PHASES " == *" perf "* || " $PHASES " == *" mps "* ]] && perf_reserve=${PERF_RESERVE:-180}
+
+pack() {
+  tar -C "$LOGDIR" -czf "$results_dir/gpu-logs.tgz" . 2>/dev/null
+  cp "$table" "$results_dir/table.txt" 2>/dev/null
+}
+trap 'pack; exit 1' INT TERM
+
+# check NAME LIMIT_S CMD...: runs CMD with its output in LOGDIR/NAME.log.
+check() {
+  local name=$1 limit=$2
+  shift 2
+  local t0 t1 rc status left
+  left=$((start + DEADLINE - ${reserve:-0} - $(date +%s)))
+  if [ "$left" -lt 5 ]; then
+    printf '%-34s %-10s %7.1f s\n' "$name" NOTRUN 0 | tee -a "$table"
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  t0=$(date +%s.%N)
+  timeout -k 5 "$limit" "$@" >"$LOGDIR/$name.log" 2>&1
+  rc=$?
+  t1=$(date +%s.%N)
+  case $rc in
+    0) status=PASS ;;
+    77) status=SKIP ;;
+    124 | 137) status=TIMEOUT ;;
+    *) status="FAIL($rc)" ;;
+  esac
+  printf '%-34s %-10s %7.1f s\n' "$name" "$status" "$(awk "BEGIN{print $t1 - $t0}")" | tee -a "$table"
+  [ "$status" = PASS ] || tail -n 15 "$LOGDIR/$name.log" | sed "s/^/    [$name] /"
+  return 0
+}
+
+# NVIDIA's NCCL for the baselines: the one PyTorch ships, else the toolkit's.
+nvidia_nccl() {
+  local d
+  d=$($py -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+  [ -n "$d" ] && [ -e "$d/libnccl.so.2" ] && { echo "$d/libnccl.so.2"; return; }
+  for d in ${CUDA_HOME:-/usr/local/cuda}/lib64 /usr/lib/x86_64-linux-gnu; do
+    [ -e "$d/libnccl.so.2" ] && { echo "$d/libnccl.so.2"; return; }
+  done
+}
+alias_dir=$LOGDIR/../collie-gpu-nccl-alias
+mkdir -p "$alias_dir"
+real_nccl=$(nvidia_nccl)
+[ -n "$real_nccl" ] && ln -sf "$real_nccl" "$alias_dir/libcollie.so.0"
+
+phase() { [[ " $PHASES " == *" $1 "* ]]; }
+
+if phase env; then
+  {
+    nvidia-smi -L
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+    nvcc --version | tail -n 2
+    uname -r
+    echo "NVIDIA NCCL for baselines: ${real_nccl:-none}"
+    $py -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.is_available())'
+    command -v compute-sanitizer
+  } >"$LOGDIR/env.log" 2>&1
+  cat "$LOGDIR/env.log"
+  check abi_device 60 "$bin/gpu_abi_device"
+fi
+
+run_tests() {
+  q=""
+  [ "$QUICK" = 1 ] && q=quick
+  check coll_1 120 "$bin/gpu_test_coll" 1 $q
+  check coll_2 240 "$bin/gpu_test_coll" 2 $q
+  check coll_4 240 "$bin/gpu_test_coll" 4 quick
+  check coll_socket_2 240 env COLLIE_TEST_HOSTID=1 "$bin/gpu_test_coll" 2 quick
+  check coll_2_p2p_disable 240 env NCCL_P2P_DISABLE=1 "$bin/gpu_test_coll" 2 quick
+  check coll_2_kernels_off 240 env COLLIE_DEVICE_KERNELS=0 "$bin/gpu_test_coll" 2 quick
+}
+run_extra() {
+  if [ -x "$bin/gpu_test_extra" ]; then
+    for c in memalloc_1 graph_1 graph_2 graph_cold_1 graph_cold_2 streams_2 register_2 mixed_2 abort_2 killed_2 timeout_2; do
+      check "extra_$c" 90 "$bin/gpu_test_extra" "$c"
+    done
+  fi
+}
+run_sanitize() {
+  command -v compute-sanitizer >/dev/null || return 0
+  local cs="compute-sanitizer --target-processes all --error-exitcode 9"
+  check sanitize_memcheck_coll_1 120 $cs --tool memcheck "$bin/gpu_test_coll" 1 quick
+  check sanitize_memcheck_streams_2 90 $cs --tool memcheck "$bin/gpu_test_extra" streams_2
+  check sanitize_racecheck_graph_2 90 $cs --tool racecheck "$bin/gpu_test_extra" graph_2
+}
+
+# nccl-tests-style clients: every *_perf in PREFIX/nt, checking on. A run
+# passes when the binary exits 0 and reports no wrong or out-of-bounds values.
+nt_check() {
+  local name=$1 limit=$2
+  shift 2
+  check "$name" "$limit" "$@"
+  local log=$LOGDIR/$name.log
+  if grep -q 'Out of bounds values : 0 OK' "$log"; then :; elif grep -q 'Out of bounds values' "$log"; then
+    sed -i "s/^\($name  *\)PASS /\1WRONG/" "$table"
+    echo "    [$name] wrong values: $(grep 'Out of bounds' "$log")"
+  fi
+}
+run_clients() {
+  [ -d "$prefix/nt" ] || return 0
+  for t in all_reduce all_gather broadcast reduce reduce_scatter alltoall sendrecv; do
+    b=$prefix/nt/${t}_perf
+    [ -x "$b" ] || continue
+    nt_check "nt_${t}_1rank" 120 "$b" -b 8 -e "$NT_MAX" -f 4 -c 1 -n 5 -w 2
+    nt_check "nt_${t}_2ranks" 150 env LD_PRELOAD="$lib/libvdev.so" COLLIE_VDEV=2 "$b" -t 2 -g 1 -b 8 -e "$NT_MAX" -f 4 -c 1 -n 5 -w 2
+  done
+  b=$prefix/nt/all_reduce_perf
+  [ -x "$b" ] && nt_check nt_all_reduce_4ranks 150 env LD_PRELOAD="$lib/libvdev.so" COLLIE_VDEV=4 "$b" -t 4 -g 1 -b 8 -e 256M -f 4 -c 1 -n 5 -w 2
+  [ -x "$b" ] && nt_check nt_all_reduce_graph_1rank 120 "$b" -b 8 -e 64M -f 8 -c 1 -n 5 -w 2 -G 5
+  return 0
+}
+
+run_torch() {
+  if [ -e "$here/tests/gpu/torch_nccl.py" ]; then
+    # collie's libnccl.so.2 both first on the library path and preloaded, ahead of PyTorch's own NCCL.
+    for n in 1 2; do
+      check "torch_nccl_${n}" 240 env LD_PRELOAD="$lib/libnccl.so.2" NCCL_DEBUG=VERSION PYTHONUNBUFFERED=1 \
+        $py "$here/tests/gpu/torch_nccl.py" --nprocs "$n" --backend nccl --device cuda ${TORCH_ARGS:-}
+    done
+    # Which NCCL functions PyTorch imports, and which of them collie does not export.
+    $py - >"$LOGDIR/torch_nccl_symbols.log" 2>&1 <<EOF
+import glob, os, subprocess, torch
+libs = glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cuda*.so"))
+want = set()
+for l in libs:
+    out = subprocess.run(["nm", "-D", "--undefined-only", l], capture_output=True, text=True).stdout
+    want |= {w.split()[-1].split("@")[0] for w in out.splitlines() if " nccl" in w}
+have = subprocess.run(["nm", "-D", "--defined-only", "$lib/libcollie.so.0"], capture_output=True, text=True).stdout
+have = {w.split()[-1].split("@")[0] for w in have.splitlines()}
+print("PyTorch imports", len(want), "nccl symbols;", "collie lacks:", sorted(want - have) or "none")
+EOF
+    cat "$LOGDIR/torch_nccl_symbols.log"
+  fi
+}
+
+lane1() {
+  phase extra && run_extra
+  phase sanitize && run_sanitize
+  return 0
+}
+lane2() { phase tests && run_tests; return 0; }
+lane3() { phase clients && run_clients; return 0; }
+lane4() { phase torch && run_torch; return 0; }
+reserve=$perf_reserve
+if [ "$PARALLEL" = 1 ]; then
+  lane1 & lane2 & lane3 & lane4 &
+  wait
+else
+  lane1
+  lane2
+  lane3
+  lane4
+fi
+reserve=0
+
+if phase perf; then
+  max=${PERF_MAX:-1073741824}
+  check perf_copy_floor 60 "$bin/gpu-perf" copy "$max"
+  check perf_collie_1rank 120 "$bin/gpu-perf" allreduce 1 8 "$max"
+  if [ -n "$real_nccl" ]; then
+    check perf_nccl_1rank 120 env LD_LIBRARY_PATH="$alias_dir:$LD_LIBRARY_PATH" "$bin/gpu-perf" allreduce 1 8 "$max"
+  fi
+  # Ranks in separate processes share the GPU by time slices (no MPS): each
+  # hand-off between their kernels waits for a slice, so this stays short.
+  check perf_collie_2proc 60 "$bin/gpu-perf" allreduce 2 1024 67108864
+  b=$prefix/nt/all_reduce_perf
+  if [ -x "$b" ]; then
+    for n in 2 4; do
+      check "perf_nt_all_reduce_${n}threads" 120 env LD_PRELOAD="$lib/libvdev.so" COLLIE_VDEV=$n "$b" -t $n -g 1 -b 8 -e "$NT_MAX" -f 4 -c 0 -n 20 -w 5
+    done
+    check perf_nt_all_reduce_1rank 90 "$b" -b 8 -e "$NT_MAX" -f 4 -c 0 -n 20 -w 5
+    [ -n "$real_nccl" ] && check perf_nt_all_reduce_1rank_nvidia 90 env LD_LIBRARY_PATH="$alias_dir:$LD_LIBRARY_PATH" "$b" -b 8 -e "$NT_MAX" -f 4 -c 0 -n 20 -w 5
+  fi
+fi
+
+# The same processes under MPS, where their kernels run side by side. The
+# control daemon is started here (a user-space service, no GPU setting
+# changes) and stopped at the end.
+if phase mps && command -v nvidia-cuda-mps-control >/dev/null; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/collie-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/collie-mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d >"$LOGDIR/mps_start.log" 2>&1; then
+    check mps_perf_collie_2proc 60 "$bin/gpu-perf" allreduce 2 8 "${PERF_MAX:-1073741824}"
+    check mps_perf_collie_4proc 60 "$bin/gpu-perf" allreduce 4 8 268435456
+    check mps_coll_4 90 "$bin/gpu_test_coll" 4 quick
+    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+  else
+    echo "MPS daemon did not start: $(cat "$LOGDIR/mps_start.log")"
+  fi
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+fi
+
+echo
+echo "== gpu_check: $(($(date +%s) - start)) s on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"
+cat "$table"
+pack
+! grep -qv ' PASS \| SKIP ' "$table"
