@@ -167,7 +167,9 @@ run_torch() {
   if [ -e "$here/tests/gpu/torch_nccl.py" ]; then
     # collie's libnccl.so.2 both first on the library path and preloaded, ahead of PyTorch's own NCCL.
     for n in 1 2; do
-      check "torch_nccl_${n}" 240 env LD_PRELOAD="$lib/libnccl.so.2" NCCL_DEBUG=VERSION PYTHONUNBUFFERED=1 \
+      # Every call collie sees, per process, for the next reader of a failure.
+      check "torch_nccl_${n}" 240 env LD_PRELOAD="$lib/libnccl.so.2" PYTHONUNBUFFERED=1 \
+        NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL,P2P NCCL_DEBUG_FILE="$LOGDIR/torch_nccl_${n}.%h.%p.nccl" \
         $py "$here/tests/gpu/torch_nccl.py" --nprocs "$n" --backend nccl --device cuda ${TORCH_ARGS:-}
     done
     # Which NCCL functions PyTorch imports, and which of them collie does not export.
@@ -235,7 +237,8 @@ if phase mps && command -v nvidia-cuda-mps-control >/dev/null; then
   if nvidia-cuda-mps-control -d >"$LOGDIR/mps_start.log" 2>&1; then
     check mps_perf_collie_2proc 60 "$bin/gpu-perf" allreduce 2 8 "${PERF_MAX:-1073741824}"
     check mps_perf_collie_4proc 60 "$bin/gpu-perf" allreduce 4 8 268435456
-    check mps_coll_4 90 "$bin/gpu_test_coll" 4 quick
+    check mps_coll_2 120 "$bin/gpu_test_coll" 2
+    check mps_coll_4 120 "$bin/gpu_test_coll" 4 quick
     echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
   else
     echo "MPS daemon did not start: $(cat "$LOGDIR/mps_start.log")"

@@ -501,8 +501,6 @@ ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, nc
   size_t bytes = count * dtype_size(datatype) * (size_t)comm->nranks;
   ARGCHECK(check_buf(&c, sendbuff, bytes, "sendbuff", fn));
   ARGCHECK(check_buf(&c, recvbuff, bytes, "recvbuff", fn));
-  if (bytes && sendbuff == recvbuff)
-    return arg_error(err_set(ncclInvalidArgument, "%s: in-place alltoall is not supported (sendbuff == recvbuff)", fn));
   c.a.kind = COLL_ALLTOALL;
   c.a.sendbuff = sendbuff;
   c.a.recvbuff = recvbuff;

@@ -59,6 +59,22 @@ static ncclResult_t exec_coll(struct coll_args* a) {
    * 32 MiB: non-temporal stores made it 1.3x slower). */
   a->out_far = p.out_far && !coll_in_place(a);
   log_call(a, a->comm->opcount++, &p);
+  /* An alltoall whose buffers overlap (in place: NCCL takes sendbuff ==
+   * recvbuff, and nccl-tests checks it): block j must leave before block j
+   * from rank j lands on it, which no pipelined exchange promises, so the
+   * input is copied aside first. */
+  size_t all = a->count * dtype_size(a->dt) * (size_t)a->comm->nranks;
+  const char *s = a->sendbuff, *r = a->recvbuff;
+  if (a->kind == COLL_ALLTOALL && all && s < r + all && r < s + all) {
+    void* aside = malloc(all);
+    if (!aside) return err_set(ncclSystemError, "ncclAlltoAll: out of memory for an in-place copy of %zu bytes", all);
+    memcpy(aside, s, all);
+    a->sendbuff = aside;
+    ncclResult_t res = p.algo->run(a, &p);
+    a->sendbuff = s;
+    free(aside);
+    return res;
+  }
   return p.algo->run(a, &p);
 }
 

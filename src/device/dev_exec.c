@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../comm.h"
 #include "../comm_err.h"
@@ -309,6 +310,33 @@ static void* proxy_main(void* arg) {
 
 static pthread_mutex_t state_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* Ranks in separate processes on one GPU: without MPS their contexts take
+ * turns by time slice, and every hand-off between their kernels waits for
+ * one (measured on an H200: about 9 ms per 2-rank allreduce of any size,
+ * 43-71 us under MPS). Said once per process, as a WARN, with the remedy. */
+static void shared_gpu_advice(struct ncclComm* comm) {
+  static int said;
+  const char* mine = comm->peers[comm->rank].pci_bus_id;
+  int others = 0;
+  for (int i = 0; i < comm->nranks; i++)
+    if (i != comm->rank && comm->peers[i].pid != comm->peers[comm->rank].pid &&
+        comm->machine[i] == comm->machine[comm->rank] && mine[0] && strcmp(comm->peers[i].pci_bus_id, mine) == 0)
+      others++;
+  if (!others || __atomic_exchange_n(&said, 1, __ATOMIC_ACQ_REL)) return;
+  const char* pipe = getenv("CUDA_MPS_PIPE_DIRECTORY");
+  char ctl[512];
+  snprintf(ctl, sizeof(ctl), "%s/control", pipe && pipe[0] ? pipe : "/tmp/nvidia-mps");
+  if (access(ctl, F_OK) == 0) {
+    INFO(LOG_INIT, "rank %d shares GPU %s with %d rank(s) in other processes; an MPS control pipe is there (%s)",
+         comm->rank, mine, others, ctl);
+    return;
+  }
+  WARN("rank %d shares GPU %s with %d rank(s) in other processes and no MPS server was found (%s): their kernels "
+       "take turns by time slice, so each device collective waits milliseconds; start MPS (nvidia-cuda-mps-control -d) "
+       "or drive the ranks from threads of one process",
+       comm->rank, mine, others, ctl);
+}
+
 static ncclResult_t state_get(struct ncclComm* comm, struct dev_state** out) {
   ncclResult_t res = ncclSuccess;
   pthread_mutex_lock(&state_mu);
@@ -373,6 +401,7 @@ static ncclResult_t state_get(struct ncclComm* comm, struct dev_state** out) {
        d->kpath ? (d->p2p_disable ? "GPU kernels over registered shm; send/recv staged"
                                   : "GPU kernels over CUDA IPC p2p; send/recv staged")
                 : "staged through the proxy thread");
+  if (d->kpath) shared_gpu_advice(comm);
   comm->dev = d;
   goto done;
 fail:

@@ -485,6 +485,14 @@ class Rank:
         base = op.split("(")[0]
         if base in ("AVG", "PREMUL_SUM") and self.gloo:
             raise Skip("gloo lacks ReduceOp.%s (nccl only)" % base)
+        if base == "PREMUL_SUM" and dt == torch.bfloat16:
+            # PyTorch 2.11 passes the bfloat16 factor as a C float with
+            # ncclBfloat16 (and reads a tensor factor as float), while the
+            # NCCL API reads a scalar of the datatype (2 bytes): the factor is
+            # garbage under NVIDIA's NCCL as under collie (seen on an H200,
+            # 2026-11-27: max error 0.5-0.6 with the scalar, a torch
+            # RuntimeError with the tensor).
+            raise Skip("torch passes a float factor for bfloat16 PREMUL_SUM")
         kind = "prod" if base == "PRODUCT" else "sum"
         factor = 0.5 if base == "PREMUL_SUM" else None
         x = self.dev_t(self.gen(name, self.rank, numel, dt, kind))

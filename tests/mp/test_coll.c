@@ -155,6 +155,15 @@ static int sweep_moves(struct ctx* c, size_t count, ncclDataType_t dt, int inpla
       for (size_t i = 0; i < bytes; i++)
         MP_CHECK((unsigned char)recv[(size_t)j * bytes + i] == PAT(j, 0, i), "allgather block %d byte %zu", j, i);
   }
+  if (inplace) {
+    /* In place (NCCL takes sendbuff == recvbuff): every block still arrives whole. */
+    for (int j = 0; j < n; j++)
+      for (size_t i = 0; i < bytes; i++) recv[(size_t)j * bytes + i] = (char)PAT(r, j, i);
+    MP_NCCL(ncclAlltoAll(recv, recv, count, dt, c->comm, NULL));
+    for (int j = 0; j < n; j++)
+      for (size_t i = 0; i < bytes; i++)
+        MP_CHECK((unsigned char)recv[(size_t)j * bytes + i] == PAT(j, r, i), "in-place alltoall block %d byte %zu", j, i);
+  }
   if (!inplace) {
     for (int j = 0; j < n; j++)
       for (size_t i = 0; i < bytes; i++) send[(size_t)j * bytes + i] = (char)PAT(r, j, i);
