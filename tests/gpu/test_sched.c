@@ -5,8 +5,10 @@
  * implement (ring allreduce, tree allreduce, allgather, reduce-scatter,
  * broadcast, reduce) for 1..5 ranks, 1..3 channels, odd counts, several
  * types and reductions, in place and out of place; the connectors' counters
- * carry over from call to call as they do on the GPU. Also checks that an
- * abort word stops a rank whose peer never comes. Runs without a GPU. */
+ * carry over from call to call as they do on the GPU; then ranks that run
+ * their calls back to back at their own pace, as kernels of different ranks
+ * overlap on a GPU. Also checks that an abort word stops a rank whose peer
+ * never comes. Runs without a GPU. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -241,6 +243,107 @@ static void check_abort(void) {
   }
 }
 
+/* Ranks that run their calls back to back, each at its own pace: on the GPU
+ * a rank's next kernel can start while its peers are still in the last call
+ * (kernels are ordered per communicator, not across ranks). The counters
+ * carry the order, so every result must still be right and nothing may stall. */
+struct free_arg {
+  int r, n, kind, nch, fails;
+};
+static void* free_run(void* p) {
+  struct free_arg* a = p;
+  const size_t counts[] = {1, 37, 301, 1000};
+  const int n = a->n, r = a->r, dt = RE_F32;
+  struct re_scalar s = {2.0, 2};
+  for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++)
+    for (int inplace = 0; inplace < 2; inplace++)
+      for (int it = 0; it < 3; it++) {
+        size_t count = counts[ci];
+        int gather = a->kind == DS_ALLGATHER, scatter = a->kind == DS_REDUCESCATTER;
+        size_t sn = scatter ? count * (size_t)n : count, rn = gather ? count * (size_t)n : count;
+        int root = (int)(ci + (size_t)it) % n;
+        unsigned char* sb = calloc(sn + rn + 1, 4);
+        unsigned char* rb = inplace ? sb : calloc(rn + 1, 4);
+        if (!sb || !rb) abort();
+        unsigned char* in = inplace && gather ? rb + (size_t)r * count * 4 : sb;
+        for (size_t i = 0; i < sn; i++) ds_st(in + i * 4, 4, input(dt, r, (scatter ? (i / count) * 1000 + i % count : i)));
+        struct ds_work w;
+        memset(&w, 0, sizeof(w));
+        w.kind = a->kind;
+        w.dt = dt;
+        w.red = RE_SUM;
+        w.nranks = n;
+        w.rank = r;
+        w.root = root;
+        w.nch = a->nch;
+        w.nslots = NSL;
+        w.slot_bytes = SLOT;
+        w.count = count;
+        w.scalar = s;
+        w.timeout_ns = 60ull * 1000000000ull;
+        w.sendbuff = in;
+        w.recvbuff = rb;
+        wire(&w);
+        pthread_t th[DS_MAX_CH];
+        struct job jobs[DS_MAX_CH];
+        for (int c = 0; c < w.nch; c++) {
+          jobs[c] = (struct job){&w, c, -1};
+          if (pthread_create(&th[c], NULL, run, &jobs[c]) != 0) abort();
+        }
+        int bad = 0;
+        for (int c = 0; c < w.nch; c++) {
+          pthread_join(th[c], NULL);
+          if (jobs[c].rc != DS_OK) bad = 1;
+        }
+        for (size_t i = 0; i < rn && !bad && (a->kind != DS_REDUCE || r == root); i++) {
+          uint64_t want;
+          if (gather) want = input(dt, (int)(i / count), i % count);
+          else if (a->kind == DS_BROADCAST) want = input(dt, root, i);
+          else if (scatter) want = reduced(dt, RE_SUM, 0, s, n, (size_t)r * 1000 + i);
+          else want = reduced(dt, RE_SUM, 0, s, n, i);
+          if (ds_ld(rb + i * 4, 4) != want) bad = 1;
+        }
+        if (bad) {
+          printf("FAIL: free-running %s n %d nch %d count %zu inplace %d call %d: rank %d\n", kname[a->kind], n,
+                 a->nch, count, inplace, it, r);
+          a->fails++;
+        }
+        if (!inplace) free(rb);
+        free(sb);
+        if (bad) return NULL;
+      }
+  return NULL;
+}
+
+static void check_free_running(void) {
+  for (int n = 2; n <= 4; n += 2)
+    for (int nch = 1; nch <= 2; nch++)
+      for (int kind = 0; kind < DS_NKINDS; kind++) {
+        pthread_t th[MAXR];
+        struct free_arg a[MAXR];
+        /* Every region exists before the ranks start (region() is not thread-safe). */
+        for (int c = 0; c < nch; c++)
+          for (int x = 0; x < n; x++)
+            for (int y = 0; y < n; y++)
+              if (x != y) region(c, x, y);
+        for (int r = 0; r < n; r++) {
+          a[r] = (struct free_arg){r, n, kind, nch, 0};
+          if (pthread_create(&th[r], NULL, free_run, &a[r]) != 0) abort();
+        }
+        for (int r = 0; r < n; r++) {
+          pthread_join(th[r], NULL);
+          failures += a[r].fails;
+        }
+        runs++;
+        for (int c = 0; c < DS_MAX_CH; c++)
+          for (int x = 0; x < MAXR; x++)
+            for (int y = 0; y < MAXR; y++) {
+              free(regions[c][x][y]);
+              regions[c][x][y] = NULL;
+            }
+      }
+}
+
 int main(void) {
   const size_t counts[] = {0, 1, 5, 37, 301};
   const int dts[] = {RE_F32, RE_I32, RE_F16, RE_U8, RE_F64};
@@ -276,6 +379,7 @@ int main(void) {
           regions[c][a][b] = NULL;
         }
   }
+  check_free_running();
   check_abort();
   printf("%d calls simulated, %d failures\n", runs, failures);
   return failures ? 1 : 0;
