@@ -19,6 +19,9 @@
 #           short to fit it, and those with no time left are NOTRUN
 #   PARALLEL=1  run the test, client and torch phases side by side (correctness
 #           only: they share the GPU); perf always runs alone, last
+#   UNDER_MPS=1  start an MPS control daemon after the env phase and run
+#           everything under it (ranks in separate processes then share the GPU
+#           without time slices; the mps phase is skipped)
 # Each check has a time limit; a check that passes its limit is reported as
 # TIMEOUT and its process group is killed, so the script ends in bounded time.
 set -uo pipefail
@@ -98,6 +101,16 @@ real_nccl=$(nvidia_nccl)
 
 phase() { [[ " $PHASES " == *" $1 "* ]]; }
 
+mps_start() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/collie-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/collie-mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d >"$LOGDIR/mps_start.log" 2>&1
+}
+mps_stop() {
+  echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+
 if phase env; then
   {
     nvidia-smi -L
@@ -110,6 +123,15 @@ if phase env; then
   } >"$LOGDIR/env.log" 2>&1
   cat "$LOGDIR/env.log"
   check abi_device 60 "$bin/gpu_abi_device"
+fi
+if [ "${UNDER_MPS:-0}" = 1 ]; then
+  if command -v nvidia-cuda-mps-control >/dev/null && mps_start; then
+    echo "== everything below runs under MPS"
+    PHASES=${PHASES// mps/}
+  else
+    echo "UNDER_MPS=1 but the MPS daemon did not start: $(cat "$LOGDIR/mps_start.log" 2>/dev/null)"
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  fi
 fi
 
 run_tests() {
@@ -232,19 +254,18 @@ fi
 # control daemon is started here (a user-space service, no GPU setting
 # changes) and stopped at the end.
 if phase mps && command -v nvidia-cuda-mps-control >/dev/null; then
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/collie-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/collie-mps-log
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  if nvidia-cuda-mps-control -d >"$LOGDIR/mps_start.log" 2>&1; then
+  if mps_start; then
     check mps_perf_collie_2proc 60 "$bin/gpu-perf" allreduce 2 8 "${PERF_MAX:-1073741824}"
     check mps_perf_collie_4proc 60 "$bin/gpu-perf" allreduce 4 8 268435456
     check mps_coll_2 120 "$bin/gpu_test_coll" 2
     check mps_coll_4 120 "$bin/gpu_test_coll" 4 quick
-    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+    mps_stop
   else
     echo "MPS daemon did not start: $(cat "$LOGDIR/mps_start.log")"
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
   fi
-  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
+if [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then mps_stop; fi
 
 echo
 echo "== gpu_check: $(($(date +%s) - start)) s on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"
