@@ -146,7 +146,8 @@ run_tests() {
 }
 run_extra() {
   if [ -x "$bin/gpu_test_extra" ]; then
-    for c in memalloc_1 graph_1 graph_2 graph_cold_1 graph_cold_2 streams_2 register_2 mixed_2 abort_2 killed_2 timeout_2; do
+    for c in memalloc_1 graph_1 graph_2 graph_cold_1 graph_cold_2 streams_2 register_2 mixed_2 abort_2 killed_2 timeout_2 \
+      a2a_uneven_1 a2a_uneven_2; do
       check "extra_$c" 90 "$bin/gpu_test_extra" "$c"
     done
   fi

@@ -20,6 +20,10 @@
  *                          a usable GPU
  *   timeout_2              COLLIE_TIMEOUT ends a kernel whose peer does not
  *                          come; the next call reports it
+ *   a2a_uneven_1/2         PyTorch's all_to_all_single with split sizes: a
+ *                          group of sends and receives (to itself at one
+ *                          rank, zero counts at two) between the caller's
+ *                          legacy stream and a non-blocking one
  * Every rank is a forked process (tests/mp/harness.h) that picks device
  * rank % ndev itself; the parent never touches CUDA. Inputs are small,
  * non-zero, rank-dependent integers (exact float sums), outputs are poisoned
@@ -1003,6 +1007,101 @@ static int rank_killed(int rank, int nranks, const ncclUniqueId* ids, int nids, 
 
 /* ------------------------------------------------------------ main */
 
+/* ------------------------------------------------------------ p2p_self_1, a2a_uneven_2 */
+
+/* PyTorch's all_to_all_single with split sizes, as its nccl backend issues
+ * it (a group of ncclSend/ncclRecv per peer, zero counts included, on the
+ * backend's own non-blocking stream, ordered after the caller's legacy
+ * stream by an event and back again), after a few calls that take the
+ * one-rank/kernel path. One rank (a send and a receive to itself) is what
+ * stopped under PyTorch on an H200 (2026-11-27); two ranks add a pair that
+ * moves nothing. The result is read on the legacy stream, which waits for
+ * the backend stream: a stall fails after 10 s instead of hanging. */
+static int wait_legacy(const char* what) {
+  double t0 = mp_now();
+  for (;;) {
+    cudaError_t e = cudaStreamQuery(0);
+    if (e == cudaSuccess) return 0;
+    MP_CHECK(e == cudaErrorNotReady, "%s: %s", what, cudaGetErrorString(e));
+    MP_CHECK(mp_now() - t0 < 10.0, "%s: the legacy stream did not drain in 10 s (the call never completed)", what);
+    sleep_ms(1);
+  }
+}
+
+static int rank_a2a(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  g_rank = rank;
+  CUDACHECK(cudaSetDevice(rank % g_ndev));
+  cudaStream_t s;
+  CUDACHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaEvent_t before, after;
+  CUDACHECK(cudaEventCreateWithFlags(&before, cudaEventDisableTiming));
+  CUDACHECK(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  enum { CAP = 4096 };
+  float *x = NULL, *y = NULL, *z = NULL;
+  CUDACHECK(cudaMalloc((void**)&x, CAP * sizeof(float)));
+  CUDACHECK(cudaMalloc((void**)&y, CAP * sizeof(float)));
+  CUDACHECK(cudaMalloc((void**)&z, 64 * sizeof(float)));
+  float* h = malloc(CAP * sizeof(float));
+  float* want = malloc(CAP * sizeof(float));
+  MP_CHECK(h && want, "out of memory");
+  for (int round = 0; round < 6; round++) {
+    size_t base = round < 3 ? (size_t)1 << (2 * round) : (size_t)(round * 100 + 1); /* 1, 4, 16, 301, 401, 501 */
+    /* Elements rank a sends to rank b; rank 0 sends nothing to rank 1. */
+    size_t sc[4], rc[4], sd[4], rd[4], st = 0, rt = 0;
+    for (int p = 0; p < nranks; p++) {
+      sc[p] = nranks > 1 && rank == 0 && p == 1 ? 0 : base + (size_t)(rank + 2 * p) % 3;
+      rc[p] = nranks > 1 && p == 0 && rank == 1 ? 0 : base + (size_t)(p + 2 * rank) % 3;
+      sd[p] = st;
+      rd[p] = rt;
+      st += sc[p];
+      rt += rc[p];
+    }
+    MP_CHECK(st <= CAP && rt <= CAP, "sizes");
+    for (size_t i = 0; i < st; i++) h[i] = val(rank, i, round);
+    /* The caller's stream writes the inputs and clears the output, as tensors are made. */
+    CUDACHECK(cudaMemcpyAsync(x, h, st * sizeof(float), cudaMemcpyHostToDevice, 0));
+    CUDACHECK(cudaMemsetAsync(y, 0xff, CAP * sizeof(float), 0));
+    CUDACHECK(cudaEventRecord(before, 0));
+    CUDACHECK(cudaStreamWaitEvent(s, before, 0));
+    /* Calls that take the one-rank or kernel path first. */
+    MP_NCCL(ncclAllReduce(z, z, 64, ncclFloat32, ncclSum, comm, s));
+    MP_NCCL(ncclAlltoAll(z, z + 32, 32 / (size_t)nranks, ncclFloat32, comm, s));
+    MP_NCCL(ncclGroupStart());
+    for (int p = 0; p < nranks; p++) {
+      MP_NCCL(ncclSend(x + sd[p], sc[p], ncclFloat32, p, comm, s));
+      MP_NCCL(ncclRecv(y + rd[p], rc[p], ncclFloat32, p, comm, s));
+    }
+    MP_NCCL(ncclGroupEnd());
+    CUDACHECK(cudaEventRecord(after, s));
+    CUDACHECK(cudaStreamWaitEvent(0, after, 0));
+    CUDACHECK(cudaMemcpyAsync(h, y, rt * sizeof(float), cudaMemcpyDeviceToHost, 0));
+    char what[96];
+    snprintf(what, sizeof(what), "uneven alltoall round %d (%zu elements in)", round, rt);
+    if (wait_legacy(what)) return 1;
+    for (int p = 0; p < nranks; p++) {
+      /* What rank p sent this rank: its elements from its displacement for us. */
+      size_t off = 0;
+      for (int q = 0; q < rank; q++) off += nranks > 1 && p == 0 && q == 1 ? 0 : base + (size_t)(p + 2 * q) % 3;
+      for (size_t i = 0; i < rc[p]; i++) want[rd[p] + i] = val(p, off + i, round);
+    }
+    if (cmp_f(what, h, want, rt)) return 1;
+  }
+  free(h);
+  free(want);
+  CUDACHECK(cudaFree(x));
+  CUDACHECK(cudaFree(y));
+  CUDACHECK(cudaFree(z));
+  MP_NCCL(ncclCommDestroy(comm));
+  CUDACHECK(cudaEventDestroy(before));
+  CUDACHECK(cudaEventDestroy(after));
+  CUDACHECK(cudaStreamDestroy(s));
+  return 0;
+}
+
 struct tcase {
   const char* name;
   int nranks;
@@ -1014,7 +1113,8 @@ static const struct tcase cases[] = {
     {"graph_1", 1, rank_graph, 0},       {"graph_2", 2, rank_graph, 0},     {"graph_cold_1", 1, rank_graph, 1},
     {"graph_cold_2", 2, rank_graph, 1},  {"streams_2", 2, rank_streams, 0}, {"memalloc_1", 1, rank_memalloc, 0},
     {"register_2", 2, rank_register, 0}, {"mixed_2", 2, rank_mixed, 0},     {"abort_2", 2, rank_abort, 0},
-    {"killed_2", 2, rank_killed, 0},     {"timeout_2", 2, rank_timeout, 0},
+    {"killed_2", 2, rank_killed, 0},     {"timeout_2", 2, rank_timeout, 0}, {"a2a_uneven_1", 1, rank_a2a, 0},
+    {"a2a_uneven_2", 2, rank_a2a, 0},
 };
 
 int main(int argc, char** argv) {
