@@ -91,7 +91,6 @@ struct ncclComm {
   struct health* health;
   struct async_worker* async;
   int nonblocking;   /* config.blocking = 0, or NCCL_COMM_BLOCKING=0: work runs on `async` */
-  int init_deferred; /* blocking, but created inside a group: ncclGroupEnd finishes the init */
   uint32_t revoked;  /* ncclCommRevoke / NCCL_SHRINK_ABORT: running work stops */
   int busy;          /* operations running now: abort frees nothing before 0 (a futex word: comm_wait_idle) */
   /* The same count for the communicator's first calling thread (busy_owner),
@@ -108,6 +107,7 @@ struct user_redop {
   ncclDataType_t dt;
   int residence; /* ncclScalarResidence_t */
   const void* ptr; /* ncclScalarDevice: read at each call */
+  int ptr_on_device; /* ptr is device memory (classified once, at creation): never read by the front */
   uint64_t value;  /* ncclScalarHostImmediate: the bytes of one element */
 };
 

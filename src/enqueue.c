@@ -51,6 +51,7 @@ ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataTyp
   u->residence = residence;
   u->ptr = scalar;
   if (residence == ncclScalarHostImmediate) memcpy(&u->value, scalar, dtype_size(datatype));
+  else u->ptr_on_device = device_mem_class(scalar) == MEM_DEVICE;
   *op = (ncclRedOp_t)(ncclNumOps + slot);
   return ncclSuccess;
 }
@@ -91,7 +92,7 @@ static ncclResult_t resolve_op(struct ncclComm* comm, ncclRedOp_t op, ncclDataTy
    * staging copy or exec_coll); until then the operator holds zero. */
   static const uint64_t zero;
   const void* scalar = u->residence == ncclScalarHostImmediate ? (const void*)&u->value
-                       : device_mem_class(u->ptr) == MEM_DEVICE ? (const void*)&zero
+                       : u->ptr_on_device                       ? (const void*)&zero
                                                                 : u->ptr;
   if (red_op_init_premulsum(&a->op, scalar, dt) != 0)
     return err_set(ncclInvalidArgument, "%s: cannot use operator %d", fn, (int)op);
@@ -198,17 +199,13 @@ static ncclResult_t group_finish_inits(void) {
     async_drain(comm);
     ncclResult_t e = __atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE);
     if (e == ncclSuccess) e = async_make_blocking(comm);
-    comm->init_deferred = 0;
     if (e != ncclSuccess && res == ncclSuccess)
       res = err_set(e, "ncclGroupEnd: the init of rank %d (of %d) in this group failed: %s", comm->rank,
                     comm->nranks, comm_error_msg(comm));
   }
-  group_ninits = 0;
-  if (group_cap_inits > 64) {
-    free(group_inits);
-    group_inits = NULL;
-    group_cap_inits = 0;
-  }
+  free(group_inits);
+  group_inits = NULL;
+  group_ninits = group_cap_inits = 0;
   return res;
 }
 

@@ -63,15 +63,15 @@ static ncclResult_t exec_coll(struct coll_args* a) {
    * recvbuff, and nccl-tests checks it): block j must leave before block j
    * from rank j lands on it, which no pipelined exchange promises, so the
    * input is copied aside first. */
-  size_t all = a->count * dtype_size(a->dt) * (size_t)a->comm->nranks;
-  const char *s = a->sendbuff, *r = a->recvbuff;
-  if (a->kind == COLL_ALLTOALL && all && s < r + all && r < s + all) {
+  if (a->kind == COLL_ALLTOALL && coll_in_place(a)) {
+    size_t all = a->count * dtype_size(a->dt) * (size_t)a->comm->nranks;
     void* aside = malloc(all);
     if (!aside) return err_set(ncclSystemError, "ncclAlltoAll: out of memory for an in-place copy of %zu bytes", all);
-    memcpy(aside, s, all);
+    memcpy(aside, a->sendbuff, all);
+    const void* user = a->sendbuff;
     a->sendbuff = aside;
     ncclResult_t res = p.algo->run(a, &p);
-    a->sendbuff = s;
+    a->sendbuff = user;
     free(aside);
     return res;
   }

@@ -422,8 +422,8 @@ ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const ncclUniq
   for (int i = 0; i < nranks; i++) comm->peer_cpu[i] = -1;
   /* Inside a group a blocking init is deferred to ncclGroupEnd: it runs on the
    * worker of a nonblocking one, and the group's end turns it blocking. */
-  comm->init_deferred = !comm->nonblocking && group_active();
-  if (comm->nonblocking || comm->init_deferred) {
+  int deferred = !comm->nonblocking && group_active();
+  if (comm->nonblocking || deferred) {
     /* The worker runs the init; the handle is valid at once and reads
      * ncclInProgress (ncclCommGetAsyncError) until the init is over. */
     struct async_init* ai = malloc(sizeof(*ai) + sizeof(ncclUniqueId) * (size_t)nids);
@@ -442,7 +442,7 @@ ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const ncclUniq
     }
     *newcomm = comm;
     log_set_rank(saved_rank < 0 ? rank : saved_rank);
-    if (comm->init_deferred) {
+    if (deferred) {
       comm->nonblocking = 1; /* until ncclGroupEnd */
       return group_defer_init(comm);
     }

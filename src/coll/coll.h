@@ -46,7 +46,8 @@ struct coll_args {
 static inline int coll_in_place(const struct coll_args* a) {
   if (a->kind == COLL_BROADCAST && a->comm->rank != a->root) return 0;
   size_t b = a->count * dtype_size(a->dt), n = (size_t)a->comm->nranks;
-  size_t sb = a->kind == COLL_REDUCESCATTER ? b * n : b, rb = a->kind == COLL_ALLGATHER ? b * n : b;
+  size_t sb = a->kind == COLL_REDUCESCATTER || a->kind == COLL_ALLTOALL ? b * n : b;
+  size_t rb = a->kind == COLL_ALLGATHER || a->kind == COLL_ALLTOALL ? b * n : b;
   uintptr_t s = (uintptr_t)a->sendbuff, r = (uintptr_t)a->recvbuff;
   return s && r && s < r + rb && r < s + sb;
 }

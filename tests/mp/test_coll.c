@@ -163,8 +163,7 @@ static int sweep_moves(struct ctx* c, size_t count, ncclDataType_t dt, int inpla
     for (int j = 0; j < n; j++)
       for (size_t i = 0; i < bytes; i++)
         MP_CHECK((unsigned char)recv[(size_t)j * bytes + i] == PAT(j, r, i), "in-place alltoall block %d byte %zu", j, i);
-  }
-  if (!inplace) {
+  } else {
     for (int j = 0; j < n; j++)
       for (size_t i = 0; i < bytes; i++) send[(size_t)j * bytes + i] = (char)PAT(r, j, i);
     MP_NCCL(ncclAlltoAll(send, recv, count, dt, c->comm, NULL));
