@@ -25,6 +25,14 @@
 #                compare_mpi_hog with HOG=1); DOC=0 writes nothing to docs/
 #   CHECK=0      collie-perf/mpi-perf -c (the test suite checks results)
 #   QUICK=1      only 8 B .. 2 KiB, to try the script
+#   CONFIRM=6    after the sweep, every cell below 1.0 is timed again: this
+#                many more interleaved rounds of that size alone (collie in
+#                that placement, then Open MPI, with the hog when HOG=1); the
+#                list of misses gives the ratio of the medians over all rounds
+#                and the range of the rounds' ratios. The table keeps the
+#                sweep's medians. 0: no confirmation.
+#   SWEEP=1      0: no sweep; reuse the rounds already in the output folder
+#                (same build, same settings) and only confirm and write
 #
 # "shm" is collie's shared memory vs Open MPI's vader BTL; "tcp" is collie's
 # socket transport (NCCL_HOSTID per rank: every rank a host of its own) vs Open
@@ -40,6 +48,8 @@ rounds=${ROUNDS:-3}
 hog=${HOG:-0}
 section_name=${SECTION:-compare_mpi$([ "$hog" = 1 ] && echo _hog)}
 check=${CHECK:-0}
+confirm=${CONFIRM:-6}
+sweep=${SWEEP:-1}
 # -b -e -f -n -w -M per band: few iterations where one call takes long. The
 # warm-up of the small bands covers collie's 64-slot one-shot mailbox ring (the
 # first use of each slot's page costs a fault; with 5 warm-up calls 128 B
@@ -71,7 +81,13 @@ fi
 
 export NCCL_SOCKET_IFNAME=lo
 out=$build/$section_name
-rm -rf "$out"
+if [ "$sweep" = 1 ]; then
+  rm -rf "$out"
+elif ! ls "$out"/*.r1 >/dev/null 2>&1; then
+  echo "compare_mpi: SWEEP=0 but $out holds no rounds" >&2
+  exit 2
+fi
+rm -f "$out"/confirm.*
 plots=$here/docs/plots
 [ "${DOC:-1}" = 1 ] || plots=$out # a trial run leaves docs/ alone
 mkdir -p "$out" "$plots"
@@ -80,11 +96,12 @@ t_start=$(date +%s)
 
 hog_pid=""
 stop_hog() { [ -n "$hog_pid" ] && kill "$hog_pid" 2>/dev/null; wait "$hog_pid" 2>/dev/null; hog_pid=""; }
-trap stop_hog EXIT INT TERM
-if [ "$hog" = 1 ]; then
+start_hog() {
+  [ "$hog" = 1 ] || return 0
   sh -c 'while :; do :; done' &
   hog_pid=$!
-fi
+}
+trap stop_hog EXIT INT TERM
 
 # collie-run binds ranks itself when it knows --bind-to; an older one gets a
 # taskset wrapper that gives each local rank one core.
@@ -159,16 +176,25 @@ run_series() {
   printf 'compare_mpi: round %d %-15s %s n=%d %-14s exit %d\n' "$r" "$lib" "$tr" "$n" "$op" "$rc"
 }
 
-for r in $(seq 1 "$rounds"); do
-  for cfg in "${configs[@]}"; do
-    tr=${cfg%%:*}; n=${cfg##*:}
-    for op in "${ops[@]}"; do
-      for lib in "${libs[@]}"; do run_series "$lib" "$tr" "$n" "$op" "$r"; done
+if [ "$sweep" = 1 ]; then
+  start_hog
+  for r in $(seq 1 "$rounds"); do
+    for cfg in "${configs[@]}"; do
+      tr=${cfg%%:*}; n=${cfg##*:}
+      for op in "${ops[@]}"; do
+        for lib in "${libs[@]}"; do run_series "$lib" "$tr" "$n" "$op" "$r"; done
+      done
     done
   done
-done
-stop_hog
-elapsed=$(($(date +%s) - t_start))
+  stop_hog
+  echo "$(($(date +%s) - t_start))" >"$out/elapsed"
+  echo "$started" >"$out/started"
+else
+  # The rounds already there: as many as the first series has.
+  rounds=$(ls "$out"/*.r[0-9]* | sed 's/.*\.r//' | sort -n | tail -1)
+  started=$(cat "$out/started" 2>/dev/null || echo "$started")
+fi
+elapsed=$(cat "$out/elapsed" 2>/dev/null || echo "$(($(date +%s) - t_start))")
 
 # Medians over rounds: $out/LIB_TR_N_OP.med holds "size median_us".
 for f in "$out"/*.r1; do
@@ -215,22 +241,105 @@ ratio_table() {
     }' "${files[@]}"
 }
 
-# Every cell below 1.0: "config op size mode ratio collie_us mpi_us".
-misses() {
+# Every cell below 1.0, one per line: "TR N OP SIZE MODE RATIO COLLIE_US MPI_US".
+miss_rows() {
   local cfg tr n op lib
   for cfg in "${configs[@]}"; do
     tr=${cfg%%:*}; n=${cfg##*:}
     for op in "${ops[@]}"; do
       for lib in "${libs[@]}"; do
         [ "$lib" = mpi ] && continue
-        awk -v cfg="$tr $n" -v op="$op" -v mode="${lib#collie-}" 'FNR == 1 { f++ }
+        awk -v tr="$tr" -v n="$n" -v op="$op" -v mode="${lib#collie-}" 'FNR == 1 { f++ }
           f == 1 { m[$1] = $2 } f == 2 && ($1 in m) && $2 > 0 && m[$1] / $2 < 1.0 {
-            printf "%s ranks, %s %s B, %s: %.2f (collie %s us, MPI %s us)\n", cfg, op, $1, mode, m[$1] / $2, $2, m[$1] }' \
+            printf "%s %s %s %s %s %.2f %s %s\n", tr, n, op, $1, mode, m[$1] / $2, $2, m[$1] }' \
           "$out/mpi_${tr}_${n}_${op}.med" "$out/${lib}_${tr}_${n}_${op}.med"
       done
     done
   done
 }
+
+# The sweep's -n -w -M for one size (its band's).
+size_args() {
+  local s=$1 band b e f n w m
+  for band in "${bands[@]}"; do
+    read -r b e f n w m <<<"$band"
+    if [ "$s" -ge "$(numfmt --from=iec "$b")" ] && [ "$s" -le "$(numfmt --from=iec "$e")" ]; then
+      echo "$s $s $f $n $w $m"
+      return
+    fi
+  done
+  echo "$s $s 4 4 1 0"
+}
+
+# Confirmation: CONFIRM more interleaved rounds of each missed cell alone,
+# collie in the cell's placement then Open MPI. $out/confirm.raw gets
+# "TR N OP SIZE MODE LIB ROUND TIME_US" rows.
+confirm_misses() {
+  local tr n op s mode rest r lib cmd t col
+  [ "$confirm" -gt 0 ] || return 0
+  miss_rows >"$out/confirm.cells"
+  [ -s "$out/confirm.cells" ] || return 0
+  start_hog
+  for r in $(seq 1 "$confirm"); do
+    while read -r tr n op s mode rest; do
+      col=6
+      [ "$op" = broadcast ] && col=10
+      for lib in "collie-$mode" mpi; do
+        cmd="$(launcher "$lib" "$tr" "$n") $(perf_args "$op" "$(size_args "$s")")"
+        echo "\$ $cmd" >>"$out/confirm.log"
+        t=$(timeout -k 10 "$per_run_timeout" bash -c "$cmd" </dev/null 2>&1 | tee -a "$out/confirm.log" |
+          awk -v s="$s" -v col=$col '$1 == s && NF >= 13 { print $col }')
+        echo "$tr $n $op $s $mode $lib $r ${t:-NA}" >>"$out/confirm.raw"
+      done
+    done <"$out/confirm.cells"
+    echo "compare_mpi: confirmation round $r of $confirm ($(wc -l <"$out/confirm.cells") cells)"
+  done
+  stop_hog
+}
+
+# One missed cell over all its rounds (the sweep's and the confirmation's):
+# "RATIO_OF_MEDIANS COLLIE_MED MPI_MED LOWEST_ROUND_RATIO HIGHEST NROUNDS".
+confirmed() {
+  local tr=$1 n=$2 op=$3 s=$4 mode=$5
+  {
+    for f in "$out/collie-${mode}_${tr}_${n}_${op}".r[0-9]*; do
+      r=${f##*.r}
+      awk -v s="$s" -v r="$r" '$1 == s { print "c", r, $2 }' "$f"
+      awk -v s="$s" -v r="$r" '$1 == s { print "m", r, $2 }' "$out/mpi_${tr}_${n}_${op}.r$r"
+    done
+    awk -v k="$tr $n $op $s $mode" '$1 " " $2 " " $3 " " $4 " " $5 == k && $8 != "NA" {
+      print ($6 == "mpi" ? "m" : "c"), "x" $7, $8 }' "$out/confirm.raw" 2>/dev/null
+  } | awk 'function med(a, n,   i, j, x) { for (i = 2; i <= n; i++) { x = a[i]; j = i - 1
+             while (j > 0 && a[j] > x) { a[j + 1] = a[j]; j-- } a[j + 1] = x }
+           return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+    $1 == "c" { c[++nc] = $3 + 0; cr[$2] = $3 + 0 } $1 == "m" { m[++nm] = $3 + 0; mr[$2] = $3 + 0 }
+    END {
+      if (!nc || !nm) exit
+      lo = 1e9; hi = 0; k = 0
+      for (r in cr) if ((r in mr) && cr[r] > 0) { q = mr[r] / cr[r]; if (q < lo) lo = q; if (q > hi) hi = q; k++ }
+      cm = med(c, nc); mm = med(m, nm)
+      printf "%.2f %s %s %.2f %.2f %d\n", mm / cm, cm, mm, lo, hi, k
+    }'
+}
+
+# The misses as the document lists them, each with its confirmation.
+misses() {
+  local tr n op s mode ratio cus mus conf
+  while read -r tr n op s mode ratio cus mus; do
+    printf -- '- %s %s ranks, %s %s B, %s: %s (collie %s us, MPI %s us)' "$tr" "$n" "$op" "$s" "$mode" "$ratio" "$cus" "$mus"
+    conf=""
+    [ -s "$out/confirm.raw" ] && conf=$(confirmed "$tr" "$n" "$op" "$s" "$mode")
+    if [ -n "$conf" ]; then
+      read -r cr cm mm lo hi k <<<"$conf"
+      printf '; over %d rounds: %s%s%s (collie %s us, MPI %s us), rounds %s-%s' "$k" \
+        "$(awk -v x="$cr" 'BEGIN { if (x + 0 < 1.0) printf "**" }')" "$cr" \
+        "$(awk -v x="$cr" 'BEGIN { if (x + 0 < 1.0) printf "**" }')" "$cm" "$mm" "$lo" "$hi"
+    fi
+    echo
+  done < <(miss_rows)
+}
+
+confirm_misses
 
 if [ $plot = 1 ]; then
   for cfg in "${configs[@]}"; do
@@ -291,11 +400,19 @@ section=$out/section.md
   done
   failed=$(ls "$out"/*.failed 2>/dev/null | xargs -r -n1 basename | sed 's/\.failed$//' | tr '\n' ' ')
   [ -n "$failed" ] && echo "Series with a failed run (see their .log): $failed" && echo
-  nmiss=$(misses | wc -l)
+  misses >"$out/misses.md"
+  nmiss=$(wc -l <"$out/misses.md")
   ncells=$(( ${#configs[@]} * ${#ops[@]} * ${#modes[@]} * $(wc -l <"$(ls "$out"/mpi_*.med | head -1)") ))
   echo "Cells below 1.0: $nmiss of $ncells."
+  if [ -s "$out/confirm.raw" ]; then
+    nconf=$(grep -c 'over [0-9]* rounds: \*\*' "$out/misses.md")
+    echo "Each was timed again, $confirm more interleaved rounds of that size alone (\`CONFIRM=$confirm\`:"
+    echo "collie in that placement, then Open MPI$([ "$hog" = 1 ] && echo ', the hog beside them')); over all rounds, the ratio of"
+    echo "the medians stays below 1.0 for $nconf of them (in bold), and \"rounds\" is the range of the"
+    echo "single rounds' ratios (collie's round against Open MPI's of the same round)."
+  fi
   echo
-  misses | sed 's/^/- /'
+  cat "$out/misses.md"
   echo
   echo "<!-- $section_name:end -->"
 } >"$section"
