@@ -454,6 +454,59 @@ static ncclResult_t local_run(const struct coll_args* a) {
   return ncclSuccess;
 }
 
+/* One rank, a pair of a send to itself and a receive from itself: one device
+ * copy on the receive's stream. Another send stream is joined first (the
+ * copy reads what was queued before the send) and waits for the copy after
+ * (the send completes when its buffer has been read). */
+static ncclResult_t self_copy(const struct coll_args* send, const struct coll_args* recv, size_t bytes) {
+  if (bytes == 0 || recv->recvbuff == send->sendbuff) return ncclSuccess;
+  cudaStream_t ss = (cudaStream_t)send->stream, rs = (cudaStream_t)recv->stream;
+  cudaEvent_t sent = NULL, copied = NULL;
+  cudaError_t e = cudaSuccess;
+  if (ss != rs) {
+    e = cudaEventCreateWithFlags(&sent, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&copied, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(sent, ss);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(rs, sent, 0);
+  }
+  const char* err = "";
+  int rc = e == cudaSuccess ? kern_copy(recv->recvbuff, send->sendbuff, bytes, rs, &err) : 0;
+  if (e == cudaSuccess && rc == 0 && ss != rs) {
+    e = cudaEventRecord(copied, rs);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(ss, copied, 0);
+  }
+  if (sent) cudaEventDestroy(sent);
+  if (copied) cudaEventDestroy(copied);
+  if (e != cudaSuccess) return cuda_err(e, "joining the send's and the receive's streams");
+  if (rc != 0) return err_set(ncclUnhandledCudaError, "ncclRecv: kernel launch failed: %s", err);
+  return ncclSuccess;
+}
+
+/* One rank, a run of sends to itself and receives from itself on device
+ * buffers (a group: PyTorch's all_to_all_single with split sizes issues one):
+ * the k-th send pairs with the k-th receive, as on host buffers, and each
+ * pair is a copy on the GPU (self_copy) instead of a trip through the proxy's
+ * host staging. Every pair is checked before any copy is queued. */
+static ncclResult_t local_self_p2p(const struct coll_args* a, int m) {
+  for (int pass = 0; pass < 2; pass++) {
+    int s = 0, r = 0;
+    for (;;) {
+      while (s < m && a[s].kind != COLL_SEND) s++;
+      while (r < m && a[r].kind != COLL_RECV) r++;
+      if (s == m && r == m) break;
+      if (s == m || r == m)
+        return err_set(ncclInvalidUsage, "rank 0: a send to itself has no matching receive (or vice versa) in the group");
+      size_t sb = a[s].count * dtype_size(a[s].dt), rb = a[r].count * dtype_size(a[r].dt);
+      if (sb != rb)
+        return err_set(ncclInvalidUsage, "rank 0: send to self of %zu bytes but receive from self of %zu bytes", sb, rb);
+      if (pass == 1) NCCLCHECK(self_copy(&a[s], &a[r], sb));
+      s++;
+      r++;
+    }
+  }
+  return ncclSuccess;
+}
+
 /* ---- ranks of one host: the collective runs as a GPU kernel (kern_sched) ---- */
 
 static int kernel_kind(const struct ncclComm* comm, const struct coll_args* a) {
@@ -561,10 +614,20 @@ static ncclResult_t submit(struct ncclComm* comm, const struct coll_args* a, int
   if (saved != d->dev) cudaSetDevice(d->dev);
   int local = comm->nranks == 1 && !host_wait;
   for (int i = 0; i < n && local; i++)
-    if (a[i].kind == COLL_SEND || a[i].kind == COLL_RECV || !(a[i].mem & MEM_DEVICE)) local = 0;
+    if (!(a[i].mem & MEM_DEVICE)) local = 0;
   if (local) {
-    /* Earlier staged calls on other streams do not order these (as in NCCL); on the same stream they do. */
-    for (int i = 0; i < n && res == ncclSuccess; i++) res = local_run(&a[i]);
+    /* Earlier staged calls on other streams do not order these (as in NCCL); on the same stream they do.
+     * Consecutive sends and receives pair up among themselves, as a host point-to-point batch does. */
+    for (int i = 0; i < n && res == ncclSuccess;) {
+      int k = i;
+      while (k < n && (a[k].kind == COLL_SEND || a[k].kind == COLL_RECV)) k++;
+      if (k > i) {
+        res = local_self_p2p(&a[i], k - i);
+        i = k;
+      } else {
+        res = local_run(&a[i++]);
+      }
+    }
     goto out;
   }
   int kern = d->kpath && !host_wait;
