@@ -196,13 +196,17 @@ else
 fi
 elapsed=$(cat "$out/elapsed" 2>/dev/null || echo "$(($(date +%s) - t_start))")
 
+# awk: the median of a[1..n] (sorts a by value; an odd count returns the element as it was written).
+awk_median='function med(a, n,   i, j, x) { for (i = 2; i <= n; i++) { x = a[i]; j = i - 1
+    while (j > 0 && a[j] + 0 > x + 0) { a[j + 1] = a[j]; j-- } a[j + 1] = x }
+  return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }'
+
 # Medians over rounds: $out/LIB_TR_N_OP.med holds "size median_us".
 for f in "$out"/*.r1; do
   key=${f%.r1}
-  cat "$key".r* | awk '{ v[$1] = v[$1] " " $2 }
-    END { for (s in v) { n = split(v[s], a, " "); for (i = 2; i <= n; i++) { x = a[i]; j = i - 1
-            while (j > 0 && a[j] + 0 > x + 0) { a[j + 1] = a[j]; j-- } a[j + 1] = x }
-          m = (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2; print s, m } }' |
+  cat "$key".r* | awk "$awk_median"'
+    { v[$1] = v[$1] " " $2 }
+    END { for (s in v) { n = split(v[s], a, " "); print s, med(a, n) } }' |
     sort -n >"$key.med"
 done
 
@@ -298,7 +302,8 @@ confirm_misses() {
 }
 
 # One missed cell over all its rounds (the sweep's and the confirmation's):
-# "RATIO_OF_MEDIANS COLLIE_MED MPI_MED LOWEST_ROUND_RATIO HIGHEST NROUNDS".
+# "RATIO_OF_MEDIANS COLLIE_MED MPI_MED LOWEST_ROUND_RATIO HIGHEST NROUNDS", the
+# ratio in bold below 1.0.
 confirmed() {
   local tr=$1 n=$2 op=$3 s=$4 mode=$5
   {
@@ -309,16 +314,16 @@ confirmed() {
     done
     awk -v k="$tr $n $op $s $mode" '$1 " " $2 " " $3 " " $4 " " $5 == k && $8 != "NA" {
       print ($6 == "mpi" ? "m" : "c"), "x" $7, $8 }' "$out/confirm.raw" 2>/dev/null
-  } | awk 'function med(a, n,   i, j, x) { for (i = 2; i <= n; i++) { x = a[i]; j = i - 1
-             while (j > 0 && a[j] > x) { a[j + 1] = a[j]; j-- } a[j + 1] = x }
-           return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
-    $1 == "c" { c[++nc] = $3 + 0; cr[$2] = $3 + 0 } $1 == "m" { m[++nm] = $3 + 0; mr[$2] = $3 + 0 }
+  } | awk "$awk_median"'
+    $1 == "c" { c[++nc] = $3; cr[$2] = $3 + 0 } $1 == "m" { m[++nm] = $3; mr[$2] = $3 + 0 }
     END {
       if (!nc || !nm) exit
       lo = 1e9; hi = 0; k = 0
       for (r in cr) if ((r in mr) && cr[r] > 0) { q = mr[r] / cr[r]; if (q < lo) lo = q; if (q > hi) hi = q; k++ }
       cm = med(c, nc); mm = med(m, nm)
-      printf "%.2f %s %s %.2f %.2f %d\n", mm / cm, cm, mm, lo, hi, k
+      q = sprintf("%.2f", mm / cm)
+      if (q + 0 < 1.0) q = "**" q "**"
+      printf "%s %s %s %.2f %.2f %d\n", q, cm, mm, lo, hi, k
     }'
 }
 
@@ -331,9 +336,7 @@ misses() {
     [ -s "$out/confirm.raw" ] && conf=$(confirmed "$tr" "$n" "$op" "$s" "$mode")
     if [ -n "$conf" ]; then
       read -r cr cm mm lo hi k <<<"$conf"
-      printf '; over %d rounds: %s%s%s (collie %s us, MPI %s us), rounds %s-%s' "$k" \
-        "$(awk -v x="$cr" 'BEGIN { if (x + 0 < 1.0) printf "**" }')" "$cr" \
-        "$(awk -v x="$cr" 'BEGIN { if (x + 0 < 1.0) printf "**" }')" "$cm" "$mm" "$lo" "$hi"
+      printf '; over %d rounds: %s (collie %s us, MPI %s us), rounds %s-%s' "$k" "$cr" "$cm" "$mm" "$lo" "$hi"
     fi
     echo
   done < <(miss_rows)

@@ -191,6 +191,14 @@ struct p2p_op {
 };
 /* p2p_only: plain send/receive groups (not a collective: no call-board check). */
 ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_only);
+/* Messages to self within a batch: the k-th send to this rank pairs with the
+ * k-th receive from it. Checks that each has a partner of the same size
+ * (ncclInvalidUsage otherwise); with `move`, calls it for every pair that
+ * moves bytes (non-empty, between different buffers), in order. The host
+ * batch moves them with memmove, a one-rank device group with a copy kernel. */
+ncclResult_t p2p_self_pairs(struct ncclComm* comm, const struct p2p_op* ops, int n,
+                            ncclResult_t (*move)(void* arg, const struct p2p_op* send, const struct p2p_op* recv),
+                            void* arg);
 /* One-shot shared-memory mailboxes (direct_shm.c): freed with the communicator. */
 void direct_free(struct ncclComm* comm);
 /* The call board (single-host communicators): publish this call's token;

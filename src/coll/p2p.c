@@ -14,9 +14,9 @@
 
 static int nslots_for(size_t bytes, size_t slot) { return bytes == 0 ? 1 : (int)((bytes + slot - 1) / slot); }
 
-/* Self-messages: the k-th send to self pairs with the k-th receive from
- * self. `copy` 0 only checks that they pair up; 1 copies. */
-static ncclResult_t run_self(struct ncclComm* comm, struct p2p_op* ops, int n, int copy) {
+ncclResult_t p2p_self_pairs(struct ncclComm* comm, const struct p2p_op* ops, int n,
+                            ncclResult_t (*move)(void* arg, const struct p2p_op* send, const struct p2p_op* recv),
+                            void* arg) {
   int s = 0, r = 0;
   for (;;) {
     while (s < n && !(ops[s].peer == comm->rank && ops[s].is_send)) s++;
@@ -28,10 +28,21 @@ static ncclResult_t run_self(struct ncclComm* comm, struct p2p_op* ops, int n, i
     if (ops[s].bytes != ops[r].bytes)
       return err_set(ncclInvalidUsage, "rank %d: send to self of %zu bytes but receive from self of %zu bytes",
                      comm->rank, ops[s].bytes, ops[r].bytes);
-    if (copy && ops[s].bytes && ops[r].buf != ops[s].buf) memmove(ops[r].buf, ops[s].buf, ops[s].bytes);
+    if (move && ops[s].bytes && ops[r].buf != ops[s].buf) NCCLCHECK(move(arg, &ops[s], &ops[r]));
     s++;
     r++;
   }
+}
+
+static ncclResult_t host_move(void* arg, const struct p2p_op* send, const struct p2p_op* recv) {
+  (void)arg;
+  memmove(recv->buf, send->buf, send->bytes);
+  return ncclSuccess;
+}
+
+/* Self-messages on host buffers: `copy` 0 only checks that they pair up; 1 copies. */
+static ncclResult_t run_self(struct ncclComm* comm, struct p2p_op* ops, int n, int copy) {
+  return p2p_self_pairs(comm, ops, n, copy ? host_move : NULL, NULL);
 }
 
 static int has_self(struct ncclComm* comm, const struct p2p_op* ops, int n) {

@@ -458,9 +458,14 @@ static ncclResult_t local_run(const struct coll_args* a) {
  * copy on the receive's stream. Another send stream is joined first (the
  * copy reads what was queued before the send) and waits for the copy after
  * (the send completes when its buffer has been read). */
-static ncclResult_t self_copy(const struct coll_args* send, const struct coll_args* recv, size_t bytes) {
-  if (bytes == 0 || recv->recvbuff == send->sendbuff) return ncclSuccess;
-  cudaStream_t ss = (cudaStream_t)send->stream, rs = (cudaStream_t)recv->stream;
+struct self_group {
+  const struct p2p_op* ops;
+  const struct coll_args* a; /* a[i] made ops[i] */
+};
+
+static ncclResult_t self_copy(void* arg, const struct p2p_op* sop, const struct p2p_op* rop) {
+  const struct self_group* g = arg;
+  cudaStream_t ss = (cudaStream_t)g->a[sop - g->ops].stream, rs = (cudaStream_t)g->a[rop - g->ops].stream;
   cudaEvent_t sent = NULL, copied = NULL;
   cudaError_t e = cudaSuccess;
   if (ss != rs) {
@@ -470,7 +475,7 @@ static ncclResult_t self_copy(const struct coll_args* send, const struct coll_ar
     if (e == cudaSuccess) e = cudaStreamWaitEvent(rs, sent, 0);
   }
   const char* err = "";
-  int rc = e == cudaSuccess ? kern_copy(recv->recvbuff, send->sendbuff, bytes, rs, &err) : 0;
+  int rc = e == cudaSuccess ? kern_copy(rop->buf, sop->buf, sop->bytes, rs, &err) : 0;
   if (e == cudaSuccess && rc == 0 && ss != rs) {
     e = cudaEventRecord(copied, rs);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(ss, copied, 0);
@@ -484,27 +489,24 @@ static ncclResult_t self_copy(const struct coll_args* send, const struct coll_ar
 
 /* One rank, a run of sends to itself and receives from itself on device
  * buffers (a group: PyTorch's all_to_all_single with split sizes issues one):
- * the k-th send pairs with the k-th receive, as on host buffers, and each
- * pair is a copy on the GPU (self_copy) instead of a trip through the proxy's
- * host staging. Every pair is checked before any copy is queued. */
-static ncclResult_t local_self_p2p(const struct coll_args* a, int m) {
-  for (int pass = 0; pass < 2; pass++) {
-    int s = 0, r = 0;
-    for (;;) {
-      while (s < m && a[s].kind != COLL_SEND) s++;
-      while (r < m && a[r].kind != COLL_RECV) r++;
-      if (s == m && r == m) break;
-      if (s == m || r == m)
-        return err_set(ncclInvalidUsage, "rank 0: a send to itself has no matching receive (or vice versa) in the group");
-      size_t sb = a[s].count * dtype_size(a[s].dt), rb = a[r].count * dtype_size(a[r].dt);
-      if (sb != rb)
-        return err_set(ncclInvalidUsage, "rank 0: send to self of %zu bytes but receive from self of %zu bytes", sb, rb);
-      if (pass == 1) NCCLCHECK(self_copy(&a[s], &a[r], sb));
-      s++;
-      r++;
-    }
+ * they pair up as a host batch's do (p2p_self_pairs), every pair is checked
+ * before any copy is queued, and each pair is a copy on the GPU (self_copy)
+ * instead of a trip through the proxy's host staging. */
+static ncclResult_t local_self_p2p(struct ncclComm* comm, const struct coll_args* a, int m) {
+  struct p2p_op stack[16];
+  struct p2p_op* ops = m <= 16 ? stack : calloc((size_t)m, sizeof(*ops));
+  if (!ops) return err_set(ncclSystemError, "device path: out of memory for a group of %d sends and receives", m);
+  for (int i = 0; i < m; i++) {
+    int send = a[i].kind == COLL_SEND;
+    ops[i] = (struct p2p_op){.peer = a[i].peer, .is_send = send,
+                             .buf = send ? (char*)a[i].sendbuff : (char*)a[i].recvbuff,
+                             .bytes = a[i].count * dtype_size(a[i].dt)};
   }
-  return ncclSuccess;
+  struct self_group g = {ops, a};
+  ncclResult_t res = p2p_self_pairs(comm, ops, m, NULL, NULL);
+  if (res == ncclSuccess) res = p2p_self_pairs(comm, ops, m, self_copy, &g);
+  if (ops != stack) free(ops);
+  return res;
 }
 
 /* ---- ranks of one host: the collective runs as a GPU kernel (kern_sched) ---- */
@@ -622,7 +624,7 @@ static ncclResult_t submit(struct ncclComm* comm, const struct coll_args* a, int
       int k = i;
       while (k < n && (a[k].kind == COLL_SEND || a[k].kind == COLL_RECV)) k++;
       if (k > i) {
-        res = local_self_p2p(&a[i], k - i);
+        res = local_self_p2p(comm, &a[i], k - i);
         i = k;
       } else {
         res = local_run(&a[i++]);

@@ -236,13 +236,10 @@ static ncclResult_t dx_follow(struct conn* c, struct sock_link* l) {
  * Open MPI's tcp BTL beside 2.80-2.86; at 512 B 2.93-2.99 against 3.00-3.02.
  * A partial send finishes through the two-piece path (same bytes). Returns
  * send()'s result. */
-static ssize_t send_flat(struct conn* c, struct sock_link* l, const struct slot_hdr* h, size_t len) {
-  struct sock_conn* s = c->priv;
-  const char* src = s->ext[l->next % (uint32_t)c->nslots];
-  if (!src) src = slot_data(c, l->next);
+static ssize_t send_flat(struct sock_conn* s, int fd, const struct slot_hdr* h, const char* payload, size_t len) {
   memcpy(s->flat, h, sizeof(*h));
-  if (len > sizeof(*h)) memcpy(s->flat + sizeof(*h), src, len - sizeof(*h));
-  return send(l->fd, s->flat, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (len > sizeof(*h)) memcpy(s->flat + sizeof(*h), payload, len - sizeof(*h));
+  return send(fd, s->flat, len, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 static ncclResult_t sock_progress_send(struct conn* c) {
@@ -257,19 +254,19 @@ static ncclResult_t sock_progress_send(struct conn* c) {
       }
       struct slot_hdr* h = &s->hdrs[l->next % (uint32_t)c->nslots];
       size_t len = slot_len(h);
+      const char* src = s->ext[l->next % (uint32_t)c->nslots];
+      if (!src) src = slot_data(c, l->next);
       int blocked = 0;
       while (l->off < len) {
         ssize_t rc;
         if (l->off == 0 && len <= sizeof(s->flat)) {
-          rc = send_flat(c, l, h, len);
+          rc = send_flat(s, l->fd, h, src, len);
         } else {
           /* Header and payload in one call: one segment for small slots. */
           struct iovec iov[2];
           int niov = 0;
           if (l->off < sizeof(*h)) iov[niov++] = (struct iovec){(char*)h + l->off, sizeof(*h) - l->off};
           size_t poff = l->off > sizeof(*h) ? l->off - sizeof(*h) : 0;
-          const char* src = s->ext[l->next % (uint32_t)c->nslots];
-          if (!src) src = slot_data(c, l->next);
           if (len > sizeof(*h)) iov[niov++] = (struct iovec){(char*)src + poff, len - sizeof(*h) - poff};
           struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
           rc = sendmsg(l->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);

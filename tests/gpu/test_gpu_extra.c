@@ -23,7 +23,8 @@
  *   a2a_uneven_1/2         PyTorch's all_to_all_single with split sizes: a
  *                          group of sends and receives (to itself at one
  *                          rank, zero counts at two) between the caller's
- *                          legacy stream and a non-blocking one
+ *                          legacy stream and non-blocking ones (receives on a
+ *                          stream of their own in odd rounds)
  * Every rank is a forked process (tests/mp/harness.h) that picks device
  * rank % ndev itself; the parent never touches CUDA. Inputs are small,
  * non-zero, rank-dependent integers (exact float sums), outputs are poisoned
@@ -1005,9 +1006,7 @@ static int rank_killed(int rank, int nranks, const ncclUniqueId* ids, int nids, 
   return rc;
 }
 
-/* ------------------------------------------------------------ main */
-
-/* ------------------------------------------------------------ p2p_self_1, a2a_uneven_2 */
+/* ------------------------------------------------------------ a2a_uneven_1, a2a_uneven_2 */
 
 /* PyTorch's all_to_all_single with split sizes, as its nccl backend issues
  * it (a group of ncclSend/ncclRecv per peer, zero counts included, on the
@@ -1015,8 +1014,10 @@ static int rank_killed(int rank, int nranks, const ncclUniqueId* ids, int nids, 
  * stream by an event and back again), after a few calls that take the
  * one-rank/kernel path. One rank (a send and a receive to itself) is what
  * stopped under PyTorch on an H200 (2026-11-27); two ranks add a pair that
- * moves nothing. The result is read on the legacy stream, which waits for
- * the backend stream: a stall fails after 10 s instead of hanging. */
+ * moves nothing. Odd rounds post the receives on a second stream (NCCL
+ * allows a stream per call in a group): at one rank each pair is then a copy
+ * joined across the two streams. The result is read on the legacy stream,
+ * which waits for both: a stall fails after 10 s instead of hanging. */
 static int wait_legacy(const char* what) {
   double t0 = mp_now();
   for (;;) {
@@ -1028,16 +1029,23 @@ static int wait_legacy(const char* what) {
   }
 }
 
+/* Elements rank src sends rank dst in round `base`; rank 0 sends nothing to rank 1. */
+static size_t a2a_count(int src, int dst, int nranks, size_t base) {
+  return nranks > 1 && src == 0 && dst == 1 ? 0 : base + (size_t)(src + 2 * dst) % 3;
+}
+
 static int rank_a2a(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
   (void)nids;
   (void)arg;
   g_rank = rank;
   CUDACHECK(cudaSetDevice(rank % g_ndev));
-  cudaStream_t s;
+  cudaStream_t s, s2;
   CUDACHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaEvent_t before, after;
+  CUDACHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  cudaEvent_t before, after, after2;
   CUDACHECK(cudaEventCreateWithFlags(&before, cudaEventDisableTiming));
   CUDACHECK(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
+  CUDACHECK(cudaEventCreateWithFlags(&after2, cudaEventDisableTiming));
   ncclComm_t comm;
   MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
   enum { CAP = 4096 };
@@ -1050,11 +1058,10 @@ static int rank_a2a(int rank, int nranks, const ncclUniqueId* ids, int nids, voi
   MP_CHECK(h && want, "out of memory");
   for (int round = 0; round < 6; round++) {
     size_t base = round < 3 ? (size_t)1 << (2 * round) : (size_t)(round * 100 + 1); /* 1, 4, 16, 301, 401, 501 */
-    /* Elements rank a sends to rank b; rank 0 sends nothing to rank 1. */
     size_t sc[4], rc[4], sd[4], rd[4], st = 0, rt = 0;
     for (int p = 0; p < nranks; p++) {
-      sc[p] = nranks > 1 && rank == 0 && p == 1 ? 0 : base + (size_t)(rank + 2 * p) % 3;
-      rc[p] = nranks > 1 && p == 0 && rank == 1 ? 0 : base + (size_t)(p + 2 * rank) % 3;
+      sc[p] = a2a_count(rank, p, nranks, base);
+      rc[p] = a2a_count(p, rank, nranks, base);
       sd[p] = st;
       rd[p] = rt;
       st += sc[p];
@@ -1065,19 +1072,23 @@ static int rank_a2a(int rank, int nranks, const ncclUniqueId* ids, int nids, voi
     /* The caller's stream writes the inputs and clears the output, as tensors are made. */
     CUDACHECK(cudaMemcpyAsync(x, h, st * sizeof(float), cudaMemcpyHostToDevice, 0));
     CUDACHECK(cudaMemsetAsync(y, 0xff, CAP * sizeof(float), 0));
+    cudaStream_t rs = round % 2 ? s2 : s;
     CUDACHECK(cudaEventRecord(before, 0));
     CUDACHECK(cudaStreamWaitEvent(s, before, 0));
+    CUDACHECK(cudaStreamWaitEvent(s2, before, 0));
     /* Calls that take the one-rank or kernel path first. */
     MP_NCCL(ncclAllReduce(z, z, 64, ncclFloat32, ncclSum, comm, s));
     MP_NCCL(ncclAlltoAll(z, z + 32, 32 / (size_t)nranks, ncclFloat32, comm, s));
     MP_NCCL(ncclGroupStart());
     for (int p = 0; p < nranks; p++) {
       MP_NCCL(ncclSend(x + sd[p], sc[p], ncclFloat32, p, comm, s));
-      MP_NCCL(ncclRecv(y + rd[p], rc[p], ncclFloat32, p, comm, s));
+      MP_NCCL(ncclRecv(y + rd[p], rc[p], ncclFloat32, p, comm, rs));
     }
     MP_NCCL(ncclGroupEnd());
     CUDACHECK(cudaEventRecord(after, s));
+    CUDACHECK(cudaEventRecord(after2, s2));
     CUDACHECK(cudaStreamWaitEvent(0, after, 0));
+    CUDACHECK(cudaStreamWaitEvent(0, after2, 0));
     CUDACHECK(cudaMemcpyAsync(h, y, rt * sizeof(float), cudaMemcpyDeviceToHost, 0));
     char what[96];
     snprintf(what, sizeof(what), "uneven alltoall round %d (%zu elements in)", round, rt);
@@ -1085,7 +1096,7 @@ static int rank_a2a(int rank, int nranks, const ncclUniqueId* ids, int nids, voi
     for (int p = 0; p < nranks; p++) {
       /* What rank p sent this rank: its elements from its displacement for us. */
       size_t off = 0;
-      for (int q = 0; q < rank; q++) off += nranks > 1 && p == 0 && q == 1 ? 0 : base + (size_t)(p + 2 * q) % 3;
+      for (int q = 0; q < rank; q++) off += a2a_count(p, q, nranks, base);
       for (size_t i = 0; i < rc[p]; i++) want[rd[p] + i] = val(p, off + i, round);
     }
     if (cmp_f(what, h, want, rt)) return 1;
@@ -1098,9 +1109,13 @@ static int rank_a2a(int rank, int nranks, const ncclUniqueId* ids, int nids, voi
   MP_NCCL(ncclCommDestroy(comm));
   CUDACHECK(cudaEventDestroy(before));
   CUDACHECK(cudaEventDestroy(after));
+  CUDACHECK(cudaEventDestroy(after2));
   CUDACHECK(cudaStreamDestroy(s));
+  CUDACHECK(cudaStreamDestroy(s2));
   return 0;
 }
+
+/* ------------------------------------------------------------ main */
 
 struct tcase {
   const char* name;
