@@ -41,6 +41,7 @@ struct ncclComm {
   int unpair;           /* COLLIE_UNPAIR and every rank of this machine can have a CPU (prim_unpair) */
   int64_t unpair_ns;    /* when a waiter last moved this rank off a CPU it shared with a peer */
   uint64_t unpair_moves;
+  size_t op_bytes;      /* the running call's message (count x type size; a point-to-point batch: its largest) */
   uint64_t reduce_steals; /* chunks a single-copy reduce's root read itself (cma_reduce.c; tests) */
   int local_rank, local_size, nhosts;
   ncclConfig_t config;
@@ -114,6 +115,8 @@ struct user_redop {
 /* Minimum time between two moves of one rank off a CPU it shares with a
  * peer (COLLIE_UNPAIR; ns). */
 #define UNPAIR_INTERVAL_NS 2000000
+/* The same for calls of at least the size the waiter names (prim_unpair). */
+#define UNPAIR_LARGE_INTERVAL_NS 100000000
 
 /* Polls before a waiter first reads the clock (spinning) or yields (no spin
  * time). With more local ranks than CPUs the rank waited for is often on

@@ -50,7 +50,8 @@ static ncclResult_t exec_coll(struct coll_args* a) {
     }
     red_op_init_premulsum(&a->op, s, a->dt);
   }
-  NCCLCHECK(board_publish(a->comm, coll_token(a, a->count * dtype_size(a->dt)), a->root));
+  a->comm->op_bytes = a->count * dtype_size(a->dt);
+  NCCLCHECK(board_publish(a->comm, coll_token(a, a->comm->op_bytes), a->root));
   struct plan p;
   NCCLCHECK(tuning_plan(a, &p));
   a->chunk = p.chunk;
@@ -164,9 +165,11 @@ ncclResult_t exec_run_tasks(struct task* t) {
         res = err_set(ncclSystemError, "out of memory for a point-to-point group");
         break;
       }
+      comm->op_bytes = 0;
       for (int i = 0; i < n; i++, t = t->next) {
         log_call(&t->a, comm->opcount++, NULL);
         size_t bytes = t->a.count * dtype_size(t->a.dt);
+        if (bytes > comm->op_bytes) comm->op_bytes = bytes;
         ops[i] = (struct p2p_op){.peer = t->a.peer, .is_send = t->a.kind == COLL_SEND,
                                  .buf = t->a.kind == COLL_SEND ? (char*)t->a.sendbuff : (char*)t->a.recvbuff,
                                  .bytes = bytes, .token = coll_token(&t->a, bytes),

@@ -38,6 +38,13 @@
  * of one small slot (messages above it use the two large buffers). */
 #define NSLOTS 64
 #define SMALL_BYTES 4096
+/* From this message size on, a shared-memory waiter moves off its peer's CPU
+ * only every UNPAIR_LARGE_INTERVAL_NS (see prim_unpair). With a CPU hog beside
+ * 2 unbound ranks, the 2 ms moves made broadcast 2 MiB take 700 us and 8 MiB
+ * 2600 (Open MPI 400/1620), allreduce 8 MiB 3250 us, against 465/1730/2910
+ * with the 2 MiB limit; a 512 KiB limit lost at allgather 2 MiB (1 MiB a
+ * rank: 367 us against 154), whose ranks gain from running apart. */
+#define SHM_UNPAIR_LARGE (2u << 20)
 /* After a call that used only slots a rank publishes its `done` counter
  * every DONE_EVERY calls, not every call: a writer at the end of its ring
  * polls that line, and a store to it in every call took it back from the
@@ -208,7 +215,7 @@ ncclResult_t board_give_way(struct ncclComm* comm, int peer) {
    * together (the wake-ups and yields between them look like one task
    * handing work to another). With room for every local rank, the higher
    * rank of the pair moves itself off the shared CPU, at most every 2 ms. */
-  if (prim_unpair(comm, peer, me)) {
+  if (prim_unpair(comm, peer, me, SHM_UNPAIR_LARGE)) {
     __atomic_store_n(mine, sched_getcpu(), __ATOMIC_RELAXED);
     return ncclSuccess;
   }

@@ -59,6 +59,14 @@ int prim_conn_ready(struct conn* c) {
 
 /* How long a waiter on fds (sockets) keeps polling before it sleeps in poll(). */
 #define SOCKET_POLL_NS 40000
+/* From this message size on, a socket waiter moves off its peer's CPU only
+ * every UNPAIR_LARGE_INTERVAL_NS (see prim_unpair). Beside a CPU hog, 2
+ * unbound ranks a host each over loopback (5 interleaved rounds, us): moving
+ * every 2 ms, allreduce 2 MiB took 1819 and 8 MiB 7027, allgather 2 MiB 967,
+ * alltoall 512 KiB 226 (Open MPI 1343, 8307, 597, 226); with this limit 887,
+ * 4982, 536, 149. Below it, moving pays: allreduce 8 B-128 KiB 3.7-42 us
+ * against 9.4-55 without moves. */
+#define SOCKET_UNPAIR_LARGE (256u << 10)
 
 int64_t prim_fd_poll_ns(struct ncclComm* comm, int peer) {
   if (peer < 0 || peer >= comm->nranks || peer == comm->rank) return SOCKET_POLL_NS;
@@ -76,14 +84,15 @@ int64_t prim_fd_poll_ns(struct ncclComm* comm, int peer) {
    * and each polled out its 40 us before the other could run: 55 us a
    * 2-rank allreduce of 8 B against 16 us sleeping at once and 6-7 us on two
    * CPUs). */
-  return prim_unpair(comm, peer, me) ? SOCKET_POLL_NS : 0;
+  return prim_unpair(comm, peer, me, SOCKET_UNPAIR_LARGE) ? SOCKET_POLL_NS : 0;
 }
 
-int prim_unpair(struct ncclComm* comm, int peer, int cpu) {
+int prim_unpair(struct ncclComm* comm, int peer, int cpu, size_t large) {
   if (!comm->unpair || comm->rank < peer) return 0;
+  int64_t every = comm->op_bytes >= large ? UNPAIR_LARGE_INTERVAL_NS : UNPAIR_INTERVAL_NS;
   int64_t now = time_ns();
   int64_t last = __atomic_load_n(&comm->unpair_ns, __ATOMIC_RELAXED);
-  if (now - last <= UNPAIR_INTERVAL_NS ||
+  if (now - last <= every ||
       !__atomic_compare_exchange_n(&comm->unpair_ns, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
     return 0;
   if (bind_move_off_cpu(cpu) != 1) return 0;

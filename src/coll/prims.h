@@ -66,14 +66,18 @@ ncclResult_t prim_sleep_checks(struct ncclComm* comm, int peer, int64_t* deadlin
  * 0 when the peer last sent from this very CPU (ranks of one machine that
  * NCCL_HOSTID or NCCL_SHM_DISABLE put on sockets): it cannot run while this
  * rank polls. The higher rank of such a pair also moves itself to another
- * CPU (COLLIE_UNPAIR, at most every 2 ms) and then goes on polling. */
+ * CPU (COLLIE_UNPAIR, prim_unpair) and then goes on polling. */
 int64_t prim_fd_poll_ns(struct ncclComm* comm, int peer);
 /* COLLIE_UNPAIR's move, for a waiter whose `peer` last ran on this rank's
  * CPU `cpu`: the higher rank of the pair moves itself to another CPU it may
  * use (bind_move_off_cpu: its mask is put back), when every rank of the
- * machine can have a CPU, at most every UNPAIR_INTERVAL_NS per rank. 1 when
- * it moved. Shared-memory waiters (board_give_way) and socket waiters
- * (prim_fd_poll_ns) both call it. */
-int prim_unpair(struct ncclComm* comm, int peer, int cpu);
+ * machine can have a CPU, at most every UNPAIR_INTERVAL_NS per rank, or every
+ * UNPAIR_LARGE_INTERVAL_NS while the running call's message (comm->op_bytes)
+ * is at least `large` bytes: beside a CPU hog the scheduler puts the pair
+ * back together within milliseconds, and for large messages two ranks taking
+ * turns on one CPU beat one of them sharing the hog's CPU (the waiter's
+ * caller chooses `large`). 1 when it moved. Shared-memory waiters
+ * (board_give_way) and socket waiters (prim_fd_poll_ns) both call it. */
+int prim_unpair(struct ncclComm* comm, int peer, int cpu, size_t large);
 
 #endif

@@ -260,6 +260,24 @@ static int check_give_way(ncclComm_t comm, int rank, int nranks, int first, cons
     MP_CHECK(comm->unpair_moves == moves + 1 && sched_getcpu() != first, "rank %d: still on CPU %d", rank, first);
     MP_CHECK(sched_getaffinity(0, sizeof(now), &now) == 0 && CPU_EQUAL(&now, all), "rank %d: mask not put back",
              rank);
+    /* 3 ms after a move (past UNPAIR_INTERVAL_NS, within
+     * UNPAIR_LARGE_INTERVAL_NS): a waiter in a call of large messages stays
+     * where it is, one in a call of small ones moves again. A thread that
+     * migrates between reading its CPU and the check cannot move: try again. */
+    int moved = 0;
+    for (int tries = 0; tries < 20 && !moved; tries++) {
+      comm->peer_cpu[peer] = sched_getcpu();
+      comm->op_bytes = (size_t)64 << 20;
+      comm->unpair_ns = time_ns() - 3000000;
+      moves = comm->unpair_moves;
+      (void)prim_fd_poll_ns(comm, peer);
+      MP_CHECK(comm->unpair_moves == moves, "rank %d: moved again 3 ms after a move, in a call of 64 MiB", rank);
+      comm->peer_cpu[peer] = sched_getcpu();
+      comm->op_bytes = 8;
+      (void)prim_fd_poll_ns(comm, peer);
+      moved = comm->unpair_moves == moves + 1;
+    }
+    MP_CHECK(moved, "rank %d: never moved 3 ms after a move, in a call of 8 bytes", rank);
   }
   return 0;
 }
