@@ -214,7 +214,8 @@ ncclResult_t board_give_way(struct ncclComm* comm, int peer) {
    * another CPU runs something else: the scheduler keeps such a pair
    * together (the wake-ups and yields between them look like one task
    * handing work to another). With room for every local rank, the higher
-   * rank of the pair moves itself off the shared CPU, at most every 2 ms. */
+   * rank of the pair moves itself off the shared CPU (prim_unpair: at most
+   * every 2 ms, every 100 ms in calls of SHM_UNPAIR_LARGE and more). */
   if (prim_unpair(comm, peer, me, SHM_UNPAIR_LARGE)) {
     __atomic_store_n(mine, sched_getcpu(), __ATOMIC_RELAXED);
     return ncclSuccess;

@@ -262,21 +262,25 @@ static int check_give_way(ncclComm_t comm, int rank, int nranks, int first, cons
              rank);
     /* 3 ms after a move (past UNPAIR_INTERVAL_NS, within
      * UNPAIR_LARGE_INTERVAL_NS): a waiter in a call of large messages stays
-     * where it is, one in a call of small ones moves again. A thread that
-     * migrates between reading its CPU and the check cannot move: try again. */
-    int moved = 0;
-    for (int tries = 0; tries < 20 && !moved; tries++) {
+     * where it is (and sleeps at once: 0 ns), one in a call of small ones
+     * moves again. A thread that migrates between reading its CPU and the
+     * check sees no shared CPU (it polls, nothing to judge): try again until
+     * both cases were judged. */
+    int stayed = 0, moved = 0;
+    for (int tries = 0; tries < 20 && !(stayed && moved); tries++) {
       comm->peer_cpu[peer] = sched_getcpu();
       comm->op_bytes = (size_t)64 << 20;
       comm->unpair_ns = time_ns() - 3000000;
       moves = comm->unpair_moves;
-      (void)prim_fd_poll_ns(comm, peer);
+      int64_t poll_ns = prim_fd_poll_ns(comm, peer);
       MP_CHECK(comm->unpair_moves == moves, "rank %d: moved again 3 ms after a move, in a call of 64 MiB", rank);
+      if (poll_ns == 0) stayed = 1;
       comm->peer_cpu[peer] = sched_getcpu();
       comm->op_bytes = 8;
       (void)prim_fd_poll_ns(comm, peer);
-      moved = comm->unpair_moves == moves + 1;
+      if (comm->unpair_moves == moves + 1) moved = 1;
     }
+    MP_CHECK(stayed, "rank %d: never saw its peer's CPU as its own in a call of 64 MiB", rank);
     MP_CHECK(moved, "rank %d: never moved 3 ms after a move, in a call of 8 bytes", rank);
   }
   return 0;
