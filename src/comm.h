@@ -80,6 +80,7 @@ struct ncclComm {
   struct ch_pool* chpool; /* channel helper threads (coll/channels.c) */
   int min_ch, max_ch;     /* NCCL_MIN_CTAS / NCCL_MAX_CTAS or the config, clamped to 1..MAX_CHANNELS */
   struct direct_state* direct; /* coll/direct_shm.c mailboxes, set up on first use */
+  struct mapped_state* mapped; /* coll/mapped_allreduce.c: peers' buffers mapped, set up on first use */
   int64_t spin_ns; /* how long a waiter polls before it yields, then sleeps (COLLIE_SPIN) */
   /* Reduction operators created with ncclRedOpCreatePreMulSum, by handle - ncclNumOps. */
   struct user_redop* redops;

@@ -23,6 +23,7 @@ struct collie_ctx {
   ncclComm_t comm;
   int rank, nranks;
   int32_t barrier_word;
+  const char* mem; /* what the rank lines say the buffers are */
   char err[1024];
 };
 
@@ -99,12 +100,21 @@ static int perf_collie_rank_lines(void* vctx, const char* mine, char* all) {
     memset(&info, 0, sizeof(info));
     info.size = sizeof(info);
     if (TRY(c, collie_comm_peer_info, c->comm, r, &info)) return 1;
-    perf_format_rank_line(all + (size_t)r * PERF_LINE_LEN, r, info.pid, info.hostname, "host memory");
+    perf_format_rank_line(all + (size_t)r * PERF_LINE_LEN, r, info.pid, info.hostname, c->mem);
   }
   return 0;
 }
 
 static const char* perf_collie_last_error(void* vctx) { return ((struct collie_ctx*)vctx)->err; }
+
+/* -R 1: ncclMemAlloc's host memory, which the ranks of a host map (the
+ * mapped allreduce). */
+static int perf_collie_mem_alloc(void* vctx, void** p, size_t bytes) {
+  struct collie_ctx* c = vctx;
+  c->mem = "host memory from ncclMemAlloc";
+  return TRY(c, ncclMemAlloc, p, bytes);
+}
+static void perf_collie_mem_free(void* vctx, void* p) { (void)TRY((struct collie_ctx*)vctx, ncclMemFree, p); }
 
 static int mpi_launched(void) {
   return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
@@ -162,6 +172,7 @@ int main(int argc, char** argv) {
 
   struct collie_ctx ctx;
   memset(&ctx, 0, sizeof(ctx));
+  ctx.mem = "host memory";
   int used_mpi = 0;
   if (make_comm(&ctx, &used_mpi)) {
     fprintf(stderr, "%s: cannot create the communicator: %s\n", TOOL, ctx.err);
@@ -200,6 +211,9 @@ int main(int argc, char** argv) {
       .allreduce_i64_sum = collie_allreduce_i64_sum,
       .rank_lines = perf_collie_rank_lines,
       .last_error = perf_collie_last_error,
+      .mem_alloc = perf_collie_mem_alloc,
+      .mem_free = perf_collie_mem_free,
+      .mem_name = "host memory from ncclMemAlloc",
   };
   rc = perf_main(&args, &b);
 

@@ -106,6 +106,9 @@ void perf_usage(FILE* f, const char* tool) {
           "                           float|float32 double|float64 bfloat16 f8e4m3 f8e5m2\n"
           "                           all (default float)\n"
           "  -r, --root R             root rank, or all (default 0)\n"
+          "  -R, --local_register 0|1 1: send and receive buffers from the library's own\n"
+          "                           allocator (collie: ncclMemAlloc, host memory the\n"
+          "                           ranks of a host can map; default 0: malloc)\n"
           "  -a, --average 0|1|2|3    time reported: 0 rank 0, 1 mean, 2 min, 3 max over\n"
           "                           ranks (default 1)\n"
           "  -T, --timeout SECONDS    stop the whole run after SECONDS (default 0: never)\n"
@@ -184,6 +187,7 @@ int perf_parse_args(int argc, char** argv, const char* tool, struct perf_args* a
       {"timeout", required_argument, 0, 'T'},      {"cudagraph", required_argument, 0, 'G'},
       {"report_cputime", required_argument, 0, 'C'}, {"average", required_argument, 0, 'a'},
       {"min_time_ms", required_argument, 0, 'M'}, {"help", no_argument, 0, 'h'},
+      {"local_register", required_argument, 0, 'R'},
       {0, 0, 0, 0},
   };
   memset(a, 0, sizeof(*a));
@@ -214,7 +218,7 @@ int perf_parse_args(int argc, char** argv, const char* tool, struct perf_args* a
   optind = 1;
   long v;
   for (;;) {
-    int c = getopt_long(argc, argv, ":t:g:b:e:i:f:n:m:w:M:p:c:o:d:r:z:y:T:G:C:a:h", longopts, NULL);
+    int c = getopt_long(argc, argv, ":t:g:b:e:i:f:n:m:w:M:p:c:o:d:r:z:y:T:G:C:a:R:h", longopts, NULL);
     if (c == -1) break;
     switch (c) {
     case 'h': perf_usage(stdout, tool); return PERF_PARSE_HELP;
@@ -292,6 +296,10 @@ int perf_parse_args(int argc, char** argv, const char* tool, struct perf_args* a
     case 'C':
       if (parse_int(optarg, 0, 1, &v)) return usage_error(tool, "invalid -C/--report_cputime: '%s' (0 or 1)", optarg);
       a->report_cputime = (int)v;
+      break;
+    case 'R':
+      if (parse_int(optarg, 0, 1, &v)) return usage_error(tool, "invalid -R/--local_register: '%s' (0 or 1)", optarg);
+      a->local_register = (int)v;
       break;
     case 'z': case 'y': case 'p':
       if (parse_int(optarg, 0, 1, &v)) return usage_error(tool, "invalid value '%s' (0 or 1)", optarg);
@@ -841,6 +849,10 @@ int perf_main(const struct perf_args* a, const struct perf_backend* b) {
     if (b->rank == 0) fprintf(stderr, "%s: -m (aggregated calls) is not supported\n", b->tool);
     return PERF_EXIT_USAGE;
   }
+  if (a->local_register && (!b->mem_alloc || !b->mem_free)) {
+    if (b->rank == 0) fprintf(stderr, "%s: -R 1 (the library's allocator) is not supported\n", b->tool);
+    return PERF_EXIT_USAGE;
+  }
   if (a->timeout_s > 0) {
     snprintf(timeout_msg, sizeof(timeout_msg), "%s: rank %d: -T %d: time is up; stopping\n", b->tool, b->rank,
              a->timeout_s);
@@ -855,7 +867,15 @@ int perf_main(const struct perf_args* a, const struct perf_backend* b) {
    * here so that page faults stay out of the timings. */
   s.bufbytes = ((a->maxbytes > 0 ? a->maxbytes : 1) + 63) / 64 * 64;
   int64_t bad = 0;
-  if (posix_memalign((void**)&s.sendbuf, 64, s.bufbytes) || posix_memalign((void**)&s.recvbuf, 64, s.bufbytes)) {
+  int alloc_failed;
+  if (a->local_register) {
+    alloc_failed = b->mem_alloc(b->ctx, (void**)&s.sendbuf, s.bufbytes) != 0;
+    if (!alloc_failed) alloc_failed = b->mem_alloc(b->ctx, (void**)&s.recvbuf, s.bufbytes) != 0;
+    if (alloc_failed) fprintf(stderr, "%s: rank %d: %s\n", b->tool, b->rank, b->last_error(b->ctx));
+  } else {
+    alloc_failed = posix_memalign((void**)&s.sendbuf, 64, s.bufbytes) || posix_memalign((void**)&s.recvbuf, 64, s.bufbytes);
+  }
+  if (alloc_failed) {
     fprintf(stderr, "%s: rank %d: cannot allocate 2 x %zu bytes\n", b->tool, b->rank, s.bufbytes);
     bad = 1;
   } else {
@@ -875,7 +895,8 @@ int perf_main(const struct perf_args* a, const struct perf_backend* b) {
   char mine[PERF_LINE_LEN], host[64];
   if (gethostname(host, sizeof(host)) != 0) snprintf(host, sizeof(host), "?");
   host[sizeof(host) - 1] = '\0';
-  perf_format_rank_line(mine, b->rank, (int)getpid(), host, "host memory");
+  perf_format_rank_line(mine, b->rank, (int)getpid(), host,
+                        a->local_register && b->mem_name ? b->mem_name : "host memory");
   char* lines = calloc((size_t)b->nranks, PERF_LINE_LEN);
   if (!lines) {
     fprintf(stderr, "%s: out of memory\n", b->tool);
@@ -910,7 +931,12 @@ int perf_main(const struct perf_args* a, const struct perf_backend* b) {
   }
   if (rc == 0 && s.errors) rc = PERF_EXIT_WRONG;
 out:
-  free(s.sendbuf);
-  free(s.recvbuf);
+  if (a->local_register) {
+    if (s.sendbuf) b->mem_free(b->ctx, s.sendbuf);
+    if (s.recvbuf) b->mem_free(b->ctx, s.recvbuf);
+  } else {
+    free(s.sendbuf);
+    free(s.recvbuf);
+  }
   return rc;
 }

@@ -66,6 +66,7 @@ struct perf_args {
   int type;           /* enum perf_type or PERF_ALL */
   int op;             /* enum perf_op or PERF_ALL */
   int root;           /* a rank or PERF_ALL */
+  int local_register; /* -R 1: buffers from the backend's mem_alloc (ncclMemAlloc) */
 };
 
 /* Backend flags: where a backend's semantics differ from NCCL's. */
@@ -111,6 +112,12 @@ struct perf_backend {
   /* Rank 0 gets every rank's description line: all[r * PERF_LINE_LEN]. */
   int (*rank_lines)(void* ctx, const char* mine, char* all);
   const char* (*last_error)(void* ctx);
+  /* Optional (NULL: -R 1 is refused): the library's own allocator for the
+   * send and receive buffers (collie: ncclMemAlloc, host memory that the
+   * ranks of a host can map). Not collective. */
+  int (*mem_alloc)(void* ctx, void** p, size_t bytes);
+  void (*mem_free)(void* ctx, void* p);
+  const char* mem_name; /* how the rank lines describe such buffers */
 };
 
 /* perf_parse_args results (also the exit status to use on return). */

@@ -60,7 +60,7 @@ uint64_t coll_token(const struct coll_args* a, size_t bytes);
 
 /* Algorithm names as NCCL_ALGO spells them; a row names one. ALGO_RING and
  * ALGO_TREE are also bits of comm->algo_mask that the device path reads. */
-enum { ALGO_RING, ALGO_TREE, ALGO_DIRECT, ALGO_HIER, ALGO_P2P, ALGO_CMA, ALGO_NNAMES };
+enum { ALGO_RING, ALGO_TREE, ALGO_DIRECT, ALGO_HIER, ALGO_P2P, ALGO_CMA, ALGO_MAPPED, ALGO_NNAMES };
 /* Protocols as NCCL_PROTO spells them. */
 enum { PROTO_SIMPLE, PROTO_LL, PROTO_LL128, PROTO_COUNT };
 extern const char* const algo_names[ALGO_NNAMES];
@@ -201,6 +201,15 @@ ncclResult_t p2p_self_pairs(struct ncclComm* comm, const struct p2p_op* ops, int
                             void* arg);
 /* One-shot shared-memory mailboxes (direct_shm.c): freed with the communicator. */
 void direct_free(struct ncclComm* comm);
+/* The mapped allreduce's mappings of peers' buffers (mapped_allreduce.c): freed with the communicator. */
+void mapped_free(struct ncclComm* comm);
+/* How many peer allocations it holds mapped (tests). */
+int mapped_peer_maps(const struct ncclComm* comm);
+/* Inside a collective on a one-host communicator: every rank posts `bytes`
+ * (at most 4096) from `mine` through its mailbox and gets every rank's, in
+ * rank order, in all[nranks * bytes] (all may be NULL: a barrier). Returns
+ * once every peer has posted, so it also orders what each did before. */
+ncclResult_t direct_shm_share(struct ncclComm* comm, const void* mine, size_t bytes, void* all);
 /* The call board (single-host communicators): publish this call's token;
  * while waiting, check that peers on the same call agree. */
 ncclResult_t board_publish(struct ncclComm* comm, uint64_t token, int root);
@@ -218,6 +227,10 @@ ncclResult_t tuning_init(struct ncclComm* comm); /* reads NCCL_ALGO / NCCL_PROTO
 /* The plan for a call: the cheapest eligible row the user allows
  * (memoised per call shape). */
 ncclResult_t tuning_plan(const struct coll_args* a, struct plan* p);
+/* The plan the tuner would make if the rows named `skip` (an ALGO_*) did
+ * not exist (not memoised): what a row that finds at run time that it
+ * cannot run (the mapped allreduce) runs instead. */
+ncclResult_t tuning_plan_but(const struct coll_args* a, int skip, struct plan* p);
 /* Predicted time of a call with the row the tuner would pick, microseconds. */
 double coll_estimate_us(const struct coll_args* a);
 /* The row (index in algo_table) the tuner picks for a call under table t

@@ -747,6 +747,16 @@ static ncclResult_t direct_allgather(struct coll_args* a) {
   return ncclSuccess;
 }
 
+ncclResult_t direct_shm_share(struct ncclComm* comm, const void* mine, size_t bytes, void* all) {
+  if (bytes > SMALL_BYTES) return err_set(ncclInternalError, "direct_shm_share: %zu bytes is more than a slot", bytes);
+  NCCLCHECK(direct_post(comm, mine, bytes));
+  NCCLCHECK(direct_exchange(comm, -1, 1));
+  for (int i = 0; all && i < comm->nranks; i++)
+    memcpy((char*)all + (size_t)i * bytes, peer_data(comm->direct, i, bytes), bytes);
+  direct_end(comm);
+  return ncclSuccess;
+}
+
 /* Every rank posts its whole send buffer (n blocks) and reads block `rank`
  * of every peer's: one exchange instead of n-1 pairwise FIFO messages. */
 static ncclResult_t direct_alltoall(struct coll_args* a) {

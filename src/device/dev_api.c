@@ -1,5 +1,7 @@
 /* Memory and registration entry points of the device path: ncclMemAlloc /
- * ncclMemFree (cudaMalloc on the calling thread's device) and
+ * ncclMemFree (cudaMalloc on the calling thread's device; host memory that
+ * the ranks of a host can map where there is no CUDA device or
+ * COLLIE_MEMALLOC=host asks for it, hostmem.h) and
  * ncclCommRegister / ncclCommDeregister, a per-communicator cache of
  * registered ranges. The staged device path copies every call through host
  * staging, so for device memory registration records the range and changes
@@ -12,9 +14,11 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "../comm.h"
+#include "../hostmem.h"
 #include "device.h"
 #include "device/dev_plan.h"
 
@@ -28,12 +32,20 @@ NCCL_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size);
 ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
   if (ptr == NULL) return err_set(ncclInvalidArgument, "ncclMemAlloc: ptr is NULL");
   if (size == 0) return err_set(ncclInvalidArgument, "ncclMemAlloc: size is 0");
+  const char* how = param_str(P_COLLIE_MEMALLOC);
+  if (how && strcmp(how, "auto") != 0 && strcmp(how, "host") != 0 && strcmp(how, "device") != 0)
+    return err_set(ncclInvalidArgument, "COLLIE_MEMALLOC=\"%s\": expected auto, host or device", how);
+  if (hostmem_wanted()) return hostmem_alloc(ptr, size);
   return device_mem_alloc(ptr, size);
 }
 
 NCCL_API(ncclResult_t, ncclMemFree, void* ptr);
 ncclResult_t ncclMemFree(void* ptr) {
   if (ptr == NULL) return ncclSuccess;
+  if (hostmem_free(ptr)) return ncclSuccess;
+  if (device_count() == 0)
+    return err_set(ncclInvalidArgument, "ncclMemFree: %p was not returned by ncclMemAlloc (host memory: no CUDA device)",
+                   ptr);
   return device_mem_free(ptr);
 }
 

@@ -13,6 +13,7 @@
 
 #if defined(__x86_64__)
 #include <emmintrin.h>
+#include <immintrin.h>
 #endif
 
 #include "device/reduce_elem.h"
@@ -351,11 +352,45 @@ void red_reduce_n(const struct red_op* r, void* dst, const void* const* src, int
   }
 }
 
+#if defined(__x86_64__)
+/* With AVX-512 a whole line goes out in one non-temporal store. Four 16-byte
+ * ones per line (or two of 32) measured far slower here (a KVM guest on a
+ * Sapphire Rapids host): 2 processes each reducing 128 MiB pairs through a
+ * 4 KiB block and streaming the result to two buffers, 10.4-10.5 GB/s of
+ * results with 64-byte stores against 8.6-8.9 with 16- or 32-byte ones. */
+__attribute__((target("avx512f"))) static void red_copy_out_512(unsigned char* dst, const unsigned char* src,
+                                                                 size_t n) {
+  size_t head = (size_t)(-(uintptr_t)dst & 63);
+  if (head > n) head = n;
+  memcpy(dst, src, head);
+  dst += head, src += head, n -= head;
+  size_t body = n & ~(size_t)63;
+  for (size_t i = 0; i < body; i += 64) _mm512_stream_si512((void*)(dst + i), _mm512_loadu_si512(src + i));
+  memcpy(dst + body, src + body, n - body);
+}
+
+static int red_have_avx512(void) {
+  static int v = -1;
+  int h = __atomic_load_n(&v, __ATOMIC_RELAXED);
+  if (h < 0) {
+    __builtin_cpu_init();
+    h = __builtin_cpu_supports("avx512f") ? 1 : 0;
+    __atomic_store_n(&v, h, __ATOMIC_RELAXED);
+  }
+  return h;
+}
+#endif
+
 /* Copies n bytes to a destination that goes out to memory: non-temporal
  * stores of 64 bytes (one line) at a time from the first 16-byte boundary
- * of dst; the ends go through memcpy. No fence: the caller fences once. */
+ * of dst (64 with AVX-512); the ends go through memcpy. No fence: the
+ * caller fences once. */
 static void red_copy_out(unsigned char* dst, const unsigned char* src, size_t n) {
 #if defined(__x86_64__)
+  if (red_have_avx512()) {
+    red_copy_out_512(dst, src, n);
+    return;
+  }
   size_t head = (size_t)(-(uintptr_t)dst & 15);
   if (head > n) head = n;
   memcpy(dst, src, head);
@@ -384,6 +419,11 @@ static void red_copy_out_fence(void) {
 
 void red_copy_far(void* dst, const void* src, size_t n) {
   red_copy_out(dst, src, n);
+  red_copy_out_fence();
+}
+
+void red_copy_far_n(void* const* dst, int ndst, const void* src, size_t n) {
+  for (int i = 0; i < ndst; i++) red_copy_out(dst[i], src, n);
   red_copy_out_fence();
 }
 

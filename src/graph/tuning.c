@@ -232,15 +232,16 @@ static double row_estimate(const struct coll_args* a, const struct algo* al, con
   return al->estimate(a, c);
 }
 
-/* Index of the row to run, or -1 if the table has none for this collective. */
-static int choose(const struct coll_args* a, const struct tune_table* tab, double* est) {
+/* Index of the row to run, or -1 if the table has none for this collective.
+ * Rows named `skip` (an ALGO_*; -1: none) are left out. */
+static int choose_but(const struct coll_args* a, const struct tune_table* tab, double* est, int skip) {
   const struct ncclComm* comm = a->comm;
   struct tune_cost c = cost_for(comm, tab ? tab : &comm->tune, (double)a->count * (double)dtype_size(a->dt));
   int best = -1, fallback = -1;
   double best_t = 0;
   for (int i = 0; i < algo_table_len; i++) {
     const struct algo* al = algo_table[i];
-    if (al->coll != a->kind || !al->eligible(a)) continue;
+    if (al->coll != a->kind || al->name == skip || !al->eligible(a)) continue;
     if (fallback < 0) fallback = i;
     if (!(comm->algo_mask & (1 << al->name)) || !(comm->proto_mask & (1 << al->proto))) continue;
     /* Count 0 moves nothing: no model needed. */
@@ -257,6 +258,10 @@ static int choose(const struct coll_args* a, const struct tune_table* tab, doubl
   }
   if (est) *est = best_t;
   return best;
+}
+
+static int choose(const struct coll_args* a, const struct tune_table* tab, double* est) {
+  return choose_but(a, tab, est, -1);
 }
 
 /* Collectives where every rank sends and receives at once, or reduces what
@@ -310,6 +315,17 @@ ncclResult_t tuning_plan(const struct coll_args* a, struct plan* p) {
   p->chunk = plan_chunk(a);
   p->out_far = out_far(a);
   if (m) *m = (struct tune_memo){1, a->dt, a->count, idx, p->nch, p->chunk, p->out_far};
+  return ncclSuccess;
+}
+
+ncclResult_t tuning_plan_but(const struct coll_args* a, int skip, struct plan* p) {
+  int idx = choose_but(a, NULL, NULL, skip);
+  if (idx < 0) return err_set(ncclInternalError, "no algorithm in the table runs %s", coll_name(a->kind));
+  p->algo = algo_table[idx];
+  p->index = idx;
+  p->nch = channels_for(a, p->algo);
+  p->chunk = plan_chunk(a);
+  p->out_far = out_far(a);
   return ncclSuccess;
 }
 

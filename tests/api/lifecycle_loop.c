@@ -176,9 +176,19 @@ static int error_round(void) {
   CHECK_FAILS(ncclCommInitAll(comms, 2, devs), ncclInvalidArgument);
   CHECK_FAILS(ncclAllReduce(NULL, NULL, 0, ncclFloat, ncclSum, NULL, NULL), ncclInvalidArgument);
   CHECK_FAILS(ncclGroupEnd(), ncclInvalidUsage);
-  /* Still a stub (device memory): fails cleanly. */
+  /* Device memory without a CUDA device fails cleanly; host memory (the
+   * default without one) comes back and goes again. */
   void* p = (void*)(uintptr_t)1;
+  setenv("COLLIE_MEMALLOC", "device", 1);
   CHECK_FAILS(ncclMemAlloc(&p, 64), ncclInvalidUsage);
+  setenv("COLLIE_MEMALLOC", "host", 1);
+  CHECK(ncclMemAlloc(&p, 64));
+  ((char*)p)[63] = 1;
+  CHECK(ncclMemFree(p));
+  CHECK_FAILS(ncclMemFree(&c), ncclInvalidArgument);
+  setenv("COLLIE_MEMALLOC", "bogus", 1);
+  CHECK_FAILS(ncclMemAlloc(&p, 64), ncclInvalidArgument);
+  unsetenv("COLLIE_MEMALLOC");
   setenv("NCCL_COMM_ID", "::1:5", 1);
   CHECK_FAILS(ncclGetUniqueId(&id), ncclInvalidArgument);
   unsetenv("NCCL_COMM_ID");

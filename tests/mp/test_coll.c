@@ -5,14 +5,23 @@
  * (fp8 included); ncclAvg and PreMulSum are checked with a tolerance from
  * the type's precision. Usage: test_coll NRANKS [quick]; the environment picks
  * the transport (NCCL_HOSTID per rank via COLLIE_TEST_HOSTID=1 forces sockets).
- * test_coll burst NRANKS: back-to-back small broadcasts/reduces, every result checked. */
+ * test_coll burst NRANKS: back-to-back small broadcasts/reduces, every result checked.
+ * COLLIE_TEST_MEMALLOC=all: the sweep's buffers come from ncclMemAlloc (host
+ * memory peers can map: the mapped allreduce); =even: on even ranks only (every
+ * mapped call falls back to the ring). test_coll mapped NRANKS: the mapped
+ * allreduce's own cases (mapping cache, fallback, buffers freed and allocated
+ * again, no fd left). */
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 
+#include <dirent.h>
+
+#include "coll/coll.h"
 #include "comm.h"
 #include "device/reduce.h"
+#include "hostmem.h"
 #include "harness.h"
 #include "typed.h"
 
@@ -216,8 +225,15 @@ static int rank_main(int rank, int nranks, const ncclUniqueId* ids, int nids, vo
   size_t counts[] = {0, 1, 7, 1000, 1000003};
   size_t ncounts = quick ? 4 : 5;
   size_t maxbytes = (counts[ncounts - 1] + 2) * 8 * (size_t)nranks + 64;
-  c.a = malloc(maxbytes);
-  c.b = malloc(maxbytes);
+  const char* ma = getenv("COLLIE_TEST_MEMALLOC");
+  int memalloc = ma && (strcmp(ma, "all") == 0 || (strcmp(ma, "even") == 0 && rank % 2 == 0));
+  if (memalloc) {
+    MP_NCCL(ncclMemAlloc((void**)&c.a, maxbytes));
+    MP_NCCL(ncclMemAlloc((void**)&c.b, maxbytes));
+  } else {
+    c.a = malloc(maxbytes);
+    c.b = malloc(maxbytes);
+  }
   for (size_t ci = 0; ci < ncounts; ci++) {
     size_t count = counts[ci];
     for (int dt = 0; dt < ncclNumTypes; dt++) {
@@ -232,9 +248,90 @@ static int rank_main(int rank, int nranks, const ncclUniqueId* ids, int nids, vo
         if (sweep_moves(&c, count, (ncclDataType_t)dt, inplace)) return 1;
     }
   }
-  free(c.a);
-  free(c.b);
+  if (memalloc) {
+    /* Calls of at least COLLIE_MAPPED's size mapped the peers' buffers where all ranks' qualified. */
+    if (ma[0] == 'a' && getenv("COLLIE_MAPPED") && strcmp(getenv("COLLIE_MAPPED"), "1") == 0)
+      MP_CHECK(mapped_peer_maps(c.comm) > 0, "no peer buffer was mapped");
+    if (ma[0] == 'e') MP_CHECK(mapped_peer_maps(c.comm) == 0, "a peer buffer was mapped though rank 1 used malloc");
+    MP_NCCL(ncclMemFree(c.a));
+    MP_NCCL(ncclMemFree(c.b));
+    MP_CHECK(hostmem_count() == 0, "%d host allocations left", hostmem_count());
+  } else {
+    free(c.a);
+    free(c.b);
+  }
   MP_NCCL(ncclCommDestroy(c.comm));
+  return 0;
+}
+
+static int count_fds(void) {
+  DIR* d = opendir("/proc/self/fd");
+  int n = 0;
+  if (!d) return -1;
+  while (readdir(d)) n++;
+  closedir(d);
+  return n;
+}
+
+/* One float allreduce of `count` elements (sum, or avg) from send into recv
+ * (in place when they are equal), checked against small integer inputs. */
+static int mapped_round(ncclComm_t comm, int rank, int n, float* send, float* recv, size_t count, int avg) {
+  for (size_t i = 0; i < count; i++) send[i] = (float)((rank * 7 + (int)(i % 1001)) % 13 - 6);
+  MP_NCCL(ncclAllReduce(send, recv, count, ncclFloat, avg ? ncclAvg : ncclSum, comm, NULL));
+  for (size_t i = 0; i < count; i++) {
+    float want = 0;
+    for (int r = 0; r < n; r++) want += (float)((r * 7 + (int)(i % 1001)) % 13 - 6);
+    if (avg) want /= (float)n;
+    if (fabsf(recv[i] - want) > (avg ? 1e-5f * (fabsf(want) + 1) : 0)) {
+      fprintf(stderr, "FAIL rank %d: mapped allreduce of %zu%s: element %zu = %g, expected %g\n", rank, count,
+              avg ? " (avg)" : "", i, (double)recv[i], (double)want);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* The mapped allreduce (COLLIE_MAPPED=1 in its ctest entries): every rank's
+ * buffers from ncclMemAlloc; element counts that n does not divide; in
+ * place; a round where rank 1's receive buffer is malloc'd (every rank must
+ * take the ring); buffers freed and allocated again (a new memfd: mapped
+ * anew, the old mappings go once the cache is full); nothing left after. */
+static int rank_mapped(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  int fds0 = count_fds();
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  size_t counts[] = {1, 5, 4097, 1000003, (3u << 20) / 4 + 7};
+  float *s = NULL, *r = NULL;
+  size_t cap = (size_t)5 << 20;
+  for (int round = 0; round < 3; round++) {
+    MP_NCCL(ncclMemAlloc((void**)&s, cap));
+    MP_NCCL(ncclMemAlloc((void**)&r, cap));
+    for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++) {
+      if (mapped_round(comm, rank, nranks, s, r, counts[k], 0)) return 1;
+      if (mapped_round(comm, rank, nranks, s + 1, r + 3, counts[k], 1)) return 1; /* unaligned */
+      if (mapped_round(comm, rank, nranks, s, s, counts[k], 0)) return 1;         /* in place */
+    }
+    MP_CHECK(mapped_peer_maps(comm) >= 2 * (nranks - 1), "only %d peer buffers mapped", mapped_peer_maps(comm));
+    MP_NCCL(ncclMemFree(s));
+    MP_NCCL(ncclMemFree(r));
+  }
+  /* Rank 1's receive buffer is not ncclMemAlloc's: all take the ring. */
+  MP_NCCL(ncclMemAlloc((void**)&s, cap));
+  float* r2 = rank == 1 ? malloc(cap) : NULL;
+  MP_NCCL(ncclMemAlloc((void**)&r, cap));
+  if (mapped_round(comm, rank, nranks, s, rank == 1 ? r2 : r, counts[3], 0)) return 1;
+  MP_NCCL(ncclMemFree(s));
+  MP_NCCL(ncclMemFree(r));
+  free(r2);
+  /* Not ncclMemAlloc's pointers. */
+  float x = 0;
+  MP_CHECK(ncclMemFree(&x) == ncclInvalidArgument, "ncclMemFree of a stack address did not fail");
+  MP_CHECK(hostmem_count() == 0, "%d host allocations left", hostmem_count());
+  MP_NCCL(ncclCommDestroy(comm));
+  int fds1 = count_fds();
+  MP_CHECK(fds0 == fds1, "%d fds before, %d after", fds0, fds1);
   return 0;
 }
 
@@ -572,6 +669,13 @@ int main(int argc, char** argv) {
       rc = mp_run(n, rank_mismatch, cases[k], 120);
       fprintf(stderr, "%s mismatch case %zu vs %zu\n", rc ? "FAILED" : "passed", cases[k][0], cases[k][1]);
     }
+    return rc;
+  }
+  if (argc > 1 && strcmp(argv[1], "mapped") == 0) {
+    int n = argc > 2 ? atoi(argv[2]) : 2;
+    double t0 = mp_now();
+    int rc = mp_run(n, rank_mapped, NULL, 600);
+    fprintf(stderr, "%s mapped allreduce, %d ranks, in %.1f s\n", rc ? "FAILED" : "passed", n, mp_now() - t0);
     return rc;
   }
   if (argc > 1 && strcmp(argv[1], "late") == 0) {

@@ -275,7 +275,12 @@ static int test_oversub(void) {
        * / 525 / 614, 2 MiB 3854 / 1912 / 1871 (the one-shot stops at 256
        * KiB). The model chose the tree at 32-512 KiB before. */
       {8, COLL_ALLREDUCE, (size_t)32 << 10, ALGO_DIRECT},  {8, COLL_ALLREDUCE, (size_t)128 << 10, ALGO_RING},
-      {8, COLL_ALLREDUCE, (size_t)512 << 10, ALGO_RING},   {8, COLL_ALLREDUCE, (size_t)2 << 20, ALGO_RING},
+      {8, COLL_ALLREDUCE, (size_t)512 << 10, ALGO_RING},
+      /* From 1 MiB a rank (COLLIE_MAPPED=auto) the mapped allreduce's row,
+       * which runs the row the tuner would pick without it (here the ring)
+       * when any rank's buffers are not ncclMemAlloc's host memory. */
+      {8, COLL_ALLREDUCE, (size_t)2 << 20, ALGO_MAPPED},  {2, COLL_ALLREDUCE, (size_t)512 << 10, ALGO_RING},
+      {2, COLL_ALLREDUCE, (size_t)1 << 20, ALGO_MAPPED},
       /* The one-shot up to 4 KiB posted at 2 ranks (its small buffers are
        * prefetched for the next call): measured (us, one-shot / ring or
        * pairwise) reduce 4 KiB 0.30 / 0.63, reduce-scatter 4 KiB posted 0.69
