@@ -62,6 +62,7 @@ struct mapped_state {
   int n;
   uint64_t calls;
   int fallback_logged;
+  int map_warned; /* a peer's buffer could not be mapped (warned once) */
   struct map_desc* all; /* nranks descriptors */
   char* scratch;        /* one block of results, reduced here then copied out */
 };
@@ -179,7 +180,11 @@ static ncclResult_t mapped_run(struct coll_args* a, struct mapped_state* m) {
     res = map_peer(comm, m, i, d->pid, d->sfd, d->sino, d->slen, &sb);
     if (res == ncclSuccess) res = map_peer(comm, m, i, d->pid, d->rfd, d->rino, d->rlen, &rb);
     if (res != ncclSuccess) {
-      WARN("rank %d: mapped allreduce: %s; every rank runs another algorithm instead", me, ncclGetLastError(comm));
+      if (!m->map_warned) {
+        m->map_warned = 1;
+        WARN("rank %d: mapped allreduce: %s; every rank runs another algorithm instead (warned once)", me,
+             ncclGetLastError(comm));
+      }
       ok = 0;
       res = ncclSuccess;
       break;
