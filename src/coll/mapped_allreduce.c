@@ -68,11 +68,13 @@ struct mapped_state {
 };
 
 /* Results reduced per block: they stay in the first-level cache between the
- * reduction and the n copies out of it. 2 ranks, out of place, 32-256 MiB
- * (collie-perf -R 1, 2 runs): 4 KiB 7.8-11.5 GB/s busbw, 16 KiB 8.0-12.6,
- * 64 KiB 7.3-11.4. Prefetching the next block's inputs before the copies
- * out (4 or 16 KiB ahead) made it 1.2-2x slower. */
-#define BLOCK_BYTES 16384
+ * reduction and the n copies out of it; the non-temporal copies are fenced
+ * once, after the last block. 2 ranks, out of place, 256 MiB (collie-perf
+ * -R 1, 2 runs, busbw GB/s): 1 KiB 8.71-8.72, 2 KiB 8.16-8.23, 4 KiB
+ * 8.58-8.64, 16 KiB 8.42-8.54; with a fence after every block 16 KiB gave
+ * 8.0-8.4 and 1 KiB 5.6-6.1. Prefetching the next block's inputs before the
+ * copies out (4 or 16 KiB ahead) made it 1.2-2x slower. */
+#define BLOCK_BYTES 4096
 
 /* COLLIE_MAPPED=auto: from this many bytes per rank. */
 #define MAPPED_AUTO_MIN ((size_t)1 << 20)
@@ -215,6 +217,7 @@ static ncclResult_t mapped_run(struct coll_args* a, struct mapped_state* m) {
     }
   }
   (void)bytes;
+  if (a->out_far) red_far_fence();
   /* Nobody returns while a peer may still read its send buffer or write its receive buffer. */
   return direct_shm_share(comm, &ok, sizeof(ok), NULL);
 }

@@ -424,8 +424,9 @@ void red_copy_far(void* dst, const void* src, size_t n) {
 
 void red_copy_far_n(void* const* dst, int ndst, const void* src, size_t n) {
   for (int i = 0; i < ndst; i++) red_copy_out(dst[i], src, n);
-  red_copy_out_fence();
 }
+
+void red_far_fence(void) { red_copy_out_fence(); }
 
 /* A block of red_reduce_out: small enough that the result is still in the
  * first-level cache when it is copied out (1-16 KiB measured alike). */
