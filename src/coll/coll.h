@@ -210,6 +210,9 @@ int mapped_peer_maps(const struct ncclComm* comm);
  * rank order, in all[nranks * bytes] (all may be NULL: a barrier). Returns
  * once every peer has posted, so it also orders what each did before. */
 ncclResult_t direct_shm_share(struct ncclComm* comm, const void* mine, size_t bytes, void* all);
+/* The same exchange for a rank that reads nothing: it posts `bytes` from
+ * `mine` and returns at once (the peers that call direct_shm_share read it). */
+ncclResult_t direct_shm_post(struct ncclComm* comm, const void* mine, size_t bytes);
 /* The call board (single-host communicators): publish this call's token;
  * while waiting, check that peers on the same call agree. */
 ncclResult_t board_publish(struct ncclComm* comm, uint64_t token, int root);

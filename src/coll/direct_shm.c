@@ -757,6 +757,16 @@ ncclResult_t direct_shm_share(struct ncclComm* comm, const void* mine, size_t by
   return ncclSuccess;
 }
 
+ncclResult_t direct_shm_post(struct ncclComm* comm, const void* mine, size_t bytes) {
+  if (bytes > SMALL_BYTES) return err_set(ncclInternalError, "direct_shm_post: %zu bytes is more than a slot", bytes);
+  NCCLCHECK(direct_post(comm, mine, bytes));
+  publish_ready(comm);
+  /* It waited for nobody: the next call must check the done counters. */
+  comm->direct->last_symmetric = 0;
+  direct_end(comm);
+  return ncclSuccess;
+}
+
 /* Every rank posts its whole send buffer (n blocks) and reads block `rank`
  * of every peer's: one exchange instead of n-1 pairwise FIFO messages. */
 static ncclResult_t direct_alltoall(struct coll_args* a) {

@@ -11,9 +11,11 @@
  *
  * Whether the buffers qualify is known only to each rank, so the ranks agree
  * in every call: each posts a descriptor of its two buffers through the
- * direct mailboxes (direct_shm_share); all see the same descriptors, so all
- * run this algorithm or all run what the tuner would have picked without it
- * (the ring, at 2 ranks). Then each maps what it lacks and
+ * direct mailboxes. A rank whose buffers do not qualify posts its "no" and
+ * goes on at once (direct_shm_post); the others wait for every descriptor
+ * (direct_shm_share) and so see that "no" too. So all run this algorithm or
+ * all run what the tuner would have picked without it (the ring, at 2
+ * ranks), and with malloc'd buffers nobody waits for anybody here. Then each maps what it lacks and
  * posts whether that worked (all run it only if all could), reduces, and
  * posts once more: nobody returns (and lets its caller reuse the buffers)
  * while a peer may still read or write them. Each rank writes only its own
@@ -232,14 +234,23 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
   m->calls++;
   struct map_desc mine;
   describe(a, bytes, &mine);
-  NCCLCHECK(direct_shm_share(comm, &mine, sizeof(mine), m->all));
-  int all_ok = 1;
-  for (int i = 0; i < comm->nranks && all_ok; i++) all_ok = m->all[i].ok;
+  /* A rank whose own buffers do not qualify knows the answer: it posts its
+   * "no" and goes on without waiting for anybody (the common case, malloc'd
+   * buffers, costs one line written); the others read it and follow. */
+  int all_ok = mine.ok;
+  if (!all_ok) {
+    NCCLCHECK(direct_shm_post(comm, &mine, sizeof(mine)));
+  } else {
+    NCCLCHECK(direct_shm_share(comm, &mine, sizeof(mine), m->all));
+    for (int i = 0; i < comm->nranks && all_ok; i++) all_ok = m->all[i].ok;
+  }
   if (all_ok) return mapped_run(a, m);
   if (!m->fallback_logged) {
     m->fallback_logged = 1;
     int i = 0;
-    while (i < comm->nranks && m->all[i].ok) i++;
+    if (!mine.ok) i = comm->rank;
+    else
+      while (i < comm->nranks && m->all[i].ok) i++;
     INFO(LOG_TUNING,
          "rank %d: mapped allreduce of %zu bytes: rank %d's buffers are not host memory from ncclMemAlloc; another "
          "algorithm runs instead (logged once)",
