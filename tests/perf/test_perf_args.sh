@@ -94,6 +94,13 @@ run 0 "one rank, -n 1 -w 4 -M 200: runs" -- env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSY
 check "... the header names the minimum time" -- grep -q '^# min time per size: 200 ms' "$tmp/out"
 check "... far more calls than -n asks for" -- test "$(calls)" -gt 80
 
+# -R: 0 or 1; 1 allocates with ncclMemAlloc (host memory without a GPU).
+run 2 "-R 2 is refused" -- "$PERF" all_reduce -R 2
+check "... and says why" -- grep -q "invalid -R/--local_register" "$tmp/err"
+run 0 "one rank, -R 1: ncclMemAlloc'd buffers, checked" -- env COLLIE_MEMALLOC=host "$PERF" all_reduce -b 8 -e 1M -f 8 -n 2 -w 1 -c 1 -R 1
+check "... no wrong results" -- grep -q "Out of bounds values : 0 OK" "$tmp/out"
+check "... the rank line names the allocator" -- grep -q "ncclMemAlloc" "$tmp/out"
+
 # The operation from the program's name, as with nccl-tests' binaries.
 ln -s "$PERF" "$tmp/all_gather_perf"
 run 0 "all_gather_perf -h exits 0" -- "$tmp/all_gather_perf" -h
