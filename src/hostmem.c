@@ -26,9 +26,11 @@ static int nlist, caplist;
 
 int hostmem_wanted(void) {
   const char* s = param_str(P_COLLIE_MEMALLOC);
-  if (s && strcmp(s, "host") == 0) return 1;
-  if (s && strcmp(s, "device") == 0) return 0;
-  return device_count() == 0;
+  if (strcmp(s, "host") == 0) return 1;
+  if (strcmp(s, "device") == 0) return 0;
+  if (strcmp(s, "auto") == 0) return device_count() == 0;
+  err_set(ncclInvalidArgument, "COLLIE_MEMALLOC=\"%s\": expected auto, host or device", s);
+  return -1;
 }
 
 ncclResult_t hostmem_alloc(void** p, size_t size) {
@@ -77,8 +79,7 @@ int hostmem_free(void* p) {
     pthread_mutex_unlock(&mu);
     /* Peers that mapped it keep a mapping until they drop it: give its
      * pages back now (nobody may touch it after the owner frees it). */
-    if (ftruncate(a.seg.fd, 0) != 0) { /* the pages then go with the last mapping */
-    }
+    (void)!ftruncate(a.seg.fd, 0); /* failing, the pages go with the last mapping */
     shmseg_free(&a.seg);
     return 1;
   }

@@ -23,8 +23,9 @@ struct hostmem_ref {
   uint64_t off;
 };
 
-/* Whether ncclMemAlloc hands out host memory here: COLLIE_MEMALLOC=host, or
- * auto (default) without a CUDA device. */
+/* Whether ncclMemAlloc hands out host memory here: 1 with COLLIE_MEMALLOC=host
+ * or auto (default) without a CUDA device, 0 for device memory, -1 (and the
+ * error set) for a value that is none of auto, host, device. */
 int hostmem_wanted(void);
 /* A zeroed, page-aligned shared allocation of `size` bytes (> 0). */
 ncclResult_t hostmem_alloc(void** p, size_t size);

@@ -110,9 +110,7 @@ static const char* perf_collie_last_error(void* vctx) { return ((struct collie_c
 /* -R 1: ncclMemAlloc's host memory, which the ranks of a host map (the
  * mapped allreduce). */
 static int perf_collie_mem_alloc(void* vctx, void** p, size_t bytes) {
-  struct collie_ctx* c = vctx;
-  c->mem = "host memory from ncclMemAlloc";
-  return TRY(c, ncclMemAlloc, p, bytes);
+  return TRY((struct collie_ctx*)vctx, ncclMemAlloc, p, bytes);
 }
 static void perf_collie_mem_free(void* vctx, void* p) { (void)TRY((struct collie_ctx*)vctx, ncclMemFree, p); }
 
@@ -172,7 +170,6 @@ int main(int argc, char** argv) {
 
   struct collie_ctx ctx;
   memset(&ctx, 0, sizeof(ctx));
-  ctx.mem = "host memory";
   int used_mpi = 0;
   if (make_comm(&ctx, &used_mpi)) {
     fprintf(stderr, "%s: cannot create the communicator: %s\n", TOOL, ctx.err);
@@ -213,8 +210,8 @@ int main(int argc, char** argv) {
       .last_error = perf_collie_last_error,
       .mem_alloc = perf_collie_mem_alloc,
       .mem_free = perf_collie_mem_free,
-      .mem_name = "host memory from ncclMemAlloc",
   };
+  ctx.mem = args.local_register ? "host memory from ncclMemAlloc" : "host memory";
   rc = perf_main(&args, &b);
 
 done:

@@ -896,7 +896,7 @@ int perf_main(const struct perf_args* a, const struct perf_backend* b) {
   if (gethostname(host, sizeof(host)) != 0) snprintf(host, sizeof(host), "?");
   host[sizeof(host) - 1] = '\0';
   perf_format_rank_line(mine, b->rank, (int)getpid(), host,
-                        a->local_register && b->mem_name ? b->mem_name : "host memory");
+                        a->local_register ? "host memory from the library's allocator" : "host memory");
   char* lines = calloc((size_t)b->nranks, PERF_LINE_LEN);
   if (!lines) {
     fprintf(stderr, "%s: out of memory\n", b->tool);

@@ -117,7 +117,6 @@ struct perf_backend {
    * ranks of a host can map). Not collective. */
   int (*mem_alloc)(void* ctx, void** p, size_t bytes);
   void (*mem_free)(void* ctx, void* p);
-  const char* mem_name; /* how the rank lines describe such buffers */
 };
 
 /* perf_parse_args results (also the exit status to use on return). */

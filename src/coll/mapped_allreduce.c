@@ -29,16 +29,6 @@
 #include "../hostmem.h"
 #include "../transport/shmseg.h"
 
-/* What runs where the buffers do not qualify: the row the tuner would have
- * picked without this one. */
-static ncclResult_t run_instead(struct coll_args* a) {
-  struct plan p;
-  NCCLCHECK(tuning_plan_but(a, ALGO_MAPPED, &p));
-  a->chunk = p.chunk;
-  a->out_far = p.out_far && !coll_in_place(a);
-  return p.algo->run(a, &p);
-}
-
 /* Per rank and call: where its two buffers lie (ok 0: not both in host memory from ncclMemAlloc). */
 struct map_desc {
   int32_t ok;
@@ -67,7 +57,30 @@ struct mapped_state {
   int map_warned; /* a peer's buffer could not be mapped (warned once) */
   struct map_desc* all; /* nranks descriptors */
   char* scratch;        /* one block of results, reduced here then copied out */
+  /* The plan the tuner makes without this row, for the last call shape that
+   * needed it (a program with malloc'd buffers needs it in every call). */
+  struct {
+    int valid;
+    ncclDataType_t dt;
+    size_t count;
+    struct plan p;
+  } other;
 };
+
+/* What runs where the buffers do not qualify: the row the tuner would have
+ * picked without this one. */
+static ncclResult_t run_instead(struct coll_args* a, struct mapped_state* m) {
+  if (!m->other.valid || m->other.count != a->count || m->other.dt != a->dt) {
+    NCCLCHECK(tuning_plan_but(a, ALGO_MAPPED, &m->other.p));
+    m->other.valid = 1;
+    m->other.count = a->count;
+    m->other.dt = a->dt;
+  }
+  const struct plan* p = &m->other.p;
+  a->chunk = p->chunk;
+  a->out_far = p->out_far && !coll_in_place(a);
+  return p->algo->run(a, p);
+}
 
 /* Results reduced per block: they stay in the first-level cache between the
  * reduction and the n copies out of it; the non-temporal copies are fenced
@@ -168,7 +181,7 @@ static void describe(const struct coll_args* a, size_t bytes, struct map_desc* d
 static ncclResult_t mapped_run(struct coll_args* a, struct mapped_state* m) {
   struct ncclComm* comm = a->comm;
   int n = comm->nranks, me = comm->rank;
-  size_t esz = dtype_size(a->dt), bytes = a->count * esz;
+  size_t esz = dtype_size(a->dt);
   const char* src[64];
   char* dst[64];
   int32_t ok = 1;
@@ -200,7 +213,7 @@ static ncclResult_t mapped_run(struct coll_args* a, struct mapped_state* m) {
   int32_t oks[64];
   NCCLCHECK(direct_shm_share(comm, &ok, sizeof(ok), oks));
   for (int i = 0; i < n; i++)
-    if (!oks[i]) return run_instead(a);
+    if (!oks[i]) return run_instead(a, m);
   size_t seg = (a->count + (size_t)n - 1) / (size_t)n;
   size_t lo = COLLIE_MIN(a->count, (size_t)me * seg), hi = COLLIE_MIN(a->count, lo + seg);
   size_t blk = BLOCK_BYTES / esz;
@@ -218,7 +231,6 @@ static ncclResult_t mapped_run(struct coll_args* a, struct mapped_state* m) {
       for (int i = 0; i < n; i++) memcpy(dst[i] + off * esz, m->scratch, c * esz);
     }
   }
-  (void)bytes;
   if (a->out_far) red_far_fence();
   /* Nobody returns while a peer may still read its send buffer or write its receive buffer. */
   return direct_shm_share(comm, &ok, sizeof(ok), NULL);
@@ -256,7 +268,7 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
          "algorithm runs instead (logged once)",
          comm->rank, bytes, i);
   }
-  return run_instead(a);
+  return run_instead(a, m);
 }
 
 /* One host whose ranks share memory, at most 64 of them, from
@@ -272,7 +284,8 @@ static int eligible(const struct coll_args* a) {
  * buffer once: 2 x bytes of traffic a rank, at the copy rate (one copy is a
  * read and a write). Below the ring's 2(n-1)/n x bytes of copies plus what
  * its slots add, so from COLLIE_MAPPED's size on the tuner takes this row;
- * where the buffers do not qualify it costs the other rows one exchange more. */
+ * where the buffers do not qualify it costs the other rows a posted line (and,
+ * on ranks whose buffers do qualify, the wait for every rank's line). */
 static double estimate(const struct coll_args* a, const struct tune_cost* c) {
   double bytes = (double)a->count * (double)dtype_size(a->dt);
   return 3.0 * 0.7 * c->link.alpha_us + 0.5 * bytes / c->link.bw;

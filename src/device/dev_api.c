@@ -14,7 +14,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
 #include "../comm.h"
@@ -32,11 +31,9 @@ NCCL_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size);
 ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
   if (ptr == NULL) return err_set(ncclInvalidArgument, "ncclMemAlloc: ptr is NULL");
   if (size == 0) return err_set(ncclInvalidArgument, "ncclMemAlloc: size is 0");
-  const char* how = param_str(P_COLLIE_MEMALLOC);
-  if (how && strcmp(how, "auto") != 0 && strcmp(how, "host") != 0 && strcmp(how, "device") != 0)
-    return err_set(ncclInvalidArgument, "COLLIE_MEMALLOC=\"%s\": expected auto, host or device", how);
-  if (hostmem_wanted()) return hostmem_alloc(ptr, size);
-  return device_mem_alloc(ptr, size);
+  int host = hostmem_wanted();
+  if (host < 0) return ncclInvalidArgument;
+  return host ? hostmem_alloc(ptr, size) : device_mem_alloc(ptr, size);
 }
 
 NCCL_API(ncclResult_t, ncclMemFree, void* ptr);
