@@ -319,11 +319,15 @@ static int rank_mapped(int rank, int nranks, const ncclUniqueId* ids, int nids, 
     MP_NCCL(ncclMemFree(s));
     MP_NCCL(ncclMemFree(r));
   }
-  /* Rank 1's receive buffer is not ncclMemAlloc's: all take the ring. */
+  /* Rank 1's receive buffer is not ncclMemAlloc's: all take the ring, and
+   * nobody maps the new allocations. */
   MP_NCCL(ncclMemAlloc((void**)&s, cap));
   float* r2 = rank == 1 ? malloc(cap) : NULL;
   MP_NCCL(ncclMemAlloc((void**)&r, cap));
+  int maps = mapped_peer_maps(comm);
   if (mapped_round(comm, rank, nranks, s, rank == 1 ? r2 : r, counts[3], 0)) return 1;
+  MP_CHECK(mapped_peer_maps(comm) == maps, "%d peer buffers mapped, %d before, though rank 1's was malloc'd",
+           mapped_peer_maps(comm), maps);
   MP_NCCL(ncclMemFree(s));
   MP_NCCL(ncclMemFree(r));
   free(r2);
