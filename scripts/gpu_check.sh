@@ -9,8 +9,10 @@
 #           it collie is built into build-gpu and bundled into build-gpu/bundle
 #           (client binaries only if CLIENT_BIN names a folder of them).
 # Environment:
-#   LOGDIR  where each check's log goes (default: $OUT/.. or ./gpu-logs); the
-#           logs are packed into $RESULTS_DIR/gpu-logs.tgz at the end
+#   LOGDIR  where each check's log goes (default: $OUT/logs on the device
+#           machine, so the logs come back even when the call is cut short,
+#           else /tmp/collie-gpu-logs); they are also packed into
+#           $RESULTS_DIR/gpu-logs.tgz at the end
 #   PHASES  which phases run (default "env tests extra sanitize clients torch perf mps")
 #   QUICK=1 shorter sweeps (each check keeps its own time limit)
 #   TORCH_ARGS  extra arguments for tests/gpu/torch_nccl.py (e.g. --quick)
@@ -34,6 +36,7 @@ if [ -z "$prefix" ]; then
 fi
 prefix=$(cd "$prefix" && pwd)
 results_dir=${RESULTS_DIR:-${OUT:-$here/gpu-logs}}
+LOGDIR=${LOGDIR:-${OUT:+$OUT/logs}}
 LOGDIR=${LOGDIR:-/tmp/collie-gpu-logs}
 PHASES=${PHASES:-env tests extra sanitize clients torch perf mps}
 DEADLINE=${DEADLINE:-1500}
@@ -60,6 +63,10 @@ pack() {
 trap 'pack; exit 1' INT TERM
 
 # check NAME LIMIT_S CMD...: runs CMD with its output in LOGDIR/NAME.log.
+# Every process it starts carries COLLIE_GPU_CHECK=NAME in its environment;
+# whatever of them is still alive when the check ends (a rank its parent
+# left behind, in its own session) is killed, so that no orphan keeps a GPU
+# context or an MPS client open for the checks after it.
 check() {
   local name=$1 limit=$2
   shift 2
@@ -71,9 +78,10 @@ check() {
   fi
   [ "$limit" -gt "$left" ] && limit=$left
   t0=$(date +%s.%N)
-  timeout -k 5 "$limit" "$@" >"$LOGDIR/$name.log" 2>&1
+  COLLIE_GPU_CHECK=$name CHECK_LIMIT=$limit timeout -k 5 "$limit" "$@" >"$LOGDIR/$name.log" 2>&1
   rc=$?
   t1=$(date +%s.%N)
+  reap "$name" >>"$LOGDIR/$name.log"
   case $rc in
     0) status=PASS ;;
     77) status=SKIP ;;
@@ -83,6 +91,18 @@ check() {
   printf '%-34s %-10s %7.1f s\n' "$name" "$status" "$(awk "BEGIN{print $t1 - $t0}")" | tee -a "$table"
   [ "$status" = PASS ] || tail -n 15 "$LOGDIR/$name.log" | sed "s/^/    [$name] /"
   return 0
+}
+# reap NAME: kills the processes a check left behind (see check).
+reap() {
+  local p pid n=0
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    [ "$pid" = $$ ] && continue
+    if tr '\0' '\n' 2>/dev/null <"$p/environ" | grep -qx "COLLIE_GPU_CHECK=$1"; then
+      kill -KILL "$pid" 2>/dev/null && n=$((n + 1))
+    fi
+  done
+  [ "$n" = 0 ] || echo "gpu_check: killed $n process(es) left behind by $1"
 }
 
 # NVIDIA's NCCL for the baselines: the one PyTorch ships, else the toolkit's.
@@ -94,20 +114,31 @@ nvidia_nccl() {
     [ -e "$d/libnccl.so.2" ] && { echo "$d/libnccl.so.2"; return; }
   done
 }
-alias_dir=$LOGDIR/../collie-gpu-nccl-alias
+alias_dir=/tmp/collie-gpu-nccl-alias
 mkdir -p "$alias_dir"
 real_nccl=$(nvidia_nccl)
 [ -n "$real_nccl" ] && ln -sf "$real_nccl" "$alias_dir/libcollie.so.0"
 
 phase() { [[ " $PHASES " == *" $1 "* ]]; }
 
+# MPS: one control daemon per pipe folder. One left running by an earlier
+# run on this machine is used as it is; stopping is bounded (quit waits for
+# every client, and a client that never ends would hold it forever).
 mps_start() {
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/collie-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/collie-mps-log
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d >"$LOGDIR/mps_start.log" 2>&1
+  if [ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ] &&
+    echo get_server_list | timeout 10 nvidia-cuda-mps-control >"$LOGDIR/mps_start.log" 2>&1; then
+    echo "(an MPS control daemon was already running; used as it is)" >>"$LOGDIR/mps_start.log"
+    return 0
+  fi
+  timeout 20 nvidia-cuda-mps-control -d >"$LOGDIR/mps_start.log" 2>&1
 }
 mps_stop() {
-  echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+  if ! echo quit | timeout 15 nvidia-cuda-mps-control >/dev/null 2>&1; then
+    echo "gpu_check: the MPS daemon did not quit within 15 s; killed" | tee -a "$LOGDIR/mps_start.log"
+    pkill -KILL -f nvidia-cuda-mps 2>/dev/null
+  fi
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 }
 
@@ -193,7 +224,7 @@ run_torch() {
       # Every call collie sees, per process, for the next reader of a failure.
       check "torch_nccl_${n}" 240 env LD_PRELOAD="$lib/libnccl.so.2" PYTHONUNBUFFERED=1 \
         NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL,P2P NCCL_DEBUG_FILE="$LOGDIR/torch_nccl_${n}.%h.%p.nccl" \
-        $py "$here/tests/gpu/torch_nccl.py" --nprocs "$n" --backend nccl --device cuda ${TORCH_ARGS:-}
+        $py "$here/tests/gpu/torch_nccl.py" --nprocs "$n" --backend nccl --device cuda --timeout 180 ${TORCH_ARGS:-}
     done
     # Which NCCL functions PyTorch imports, and which of them collie does not export.
     $py - >"$LOGDIR/torch_nccl_symbols.log" 2>&1 <<EOF

@@ -146,20 +146,39 @@ static void job_free(struct dev_job* j) {
   free(j);
 }
 
-/* Polls a stream (never blocks in the driver: the abort flag stays checked
- * and no core is burnt: yield, then sleep). */
-static ncclResult_t stream_wait(struct dev_state* d, cudaStream_t s) {
+/* Polls a stream (never blocks in the driver: the abort flag and the
+ * communicator's failure record stay checked and no core is burnt: yield,
+ * then sleep). A copy still pending after DEV_STALL_S says so once, naming
+ * it: on a GPU a stall here is otherwise silent. */
+#define DEV_STALL_S 10
+static ncclResult_t stream_wait(struct dev_state* d, cudaStream_t s, const char* what) {
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int said = 0;
   for (int it = 0;; it++) {
     cudaError_t e = cudaStreamQuery(s);
     if (e == cudaSuccess) return ncclSuccess;
-    if (e != cudaErrorNotReady) return cuda_err(e, "a staging copy");
+    if (e != cudaErrorNotReady) return cuda_err(e, what);
     if (__atomic_load_n(&d->comm->abort_flag, __ATOMIC_ACQUIRE))
       return err_set(ncclInvalidUsage, "device path: the communicator was aborted");
+    ncclResult_t failed = __atomic_load_n(&d->comm->async_error, __ATOMIC_ACQUIRE);
+    if (failed != ncclSuccess && failed != ncclInProgress)
+      return err_set(failed, "device path: the communicator failed while %s was pending", what);
     if (it < 64) {
       sched_yield();
-    } else {
-      struct timespec ts = {0, 20000};
-      nanosleep(&ts, NULL);
+      continue;
+    }
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+    if (!said && (it & 1023) == 0) {
+      struct timespec t1;
+      clock_gettime(CLOCK_MONOTONIC, &t1);
+      if (t1.tv_sec - t0.tv_sec >= DEV_STALL_S) {
+        said = 1;
+        WARN("device path: rank %d: %s has not completed after %d s (it waits for the work queued before "
+             "the call on the user's stream, and for the GPU); still waiting",
+             d->comm->rank, what, DEV_STALL_S);
+      }
     }
   }
 }
@@ -240,7 +259,7 @@ static ncclResult_t job_run(struct dev_state* d, struct dev_job* j) {
     res = cuda_err(e, "cudaMemcpyAsync (device to staging)");
     goto out;
   }
-  NCCLCHECKGOTO(stream_wait(d, d->s), res, out);
+  NCCLCHECKGOTO(stream_wait(d, d->s, "the copy of the inputs to host staging"), res, out);
   for (int i = 0; i < j->n; i++) {
     struct coll_args* a = &j->a[i];
     if (scalar_off[i] != (size_t)-1) {
@@ -264,7 +283,7 @@ static ncclResult_t job_run(struct dev_state* d, struct dev_job* j) {
     res = cuda_err(e, "cudaMemcpyAsync (staging to device)");
     goto out;
   }
-  res = stream_wait(d, d->s);
+  res = stream_wait(d, d->s, "the copy of the results from host staging");
 out:
   free(st);
   free(scalar_off);

@@ -100,6 +100,20 @@ def parent(args):
     child_argv = [sys.executable, os.path.abspath(__file__), "--child",
                   "--results", workdir] + args.passthrough
     procs = []
+
+    # Each child runs in its own session (so that it can be killed with
+    # everything it started); a parent stopped from outside (a harness's
+    # time limit) takes them down with it instead of leaving them running.
+    def stop_children(signum, frame):
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        sys.exit(128 + signum)
+    signal.signal(signal.SIGTERM, stop_children)
+    signal.signal(signal.SIGINT, stop_children)
     t0 = time.time()
     for r in range(nprocs):
         e = dict(env)
