@@ -70,6 +70,30 @@ typedef struct {
  */
 ncclResult_t collie_comm_peer_info(ncclComm_t comm, int rank, collie_peer_info_t* info);
 
+/**
+ * @brief Where rank `rank`'s part of a memory window lies in this process.
+ *
+ * Host windows are a collie extension of ncclCommWindowRegister: a range of
+ * host memory from ncclMemAlloc (what it returns without a CUDA device, or
+ * with COLLIE_MEMALLOC=host) that every rank registers in one collective
+ * call. Each rank then maps the windows of the ranks on its own host, and
+ * this call gives the address of one of them, as MPI_Win_shared_query does:
+ * loads and stores through it reach the peer's memory directly (order them
+ * with a collective, e.g. a one-element ncclAllReduce, as with
+ * MPI_Win_sync + a barrier). Valid until ncclCommWindowDeregister.
+ *
+ * @param [in]  comm  the communicator the window was registered with
+ * @param [in]  win   the window (from ncclCommWindowRegister)
+ * @param [in]  rank  0..ncclCommCount-1; this rank gives its own buffer
+ * @param [out] ptr   the address of that rank's window here
+ * @param [out] size  (may be NULL) the size that rank registered
+ * @return ncclSuccess; ncclInvalidArgument for a bad comm, window, rank or
+ *         ptr; ncclInvalidUsage if `rank` runs on another host (nothing is
+ *         mapped; *ptr is NULL).
+ * Thread-safe while the window stays registered.
+ */
+ncclResult_t collie_window_peer_ptr(ncclComm_t comm, ncclWindow_t win, int rank, void** ptr, size_t* size);
+
 
 /* ------------------------------------------------------------------------ */
 /* Engine: Horovod-style named, asynchronous collectives (src/engine).       */

@@ -81,6 +81,7 @@ struct ncclComm {
   int min_ch, max_ch;     /* NCCL_MIN_CTAS / NCCL_MAX_CTAS or the config, clamped to 1..MAX_CHANNELS */
   struct direct_state* direct; /* coll/direct_shm.c mailboxes, set up on first use */
   struct mapped_state* mapped; /* coll/mapped_allreduce.c: peers' buffers mapped, set up on first use */
+  struct ncclWindow_vidmem* windows; /* window.c: live memory windows (ncclCommWindowRegister) */
   int64_t spin_ns; /* how long a waiter polls before it yields, then sleeps (COLLIE_SPIN) */
   /* Reduction operators created with ncclRedOpCreatePreMulSum, by handle - ncclNumOps. */
   struct user_redop* redops;
@@ -138,6 +139,8 @@ static inline int comm_keep_polling(const struct ncclComm* comm, int it, int64_t
 /* NULL or a handle that is not a live communicator -> ncclInvalidArgument
  * with a message naming `fn`. */
 ncclResult_t comm_check(ncclComm_t comm, const char* fn);
+/* window.c: unmaps and frees the communicator's windows left registered. */
+void window_free_all(struct ncclComm* comm);
 /* The range registered with ncclCommRegister that holds [p, p+bytes), if
  * any: 1 and [*lo, *hi), else 0. Thread-safe (device/dev_api.c). */
 int comm_reg_lookup(struct ncclComm* comm, const void* p, size_t bytes, uintptr_t* lo, uintptr_t* hi);

@@ -272,6 +272,7 @@ static void comm_release(ncclComm_t comm) {
          comm->rank, (unsigned long long)comm->unpair_moves);
   comm->unpair_moves = 0;
   mapped_free(comm);
+  window_free_all(comm);
   direct_free(comm);
   transport_close_all(comm);
   rings_free(comm);

@@ -5,36 +5,11 @@
  * when its module implements it. Uses err_set from core.h (errors.c). */
 #include "core.h"
 
-/* Why each group of functions is missing; the text ends up in
- * ncclGetLastError and in the WARN log line. */
-#define WHY_REG "window registration (symmetric memory) is not implemented by collie's device path yet"
-
+/* `why` says what is missing; the text ends up in ncclGetLastError and in
+ * the WARN log line. */
 static ncclResult_t not_yet(const char* fn, const char* why) {
   return err_set(ncclInvalidUsage, "%s: not implemented yet in collie %d.%d (%s)", fn,
                  COLLIE_VERSION_MAJOR, COLLIE_VERSION_MINOR, why);
-}
-
-/* ---- Registration windows (symmetric memory) ---------------------------- */
-/* ncclMemAlloc/ncclMemFree and ncclCommRegister/ncclCommDeregister live in
- * src/device/dev_api.c. */
-
-NCCL_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t size,
-         ncclWindow_t* win, int winFlags);
-ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win,
-                                    int winFlags) {
-  (void)comm;
-  (void)buff;
-  (void)size;
-  (void)win;
-  (void)winFlags;
-  return not_yet(__func__, WHY_REG);
-}
-
-NCCL_API(ncclResult_t, ncclCommWindowDeregister, ncclComm_t comm, ncclWindow_t win);
-ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
-  (void)comm;
-  (void)win;
-  return not_yet(__func__, WHY_REG);
 }
 
 /* ---- The device API (nccl_device/core.h, NCCL 2.28) --------------------- */

@@ -487,8 +487,41 @@ static void test_stubs(void** state) {
   EXPECT_OK(ncclCommRegister(c, buf, sizeof(buf), &handle));
   EXPECT_OK(ncclCommDeregister(c, handle));
   EXPECT_ERR(ncclCommDeregister(c, handle), ncclInvalidArgument, "ncclCommDeregister");
+  /* Windows (src/window.c): host memory from ncclMemAlloc only; a stack buffer is refused, on every path. */
   EXPECT_ERR(ncclCommWindowRegister(c, buf, sizeof(buf), &win, 0), ncclInvalidUsage, "ncclCommWindowRegister");
-  EXPECT_ERR(ncclCommWindowDeregister(c, win), ncclInvalidUsage, "ncclCommWindowDeregister");
+  assert_null(win);
+  EXPECT_ERR(ncclCommWindowRegister(c, buf, sizeof(buf), NULL, 0), ncclInvalidArgument, "ncclCommWindowRegister");
+  EXPECT_ERR(ncclCommWindowRegister(c, buf, 0, &win, 0), ncclInvalidArgument, "ncclCommWindowRegister");
+  EXPECT_ERR(ncclCommWindowRegister(c, NULL, 64, &win, 0), ncclInvalidArgument, "ncclCommWindowRegister");
+  EXPECT_ERR(ncclCommWindowRegister(c, buf, sizeof(buf), &win, 7), ncclInvalidArgument, "winFlags");
+  EXPECT_ERR(ncclCommWindowRegister(NULL, buf, sizeof(buf), &win, 0), ncclInvalidArgument, "ncclCommWindowRegister");
+  EXPECT_ERR(ncclCommWindowDeregister(c, win), ncclInvalidArgument, "ncclCommWindowDeregister");
+  EXPECT_ERR(ncclCommWindowDeregister(c, (ncclWindow_t)buf), ncclInvalidArgument, "ncclCommWindowDeregister");
+  void* wmem = NULL;
+  if (ncclMemAlloc(&wmem, 3 * 4096) == ncclSuccess) {
+    /* Without a GPU that is host memory: a one-rank window works. */
+    void* q = NULL;
+    size_t qsize = 0;
+    EXPECT_ERR(ncclCommWindowRegister(c, (char*)wmem + 8, 4096, &win, NCCL_WIN_COLL_SYMMETRIC), ncclInvalidArgument,
+               "multiple of 4096");
+    EXPECT_ERR(ncclCommWindowRegister(c, (char*)wmem + 4096, 3 * 4096, &win, 0), ncclInvalidUsage,
+               "does not lie within");
+    EXPECT_OK(ncclCommWindowRegister(c, (char*)wmem + 4096, 8192, &win, NCCL_WIN_COLL_SYMMETRIC));
+    assert_non_null(win);
+    EXPECT_OK(collie_window_peer_ptr(c, win, 0, &q, &qsize));
+    assert_ptr_equal(q, (char*)wmem + 4096);
+    assert_int_equal(qsize, 8192);
+    EXPECT_ERR(collie_window_peer_ptr(c, win, 1, &q, NULL), ncclInvalidArgument, "collie_window_peer_ptr");
+    assert_null(q);
+    EXPECT_ERR(collie_window_peer_ptr(c, win, 0, NULL, NULL), ncclInvalidArgument, "collie_window_peer_ptr");
+    ncclWindow_t win2 = NULL;
+    EXPECT_OK(ncclCommWindowRegister(c, (char*)wmem + 8, 100, &win2, 0)); /* default windows need no alignment */
+    EXPECT_OK(ncclCommWindowDeregister(c, win));
+    EXPECT_ERR(ncclCommWindowDeregister(c, win), ncclInvalidArgument, "ncclCommWindowDeregister");
+    EXPECT_ERR(collie_window_peer_ptr(c, win, 0, &q, NULL), ncclInvalidArgument, "collie_window_peer_ptr");
+    (void)win2; /* left registered: ncclCommDestroy frees it */
+    win = NULL;
+  }
   char devcomm[256] = {0};
   EXPECT_ERR(ncclDevCommCreate(c, devcomm, devcomm), ncclInvalidUsage, "ncclDevCommCreate");
   EXPECT_ERR(ncclDevCommDestroy(c, devcomm), ncclInvalidUsage, "ncclDevCommDestroy");
@@ -517,6 +550,7 @@ static void test_stubs(void** state) {
   EXPECT_OK(ncclAllReduce(in, buf, 4, ncclFloat, ncclSum, c, NULL));
   assert_memory_equal(buf, in, sizeof(in));
   EXPECT_OK(ncclCommDestroy(c));
+  if (wmem) EXPECT_OK(ncclMemFree(wmem));
 }
 
 /* --------------------------------------------------------------- collectives: arguments */

@@ -19,6 +19,7 @@
 #include <dirent.h>
 
 #include "coll/coll.h"
+#include "collie.h"
 #include "comm.h"
 #include "device/reduce.h"
 #include "hostmem.h"
@@ -336,6 +337,95 @@ static int rank_mapped(int rank, int nranks, const ncclUniqueId* ids, int nids, 
   MP_CHECK(ncclMemFree(&x) == ncclInvalidArgument, "ncclMemFree of a stack address did not fail");
   MP_CHECK(hostmem_count() == 0, "%d host allocations left", hostmem_count());
   MP_NCCL(ncclCommDestroy(comm));
+  int fds1 = count_fds();
+  MP_CHECK(fds0 == fds1, "%d fds before, %d after", fds0, fds1);
+  return 0;
+}
+
+/* Memory windows over host memory (src/window.c). Every rank fills its
+ * window, registers it (symmetric), reads every peer's window of its host in
+ * place, writes one float into each of them (a one-sided put), and after a
+ * collective finds the peers' floats in its own. Registration is all or
+ * nothing: a rank with a malloc'd buffer, symmetric sizes or flags that
+ * differ give every rank the same error and no window, and the communicator
+ * goes on. A window left registered is freed by ncclCommDestroy; no fd and
+ * no allocation is left. arg non-NULL: ranks 2k and 2k+1 share a host
+ * (NCCL_HOSTID), so a peer on another host has nothing mapped. */
+#define WIN_FLOATS 4096
+static int win_sync(ncclComm_t comm) {
+  float one = 1, all = 0;
+  return ncclAllReduce(&one, &all, 1, ncclFloat, ncclSum, comm, NULL) != ncclSuccess;
+}
+static int rank_window(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  char host[32];
+  if (arg) {
+    snprintf(host, sizeof(host), "winhost%d", rank / 2);
+    setenv("NCCL_HOSTID", host, 1);
+  }
+  int fds0 = count_fds();
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  size_t bytes = (WIN_FLOATS + 64) * sizeof(float);
+  bytes = (bytes + 4095) & ~(size_t)4095;
+  float* w = NULL;
+  MP_NCCL(ncclMemAlloc((void**)&w, 2 * bytes));
+  for (int i = 0; i < WIN_FLOATS; i++) w[i] = (float)(rank * 10000 + i);
+  ncclWindow_t win = NULL;
+  MP_NCCL(ncclCommWindowRegister(comm, w, bytes, &win, NCCL_WIN_COLL_SYMMETRIC));
+  MP_CHECK(win != NULL, "no window");
+  /* Every peer filled its window before it registered it. */
+  for (int p = 0; p < nranks; p++) {
+    float* q = NULL;
+    size_t qs = 0;
+    ncclResult_t r = collie_window_peer_ptr(comm, win, p, (void**)&q, &qs);
+    int same = !arg || p / 2 == rank / 2;
+    if (!same) {
+      MP_CHECK(r == ncclInvalidUsage && q == NULL, "rank %d on another host: %s, %p", p, ncclGetErrorString(r),
+               (void*)q);
+      continue;
+    }
+    MP_CHECK(r == ncclSuccess && q != NULL, "rank %d's window: %s", p, ncclGetErrorString(r));
+    MP_CHECK(qs == bytes, "rank %d's window is %zu bytes, registered %zu", p, qs, bytes);
+    if (p == rank) MP_CHECK(q == w, "own window at %p, buffer at %p", (void*)q, (void*)w);
+    for (int i = 0; i < WIN_FLOATS; i++)
+      MP_CHECK(q[i] == (float)(p * 10000 + i), "rank %d's window [%d] = %g", p, i, q[i]);
+    q[WIN_FLOATS + rank] = (float)rank + 0.5f; /* one float into each window of the host, own included */
+  }
+  MP_CHECK(win_sync(comm) == 0, "sync: %s", ncclGetLastError(comm));
+  for (int p = 0; p < nranks; p++) {
+    int same = !arg || p / 2 == rank / 2;
+    float want = same ? (float)p + 0.5f : 0.0f;
+    MP_CHECK(w[WIN_FLOATS + p] == want, "slot of rank %d holds %g, expected %g", p, w[WIN_FLOATS + p], want);
+  }
+  /* A collective on window memory. */
+  MP_NCCL(ncclAllReduce(w, w + WIN_FLOATS / 2, WIN_FLOATS / 4, ncclFloat, ncclSum, comm, NULL));
+  for (int i = 0; i < WIN_FLOATS / 4; i++) {
+    double want = 0;
+    for (int p = 0; p < nranks; p++) want += p * 10000.0 + i;
+    MP_CHECK(w[WIN_FLOATS / 2 + i] == (float)want, "allreduce on the window [%d] = %g, expected %g", i,
+             w[WIN_FLOATS / 2 + i], want);
+  }
+  /* All or nothing. */
+  ncclWindow_t bad = NULL;
+  float* m = malloc(bytes);
+  ncclResult_t r = ncclCommWindowRegister(comm, rank == 1 ? (void*)m : (void*)(w + bytes / sizeof(float)), bytes,
+                                          &bad, 0);
+  MP_CHECK(r == ncclInvalidUsage && bad == NULL, "rank 1's malloc'd buffer: %s", ncclGetErrorString(r));
+  free(m);
+  r = ncclCommWindowRegister(comm, (char*)w + bytes, rank == 0 ? 8192 : 4096, &bad, NCCL_WIN_COLL_SYMMETRIC);
+  MP_CHECK(r == ncclInvalidArgument && bad == NULL, "symmetric sizes that differ: %s", ncclGetErrorString(r));
+  r = ncclCommWindowRegister(comm, (char*)w + bytes, 4096, &bad, rank == 0 ? NCCL_WIN_COLL_SYMMETRIC : 0);
+  MP_CHECK(r == ncclInvalidArgument && bad == NULL, "flags that differ: %s", ncclGetErrorString(r));
+  MP_CHECK(win_sync(comm) == 0, "the communicator after failed registrations: %s", ncclGetLastError(comm));
+  /* A second window, left registered for ncclCommDestroy. */
+  ncclWindow_t win2 = NULL;
+  MP_NCCL(ncclCommWindowRegister(comm, (char*)w + bytes + 64, 1000, &win2, 0));
+  MP_NCCL(ncclCommWindowDeregister(comm, win));
+  MP_CHECK(ncclCommWindowDeregister(comm, win) == ncclInvalidArgument, "a window deregistered twice");
+  MP_NCCL(ncclCommDestroy(comm));
+  MP_NCCL(ncclMemFree(w));
+  MP_CHECK(hostmem_count() == 0, "%d host allocations left", hostmem_count());
   int fds1 = count_fds();
   MP_CHECK(fds0 == fds1, "%d fds before, %d after", fds0, fds1);
   return 0;
@@ -682,6 +772,13 @@ int main(int argc, char** argv) {
     double t0 = mp_now();
     int rc = mp_run(n, rank_mapped, NULL, 600);
     fprintf(stderr, "%s mapped allreduce, %d ranks, in %.1f s\n", rc ? "FAILED" : "passed", n, mp_now() - t0);
+    return rc;
+  }
+  if (argc > 1 && strcmp(argv[1], "window") == 0) {
+    int n = argc > 2 ? atoi(argv[2]) : 2;
+    int split = argc > 3 && strcmp(argv[3], "hosts") == 0;
+    int rc = mp_run(n, rank_window, split ? (void*)&split : NULL, 300);
+    fprintf(stderr, "%s memory windows, %d ranks%s\n", rc ? "FAILED" : "passed", n, split ? ", 2 a host" : "");
     return rc;
   }
   if (argc > 1 && strcmp(argv[1], "late") == 0) {
