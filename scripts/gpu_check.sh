@@ -277,6 +277,10 @@ if phase perf; then
     for n in 2 4; do
       check "perf_nt_all_reduce_${n}threads" 120 env LD_PRELOAD="$lib/libvdev.so" COLLIE_VDEV=$n "$b" -t $n -g 1 -b 8 -e "$NT_MAX" -f 4 -c 0 -n 20 -w 5
     done
+    # The element loop with four groups in flight per thread (COLLIE_DEV_UNROLL), against the line above; then
+    # checked once with it.
+    check perf_nt_all_reduce_2threads_unroll4 120 env COLLIE_DEV_UNROLL=4 LD_PRELOAD="$lib/libvdev.so" COLLIE_VDEV=2 "$b" -t 2 -g 1 -b 8 -e "$NT_MAX" -f 4 -c 0 -n 20 -w 5
+    nt_check nt_all_reduce_2threads_unroll4 120 env COLLIE_DEV_UNROLL=4 LD_PRELOAD="$lib/libvdev.so" COLLIE_VDEV=2 "$b" -t 2 -g 1 -b 8 -e 64M -f 4 -c 1 -n 5 -w 2
     check perf_nt_all_reduce_1rank 90 "$b" -b 8 -e "$NT_MAX" -f 4 -c 0 -n 20 -w 5
     [ -n "$real_nccl" ] && check perf_nt_all_reduce_1rank_nvidia 90 env LD_LIBRARY_PATH="$alias_dir:$LD_LIBRARY_PATH" "$b" -b 8 -e "$NT_MAX" -f 4 -c 0 -n 20 -w 5
   fi

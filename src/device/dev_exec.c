@@ -63,6 +63,7 @@ struct dev_state {
   size_t heap_bytes;
   /* GPU kernels over device connectors (ranks of one host): */
   int kpath, p2p_disable, nch_ready;
+  int unroll; /* ds_work.unroll (COLLIE_DEV_UNROLL) */
   struct dconn_tab* conns;
   volatile uint32_t* kwords; /* host-mapped: [0] abort, [1] status (dev_sched.h DS_*) */
   uint32_t* kwords_dev;
@@ -394,6 +395,7 @@ static ncclResult_t state_get(struct ncclComm* comm, struct dev_state** out) {
   }
   d->pinned = p;
   d->kpath = comm->nhosts == 1 && comm->nranks > 1 && param_int(P_COLLIE_DEVICE_KERNELS, 0, 1) == 1;
+  d->unroll = param_int(P_COLLIE_DEV_UNROLL, 1, DS_UNROLL) > 1 ? DS_UNROLL : 1;
   d->p2p_disable = (int)param_int(P_NCCL_P2P_DISABLE, 0, 1);
   if (d->kpath) {
     void* kw = NULL;
@@ -577,6 +579,7 @@ static ncclResult_t kernel_run(struct dev_state* d, const struct coll_args* a) {
   w.abort = d->kwords_dev;
   w.status = d->kwords_dev + 1;
   w.timeout_ns = (uint64_t)comm->timeout_s * 1000000000ull;
+  w.unroll = d->unroll;
   size_t bytes = a->count * dtype_size(a->dt) * (a->kind == COLL_ALLGATHER || a->kind == COLL_REDUCESCATTER ? (size_t)comm->nranks : 1);
   w.nch = ds_channels(bytes, DS_SLOT_BYTES, comm->min_ch, comm->max_ch);
   /* Every rank reaches this for the same call with the same channel count: connectors are set up in step. */

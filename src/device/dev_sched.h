@@ -53,6 +53,8 @@
 #endif
 
 #define DS_MAX_CH 4
+/* Vector groups a thread loads before it combines and stores any (ds_work.unroll > 1). */
+#define DS_UNROLL 4
 #define DS_NSLOTS 8
 #define DS_SLOT_BYTES ((size_t)128 << 10)
 /* A connector region: head and tail on their own 128-byte lines, then the slots. */
@@ -91,6 +93,7 @@ struct ds_work {
   volatile uint32_t* abort;  /* nonzero: stop (host-mapped; may be NULL) */
   volatile uint32_t* status; /* where a block reports DS_ABORTED / DS_TIMEOUT (may be NULL) */
   uint64_t timeout_ns;       /* 0: none */
+  int unroll;                /* > 1: DS_UNROLL vector groups in flight per thread (COLLIE_DEV_UNROLL) */
   struct ds_chan ch[DS_MAX_CH];
 };
 
@@ -411,7 +414,64 @@ DS_HD void ds_piece_elems(const struct ds_work* w, const struct ds_step* st, str
   for (int j = 0; j < st->nsend; j++) aligned &= ds_al16(sh->out[j]);
   const size_t per = 16 / es;
   const size_t ngroups = aligned ? ne / per : 0;
-  for (size_t g = (size_t)tid; g < ngroups; g += (size_t)nth) {
+  if (w->unroll > 1) {
+    /* DS_UNROLL groups per thread and pass, nth apart (neighbouring threads
+     * still touch neighbouring 16 bytes): every load of a source is issued
+     * before the first combine, so DS_UNROLL loads per thread are in flight
+     * instead of one. */
+    const size_t stride = (size_t)nth;
+    for (size_t g0 = (size_t)tid; g0 < ngroups; g0 += stride * DS_UNROLL) {
+      unsigned char acc[DS_UNROLL][16], x[DS_UNROLL][16];
+      int live = 0; /* groups of this pass that exist */
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+      for (int k = 0; k < DS_UNROLL; k++)
+        if (g0 + (size_t)k * stride < ngroups) live = k + 1;
+      int have = 0;
+      if (st->src) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+        for (int k = 0; k < DS_UNROLL; k++)
+          if (k < live) ds_ld16(st->src + base * es + (g0 + (size_t)k * stride) * 16, acc[k]);
+        if (scale)
+          for (int k = 0; k < live; k++)
+            for (size_t e = 0; e < per; e++)
+              ds_st(acc[k] + e * es, es, re_scale(dt, ds_ld(acc[k] + e * es, es), sc));
+        have = 1;
+      }
+      for (int j = 0; j < st->nrecv; j++) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+        for (int k = 0; k < DS_UNROLL; k++)
+          if (k < live) ds_ld16(sh->in[j] + (g0 + (size_t)k * stride) * 16, x[k]);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+        for (int k = 0; k < DS_UNROLL; k++)
+          if (k < live)
+            for (size_t e = 0; e < per; e++)
+              ds_st(acc[k] + e * es, es,
+                    ds_combine(w, sc, red2, have, have ? ds_ld(acc[k] + e * es, es) : 0, ds_ld(x[k] + e * es, es)));
+        have = 1;
+      }
+      if (divide)
+        for (int k = 0; k < live; k++)
+          for (size_t e = 0; e < per; e++) ds_st(acc[k] + e * es, es, re_div(dt, ds_ld(acc[k] + e * es, es), w->avg_n));
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+      for (int k = 0; k < DS_UNROLL; k++) {
+        if (k >= live) continue;
+        const size_t off = (g0 + (size_t)k * stride) * 16;
+        for (int j = 0; j < st->nsend; j++) ds_st16(sh->out[j] + off, acc[k]);
+        if (st->dst) ds_st16(st->dst + base * es + off, acc[k]);
+      }
+    }
+  }
+  for (size_t g = (size_t)tid; w->unroll <= 1 && g < ngroups; g += (size_t)nth) {
     unsigned char acc[16] = {0}, x[16];
     const size_t off = g * 16;
     int have = 0;

@@ -22,6 +22,9 @@
 
 static unsigned char* regions[DS_MAX_CH][MAXR][MAXR]; /* [ch][from][to] */
 static int failures, runs;
+/* ds_work.unroll for the sweep: DS_UNROLL groups in flight (COLLIE_DEV_UNROLL=4); the one-group path (the default,
+ * COLLIE_DEV_UNROLL=1) runs in check_pieces, the free-running check and every sweep of gpu.* on a GPU. */
+static int sched_unroll = DS_UNROLL;
 
 static unsigned char* region(int ch, int from, int to) {
   if (!regions[ch][from][to]) {
@@ -148,6 +151,7 @@ static void check(int kind, int dt, int red, int avg, int n, int nch, size_t cou
     w[r].count = count;
     w[r].scalar = s;
     w[r].timeout_ns = 60ull * 1000000000ull; /* a schedule that deadlocks fails instead of hanging */
+    w[r].unroll = sched_unroll;
     w[r].sendbuff = in;
     w[r].recvbuff = rb[r];
     wire(&w[r]);
@@ -281,6 +285,7 @@ static void* free_run(void* p) {
         w.count = count;
         w.scalar = s;
         w.timeout_ns = 60ull * 1000000000ull;
+        w.unroll = it == 1 ? 1 : DS_UNROLL; /* the second call of each shape takes the one-group path */
         w.sendbuff = in;
         w.recvbuff = rb;
         wire(&w);
@@ -344,6 +349,78 @@ static void check_free_running(void) {
       }
 }
 
+/* One piece as a block of nth threads runs it (the threads share nothing
+ * inside ds_piece_elems, so running them one after the other is the same),
+ * with DS_UNROLL groups per thread and with one: both must give the
+ * reference bytes in every output, for thread counts that do and do not
+ * divide the groups, with and without a local input, one or two incoming
+ * slots, in place. */
+static float f32_of(uint64_t bits) {
+  uint32_t u = (uint32_t)bits;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static void check_pieces(void) {
+  const int nths[] = {1, 3, 32, 256};
+  const size_t nes[] = {1, 4, 7, 64, 1000, 4099};
+  for (size_t ti = 0; ti < sizeof(nths) / sizeof(nths[0]); ti++)
+    for (size_t ni = 0; ni < sizeof(nes) / sizeof(nes[0]); ni++)
+      for (int shape = 0; shape < 4; shape++) {
+        const int nth = nths[ti], dt = RE_F32;
+        const size_t ne = nes[ni], es = 4;
+        const int nrecv = shape == 3 ? 2 : 1, with_src = shape != 1, inplace = shape == 2;
+        unsigned char *src = aligned_alloc(64, 4200 * 4), *dst = inplace ? src : aligned_alloc(64, 4200 * 4);
+        unsigned char *in0 = aligned_alloc(64, 4200 * 4), *in1 = aligned_alloc(64, 4200 * 4);
+        unsigned char *out[2] = {aligned_alloc(64, 4200 * 4), aligned_alloc(64, 4200 * 4)};
+        unsigned char* want = malloc(4200 * 4);
+        for (int mode = 0; mode < 2; mode++) {
+          for (size_t i = 0; i < 4200; i++) {
+            ds_st(src + i * es, es, input(dt, 0, i));
+            ds_st(in0 + i * es, es, input(dt, 1, i));
+            ds_st(in1 + i * es, es, input(dt, 2, i));
+          }
+          if (!inplace) memset(dst, 0x5a, 4200 * 4);
+          memset(out[0], 0x5a, 4200 * 4);
+          memset(out[1], 0x5a, 4200 * 4);
+          struct ds_work w;
+          memset(&w, 0, sizeof(w));
+          w.dt = dt;
+          w.red = RE_SUM;
+          w.unroll = mode ? DS_UNROLL : 1;
+          struct ds_step st;
+          memset(&st, 0, sizeof(st));
+          st.nrecv = nrecv;
+          st.nsend = 2;
+          st.src = with_src ? src : NULL;
+          st.dst = dst;
+          st.len = ne;
+          struct ds_shared sh = {0, {in0, in1}, {out[0], out[1]}};
+          for (int tid = 0; tid < nth; tid++) ds_piece_elems(&w, &st, w.scalar, 0, &sh, ne, tid, nth);
+          for (size_t i = 0; i < ne; i++) {
+            float v = with_src ? f32_of(input(dt, 0, i)) + f32_of(input(dt, 1, i)) : f32_of(input(dt, 1, i));
+            if (nrecv == 2) v += f32_of(input(dt, 2, i));
+            memcpy(want + i * 4, &v, 4);
+          }
+          int bad = memcmp(dst, want, ne * 4) || memcmp(out[0], want, ne * 4) || memcmp(out[1], want, ne * 4);
+          if (!inplace) bad |= dst[ne * 4] != 0x5a;
+          bad |= out[0][ne * 4] != 0x5a || out[1][ne * 4] != 0x5a;
+          if (bad) {
+            printf("FAIL: piece nth %d ne %zu shape %d unroll %d\n", nth, ne, shape, w.unroll);
+            failures++;
+          }
+          runs++;
+        }
+        free(src);
+        if (!inplace) free(dst);
+        free(in0);
+        free(in1);
+        free(out[0]);
+        free(out[1]);
+        free(want);
+      }
+}
+
 int main(void) {
   const size_t counts[] = {0, 1, 5, 37, 301};
   const int dts[] = {RE_F32, RE_I32, RE_F16, RE_U8, RE_F64};
@@ -379,6 +456,7 @@ int main(void) {
           regions[c][a][b] = NULL;
         }
   }
+  check_pieces();
   check_free_running();
   check_abort();
   printf("%d calls simulated, %d failures\n", runs, failures);
