@@ -361,6 +361,8 @@ static float f32_of(uint64_t bits) {
   memcpy(&f, &u, 4);
   return f;
 }
+#define WFLOATS 4224 /* a multiple of 16: aligned_alloc wants whole 64-byte units */
+#define WBYTES (WFLOATS * 4)
 static void check_pieces(void) {
   const int nths[] = {1, 3, 32, 256};
   const size_t nes[] = {1, 4, 7, 64, 1000, 4099};
@@ -370,19 +372,19 @@ static void check_pieces(void) {
         const int nth = nths[ti], dt = RE_F32;
         const size_t ne = nes[ni], es = 4;
         const int nrecv = shape == 3 ? 2 : 1, with_src = shape != 1, inplace = shape == 2;
-        unsigned char *src = aligned_alloc(64, 4200 * 4), *dst = inplace ? src : aligned_alloc(64, 4200 * 4);
-        unsigned char *in0 = aligned_alloc(64, 4200 * 4), *in1 = aligned_alloc(64, 4200 * 4);
-        unsigned char *out[2] = {aligned_alloc(64, 4200 * 4), aligned_alloc(64, 4200 * 4)};
-        unsigned char* want = malloc(4200 * 4);
+        unsigned char *src = aligned_alloc(64, WBYTES), *dst = inplace ? src : aligned_alloc(64, WBYTES);
+        unsigned char *in0 = aligned_alloc(64, WBYTES), *in1 = aligned_alloc(64, WBYTES);
+        unsigned char *out[2] = {aligned_alloc(64, WBYTES), aligned_alloc(64, WBYTES)};
+        unsigned char* want = malloc(WBYTES);
         for (int mode = 0; mode < 2; mode++) {
-          for (size_t i = 0; i < 4200; i++) {
+          for (size_t i = 0; i < WFLOATS; i++) {
             ds_st(src + i * es, es, input(dt, 0, i));
             ds_st(in0 + i * es, es, input(dt, 1, i));
             ds_st(in1 + i * es, es, input(dt, 2, i));
           }
-          if (!inplace) memset(dst, 0x5a, 4200 * 4);
-          memset(out[0], 0x5a, 4200 * 4);
-          memset(out[1], 0x5a, 4200 * 4);
+          if (!inplace) memset(dst, 0x5a, WBYTES);
+          memset(out[0], 0x5a, WBYTES);
+          memset(out[1], 0x5a, WBYTES);
           struct ds_work w;
           memset(&w, 0, sizeof(w));
           w.dt = dt;
