@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Allreduce at 2 ranks on this machine, 32-256 MiB, side by side, interleaved:
 # collie with buffers from ncclMemAlloc (collie-perf -R 1: the mapped
-# allreduce), collie with malloc'd buffers (the ring), and Open MPI (mpi-perf
-# under mpirun, vader, its default binding). Prints per size and series the
-# median busbw (GB/s, out of place / in place) over the rounds and every
+# allreduce), collie with malloc'd buffers (the ring), Open MPI (mpi-perf
+# under mpirun, vader, its default binding) and bench/cma_probe.c (malloc'd
+# buffers reduced by cross-memory attach: what a single-copy allreduce of
+# such buffers could reach; out of place only). Prints per size and series
+# the median busbw (GB/s, out of place / in place) over the rounds and every
 # round's. The 8 GB/s target of issue 10 is about this table.
 #   bench/mapped.sh [BUILD_DIR]     (default: build)
 # Environment: ROUNDS=3, HOG=0 (1: a busy shell loop beside every run),
-#   B=32M E=256M F=2 N=10 W=2 (sizes, factor, calls, warm-up), MPI=1 (0: no Open MPI series).
+#   B=32M E=256M F=2 N=10 W=2 (sizes, factor, calls, warm-up), MPI=1 (0: no Open MPI series),
+#   CMA=1 (0: no cma_probe series), CMA_BLOCK=1024 (KiB pulled per call).
 set -uo pipefail
 build=$(cd "${1:-build}" 2>/dev/null && pwd) || { echo "mapped.sh: no build folder '${1:-build}'" >&2; exit 2; }
 rounds=${ROUNDS:-3}
@@ -21,6 +24,8 @@ if [ "${HOG:-0}" = 1 ]; then
 fi
 series=(mapped malloc)
 [ "${MPI:-1}" = 1 ] && command -v mpirun >/dev/null && [ -x "$build/mpi-perf" ] && series+=(openmpi)
+here=$(cd "$(dirname "$0")" && pwd)
+if [ "${CMA:-1}" = 1 ] && cc -O3 -march=native -o "$out/cma_probe" "$here/cma_probe.c"; then series+=(cma); fi
 for r in $(seq 1 "$rounds"); do
   for s in "${series[@]}"; do
     case $s in
@@ -28,6 +33,7 @@ for r in $(seq 1 "$rounds"); do
       malloc) "$build/collie-run" -n 2 "$build/collie-perf" "${args[@]}" ;;
       openmpi) mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ob1 --mca btl self,vader \
                  "$build/mpi-perf" "${args[@]}" ;;
+      cma) "$out/cma_probe" -b "${B:-32M}" -e "${E:-256M}" -f "${F:-2}" -n "${N:-10}" -w "${W:-2}" -k "${CMA_BLOCK:-1024}" ;;
     esac 2>&1 | awk -v s="$s" -v r="$r" '/^ +[0-9]/ { print s, r, $1, $8, $12 }' >>"$out/rows"
   done
 done
@@ -42,6 +48,9 @@ for s in "${series[@]}"; do
         for (j = 1; j <= n; j++) for (k = j + 1; k <= n; k++) if (t[k] + 0 < t[j] + 0) { x = t[j]; t[j] = t[k]; t[k] = x }
         return n % 2 ? t[(n + 1) / 2] : (t[n / 2] + t[n / 2 + 1]) / 2
       }
-      END { printf "%-10s %12s  %.2f / %.2f  [%s ]\n", s, z, med(o, n), med(i, n), all }' "$out/rows"
+      END {
+        ip = i[1] == "-" ? "-" : sprintf("%.2f", med(i, n))
+        printf "%-10s %12s  %.2f / %s  [%s ]\n", s, z, med(o, n), ip, all
+      }' "$out/rows"
   done
 done
