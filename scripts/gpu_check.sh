@@ -20,7 +20,14 @@
 #   DEADLINE  seconds the whole script may take (default 1500); checks are cut
 #           short to fit it, and those with no time left are NOTRUN
 #   PARALLEL=1  run the test, client and torch phases side by side (correctness
-#           only: they share the GPU); perf always runs alone, last
+#           only: they share the GPU; without MPS they then wait for each
+#           other's time slices); perf always runs alone, last
+#   LANE_ORDER  with PARALLEL=0, the order of the lanes (default "1 4 3 2":
+#           extra+sanitize, torch, clients, then the sweeps)
+# Suggested device call (after the 2026-11-28 session): `RESULTS_DIR=$OUT
+# UNDER_MPS=1 QUICK=1 DEADLINE=480 scripts/gpu_check.sh PREFIX` with the
+# call's own timeout some 60 s above DEADLINE; the logs land in $OUT/logs as
+# they are written, so a call cut short still brings them back.
 #   UNDER_MPS=1  start an MPS control daemon after the env phase and run
 #           everything under it (ranks in separate processes then share the GPU
 #           without time slices; the mps phase is skipped)
@@ -255,10 +262,9 @@ if [ "$PARALLEL" = 1 ]; then
   lane1 & lane2 & lane3 & lane4 &
   wait
 else
-  lane1
-  lane2
-  lane3
-  lane4
+  # One after the other: the long multi-process sweeps (lane 2) last, so that
+  # a deadline cuts them rather than the short checks.
+  for l in ${LANE_ORDER:-1 4 3 2}; do "lane$l"; done
 fi
 reserve=0
 
