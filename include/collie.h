@@ -80,7 +80,9 @@ ncclResult_t collie_comm_peer_info(ncclComm_t comm, int rank, collie_peer_info_t
  * this call gives the address of one of them, as MPI_Win_shared_query does:
  * loads and stores through it reach the peer's memory directly (order them
  * with a collective, e.g. a one-element ncclAllReduce, as with
- * MPI_Win_sync + a barrier). Valid until ncclCommWindowDeregister.
+ * MPI_Win_sync + a barrier). Valid until ncclCommWindowDeregister, which
+ * every rank must call before it frees the memory (ncclMemFree returns the
+ * pages at once, also to the peers that map them).
  *
  * @param [in]  comm  the communicator the window was registered with
  * @param [in]  win   the window (from ncclCommWindowRegister)
