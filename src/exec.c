@@ -24,6 +24,14 @@ static const char* log_name(int kind) {
 /* One line per call, as NCCL users know it, plus what collie chose. */
 static void log_call(const struct coll_args* a, uint64_t opcount, const struct plan* p) {
   if (!log_enabled(LOG_INFO, LOG_COLL)) return;
+  if (a->op_id) {
+    /* A device call, logged when it was submitted; the proxy now runs it staged on the host. */
+    if (p)
+      INFO(LOG_COLL, "%s: opCount %llx staged through host memory: algorithm %s protocol %s channels %d chunk %zu",
+           log_name(a->kind), (unsigned long long)(a->op_id - 1), algo_name(p->algo->name),
+           proto_names[p->algo->proto], p->nch, p->chunk);
+    return;
+  }
   const struct ncclComm* comm = a->comm;
   int root = a->kind == COLL_SEND || a->kind == COLL_RECV ? a->peer : a->root;
   if (p)
@@ -59,7 +67,7 @@ static ncclResult_t exec_coll(struct coll_args* a) {
    * are in cache, and ordinary stores there cost no extra read (2 ranks,
    * 32 MiB: non-temporal stores made it 1.3x slower). */
   a->out_far = p.out_far && !coll_in_place(a);
-  log_call(a, a->comm->opcount++, &p);
+  log_call(a, a->op_id ? 0 : a->comm->opcount++, &p);
   /* An alltoall whose buffers overlap (in place: NCCL takes sendbuff ==
    * recvbuff, and nccl-tests checks it): block j must leave before block j
    * from rank j lands on it, which no pipelined exchange promises, so the
@@ -94,7 +102,16 @@ static ncclResult_t dev_route(struct task* t, int* routed) {
   if (!dev) return dev_quiesce(t->a.comm);
   struct coll_args* arr = malloc(sizeof(*arr) * (size_t)n);
   if (!arr) return err_set(ncclSystemError, "%s: out of memory", coll_name(t->a.kind));
-  for (int i = 0; i < n; i++, t = t->next) arr[i] = t->a;
+  struct ncclComm* comm = t->a.comm;
+  for (int i = 0; i < n; i++, t = t->next) {
+    arr[i] = t->a;
+    /* Logged now, in call order, whether a kernel or the proxy runs it. */
+    if (log_enabled(LOG_INFO, LOG_COLL)) {
+      uint64_t id = comm->opcount++;
+      log_call(&arr[i], id, NULL);
+      arr[i].op_id = id + 1;
+    }
+  }
   ncclResult_t res = dev_submit(arr[0].comm, arr, n, host);
   free(arr);
   return res;
@@ -167,7 +184,7 @@ ncclResult_t exec_run_tasks(struct task* t) {
       }
       comm->op_bytes = 0;
       for (int i = 0; i < n; i++, t = t->next) {
-        log_call(&t->a, comm->opcount++, NULL);
+        if (!t->a.op_id) log_call(&t->a, comm->opcount++, NULL);
         size_t bytes = t->a.count * dtype_size(t->a.dt);
         if (bytes > comm->op_bytes) comm->op_bytes = bytes;
         ops[i] = (struct p2p_op){.peer = t->a.peer, .is_send = t->a.kind == COLL_SEND,

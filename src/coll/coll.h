@@ -39,6 +39,7 @@ struct coll_args {
   int redop;              /* the ncclRedOp_t the user passed (for logs) */
   size_t chunk;           /* bytes a step moves: the plan's (exec.c); 0: a whole slot */
   int out_far;            /* the plan's out_far, unless in place (exec.c) */
+  uint64_t op_id;         /* device calls: 1 + the opCount logged when the call was submitted (exec.c); 0: none */
 };
 
 /* The call's send and receive buffers overlap (NCCL's in-place forms) on a

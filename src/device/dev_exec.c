@@ -588,6 +588,9 @@ static ncclResult_t kernel_run(struct dev_state* d, const struct coll_args* a) {
     d->nch_ready++;
   }
   for (int c = 0; c < w.nch; c++) dconn_wire(d->conns, comm->rank, c, &w.ch[c]);
+  if (a->op_id)
+    INFO(LOG_COLL, "%s: opCount %llx as a GPU kernel: schedule %d, %d channel(s), %s connectors", coll_name(a->kind),
+         (unsigned long long)(a->op_id - 1), w.kind, w.nch, d->p2p_disable ? "host-memory" : "p2p");
   cudaStream_t s = (cudaStream_t)a->stream;
   enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   cudaError_t e = cudaStreamIsCapturing(s, &cs);
