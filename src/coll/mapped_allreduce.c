@@ -91,6 +91,18 @@ static ncclResult_t run_instead(struct coll_args* a, struct mapped_state* m) {
  * copies out (4 or 16 KiB ahead) made it 1.2-2x slower. */
 #define BLOCK_BYTES 4096
 
+/* COLLIE_MAPPED_FUSED=0 turns the one-pass float sum off (the block path
+ * runs instead), for comparison. */
+static int fused_wanted(void) {
+  static int v = -1;
+  int f = __atomic_load_n(&v, __ATOMIC_RELAXED);
+  if (f < 0) {
+    f = (int)param_int(P_COLLIE_MAPPED_FUSED, 0, 1);
+    __atomic_store_n(&v, f, __ATOMIC_RELAXED);
+  }
+  return f;
+}
+
 /* COLLIE_MAPPED=auto: from this many bytes per rank. */
 #define MAPPED_AUTO_MIN ((size_t)1 << 20)
 
@@ -219,6 +231,15 @@ static ncclResult_t mapped_run(struct coll_args* a, struct mapped_state* m) {
   size_t blk = BLOCK_BYTES / esz;
   const void* in[64];
   void* out[64];
+  if (a->dt == ncclFloat32 && a->op.kind == RED_SUM && !a->avg && a->out_far && fused_wanted()) {
+    /* The common case in one pass: each line loaded from every send buffer,
+     * summed and streamed to every receive buffer, no block in between. */
+    for (int i = 0; i < n; i++) {
+      in[i] = src[i] + lo * esz;
+      out[i] = dst[i] + lo * esz;
+    }
+    lo += red_sum_f32_stream_n(out, n, in, n, hi - lo);
+  }
   for (size_t off = lo; off < hi; off += blk) {
     size_t c = COLLIE_MIN(blk, hi - off);
     for (int i = 0; i < n; i++) in[i] = src[i] + off * esz;

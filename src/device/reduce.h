@@ -107,6 +107,13 @@ void red_copy_far(void* dst, const void* src, size_t n);
 void red_copy_far_n(void* const* dst, int ndst, const void* src, size_t n);
 /* Makes every earlier red_copy_far_n store visible before anything stored after. */
 void red_far_fence(void);
+/* Float32 sum of nin inputs (in input order, as red_reduce_n adds them)
+ * streamed to each of nout outputs in one pass, 64-byte non-temporal stores,
+ * no fence (red_far_fence after). Does whole 16-element lines from the start
+ * when the CPU has AVX-512 and every output is 64-byte aligned, and returns
+ * how many elements it did (0 when it cannot; the caller does the rest).
+ * Outputs must not overlap the inputs. */
+size_t red_sum_f32_stream_n(void* const* out, int nout, const void* const* in, int nin, size_t count);
 /* ncclAvg finalisation: dst[i] = src[i] / n (n >= 1; n < 1 is taken as 1).
  * Integers: truncating division (signed types toward zero). Floats: divided
  * in float (double for float64) and rounded back to the type. dst may equal src. */

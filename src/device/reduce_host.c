@@ -410,6 +410,32 @@ static void red_copy_out(unsigned char* dst, const unsigned char* src, size_t n)
 #endif
 }
 
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) static size_t red_sum_f32_stream_512(float* const* out, int nout,
+                                                                       const float* const* in, int nin,
+                                                                       size_t lines) {
+  for (size_t l = 0; l < lines; l++) {
+    size_t o = l * 16;
+    __m512 acc = _mm512_loadu_ps(in[0] + o);
+    for (int k = 1; k < nin; k++) acc = _mm512_add_ps(acc, _mm512_loadu_ps(in[k] + o));
+    for (int j = 0; j < nout; j++) _mm512_stream_ps(out[j] + o, acc);
+  }
+  return lines * 16;
+}
+#endif
+
+size_t red_sum_f32_stream_n(void* const* out, int nout, const void* const* in, int nin, size_t count) {
+#if defined(__x86_64__)
+  if (nin < 2 || nin > 64 || nout < 1 || nout > 64 || count < 16 || !red_have_avx512()) return 0;
+  for (int j = 0; j < nout; j++)
+    if ((uintptr_t)out[j] & 63) return 0;
+  return red_sum_f32_stream_512((float* const*)out, nout, (const float* const*)in, nin, count / 16);
+#else
+  (void)out, (void)nout, (void)in, (void)nin, (void)count;
+  return 0;
+#endif
+}
+
 /* Makes red_copy_out's stores visible before anything stored after. */
 static void red_copy_out_fence(void) {
 #if defined(__x86_64__)
