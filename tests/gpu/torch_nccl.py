@@ -104,13 +104,16 @@ def parent(args):
     # Each child runs in its own session (so that it can be killed with
     # everything it started); a parent stopped from outside (a harness's
     # time limit) takes them down with it instead of leaving them running.
-    def stop_children(signum, frame):
+    def kill_children():
         for p in procs:
             if p.poll() is None:
                 try:
                     os.killpg(p.pid, signal.SIGKILL)
                 except OSError:
                     pass
+
+    def stop_children(signum, frame):
+        kill_children()
         sys.exit(128 + signum)
     signal.signal(signal.SIGTERM, stop_children)
     signal.signal(signal.SIGINT, stop_children)
@@ -140,12 +143,7 @@ def parent(args):
             deadline = min(deadline, time.time() + 30)
         time.sleep(0.2)
     if timed_out or any(p.poll() is None for p in procs):
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        kill_children()
         for p in procs:
             try:
                 p.wait(timeout=10)
