@@ -518,7 +518,7 @@ static ncclResult_t recv_take(struct bootstrap* bs, int peer, uint32_t tag, stru
 
 static ncclResult_t recv_locked(struct bootstrap* bs, int peer, uint32_t tag, void* data, size_t size,
                                struct wopt* o) {
-  struct bs_msg* m;
+  struct bs_msg* m = NULL;
   NCCLCHECK(recv_take(bs, peer, tag, &m, o));
   ncclResult_t res = ncclSuccess;
   if (m->len != size)
@@ -831,7 +831,7 @@ static ncclResult_t table_send(struct bootstrap* bs, int peer, uint32_t tag, int
 }
 
 static ncclResult_t table_recv(struct bootstrap* bs, int peer, uint32_t tag, int first, int count, struct wopt* o) {
-  struct bs_msg* m;
+  struct bs_msg* m = NULL;
   NCCLCHECK(recv_take(bs, peer, tag, &m, o));
   ncclResult_t res = table_read(bs, first, count, m->data, m->len, peer);
   free(m->data);
