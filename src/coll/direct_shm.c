@@ -110,7 +110,7 @@ struct mb_ctrl {
    * cache, read-only, until somebody sleeps. */
   uint32_t line_waiters[NSLOTS] __attribute__((aligned(64)));
   uint32_t done_waiters;
-  /* A broadcast streamed through a root's two large buffers (bcast_stream):
+  /* A broadcast streamed through a root's ring (bcast_stream):
    * ack[r] is the stream count of root r up to which this rank has copied
    * its chunks out, so that root may overwrite them. */
   uint32_t ack[ACK_RANKS] __attribute__((aligned(64)));
@@ -125,12 +125,13 @@ struct direct_state {
   uint64_t call_token;
   int32_t call_root;
   size_t cap; /* bytes per large mailbox buffer */
+  size_t ring_bytes; /* a streamed broadcast's ring: the large buffers and what follows them */
   uint32_t seq;
   int last_symmetric; /* the previous direct call had every rank wait for every other */
   /* Where this call's payload lives (the same on every rank that agrees on
    * the call): inline in the slot's line, the slot's small buffer, or large
    * buffer `big`; and the direct seq that last used each large buffer. */
-  int where; /* 0 inline, 1 small, 2 large, 3 both large buffers as one ring (bcast_stream) */
+  int where; /* 0 inline, 1 small, 2 large, 3 the broadcast ring, both large buffers and on (bcast_stream) */
   int big;
   uint32_t nbig;
   uint32_t big_used[2];
@@ -154,19 +155,28 @@ static size_t direct_max_bytes(void) { return 256 * 1024; }
  * while it still copies in (the root's copy no longer adds to theirs). */
 #define BCAST_CHUNK ((size_t)16384)
 static int bcast_chunked(size_t bytes) { return bytes > BCAST_CHUNK; }
-/* Larger than a large buffer: the root streams the payload through both as
- * one ring of chunks, overwriting a chunk once every reader acknowledged it.
- * Up to 8 MiB (16 turns of the ring): every rank waits for the slowest
- * reader within 512 KiB, and a call long enough to span several of the
- * scheduler's slices meets a reader descheduled now and then. Beside a CPU
- * hog, 4 and 8 ranks on 2 CPUs, streamed 32 MiB took 1.3-1.6x as long as
- * single copy (readers at their own pace; 8 MiB: 0.6-0.8x as long), though
- * 1.15-1.6x faster on a quiet machine. */
+/* Larger than a large buffer: the root streams the payload through a ring
+ * of chunks (BCAST_RING_BYTES: both large buffers and the space after
+ * them), overwriting a chunk once every reader acknowledged it. Up to 8 MiB
+ * (8 turns of the ring): every rank waits for the slowest reader within the
+ * ring, and a call long enough to span several of the scheduler's slices
+ * meets a reader descheduled now and then. Beside a CPU hog, 4 and 8 ranks
+ * on 2 CPUs, streamed 32 MiB took 1.3-1.6x as long as single copy (readers
+ * at their own pace; 8 MiB: 0.6-0.8x as long), though 1.15-1.6x faster on a
+ * quiet machine. */
 #define BCAST_STREAM_MAX ((size_t)8 << 20)
+/* The ring was the two large buffers (512 KiB) until 8 ranks on 2 CPUs,
+ * broadcast of 8 MiB, measured 5.0 ms (median of 5 interleaved rounds,
+ * rounds 2.4-5.7) against 3.1 ms (2.6-3.8) with a ring of 1 MiB and 3.3 ms
+ * with 2 MiB (Open MPI 5.0 ms in the same run): a reader that the scheduler
+ * set aside held the root up once the root was a ring ahead. 2 and 4 ranks,
+ * 2-8 MiB: within the rounds' spread. The part past the large buffers is
+ * faulted in by the first streamed broadcast, not at setup. */
+#define BCAST_RING_BYTES ((size_t)1 << 20)
 static int bcast_stream(size_t bytes, int nranks) {
   return bytes > direct_max_bytes() && bytes <= BCAST_STREAM_MAX && nranks <= ACK_RANKS;
 }
-_Static_assert(256 * 1024 % BCAST_CHUNK == 0, "the ring holds whole chunks");
+_Static_assert(256 * 1024 % BCAST_CHUNK == 0 && BCAST_RING_BYTES % BCAST_CHUNK == 0, "the ring holds whole chunks");
 
 /* No fence between the store and the waiter check: a full fence here would
  * wait for the store to reach the cache on every call. The waiter closes
@@ -322,7 +332,8 @@ static ncclResult_t direct_setup(struct ncclComm* comm) {
   d->n = n;
   d->prefetchw = have_prefetchw();
   d->cap = direct_max_bytes();
-  d->map_len = MB_CTRL_BYTES + NSLOTS * SMALL_BYTES + 2 * d->cap;
+  d->ring_bytes = COLLIE_MAX(2 * d->cap, BCAST_RING_BYTES);
+  d->map_len = MB_CTRL_BYTES + NSLOTS * SMALL_BYTES + d->ring_bytes;
   d->ctrl = calloc((size_t)n, sizeof(*d->ctrl));
   d->small = calloc((size_t)n, sizeof(*d->small));
   d->peer_done = calloc((size_t)n, sizeof(*d->peer_done));
@@ -351,10 +362,11 @@ static ncclResult_t direct_setup(struct ncclComm* comm) {
    * otherwise cost a page fault on the writer and on each reader (64 slots
    * and two large buffers: a loop of 128 B broadcasts, the first to use the
    * small slots, took 0.66 us a call over its first 100 calls, 0.07 after).
-   * Not on wide hosts: every rank maps every mailbox (~776 KiB each), and
+   * Not on wide hosts: every rank maps every mailbox (~1.3 MiB each), and
    * page tables for all of them at hundreds of ranks would cost far more
    * than the faults of the slots actually used. */
-  for (int i = 0; res == ncclSuccess && i < n && n <= PREFAULT_MAX_RANKS; i++) prefault(d->segs[i].base, d->map_len);
+  size_t used = MB_CTRL_BYTES + NSLOTS * SMALL_BYTES + 2 * d->cap; /* every call may use these */
+  for (int i = 0; res == ncclSuccess && i < n && n <= PREFAULT_MAX_RANKS; i++) prefault(d->segs[i].base, used);
   if (res == ncclSuccess) d->ctrl[comm->rank]->cpu = -1; /* no call run yet: on no CPU */
   /* Everybody mapped everything before anyone drops its fd. */
   ncclResult_t r2 = bootstrap_barrier(comm->bs);
@@ -795,7 +807,7 @@ static ncclResult_t bcast_root_chunks(struct ncclComm* comm, char* mine, const c
   unsigned slot = d->seq % NSLOTS;
   struct mb_line* l = &d->ctrl[me]->line[slot];
   uint32_t* waiters = &d->ctrl[me]->line_waiters[slot];
-  size_t ring = d->where == 3 ? 2 * d->cap / BCAST_CHUNK : SIZE_MAX;
+  size_t ring = d->where == 3 ? d->ring_bytes / BCAST_CHUNK : SIZE_MAX;
   uint32_t first = d->stream;
   d->stream += (uint32_t)((bytes + BCAST_CHUNK - 1) / BCAST_CHUNK);
   l->first = first;
@@ -823,7 +835,7 @@ static ncclResult_t bcast_read_chunks(struct ncclComm* comm, int root, char* dst
   uint32_t* waiters = &d->ctrl[root]->line_waiters[slot];
   struct mb_ctrl* me = d->ctrl[comm->rank];
   int streamed = d->where == 3;
-  size_t ring = streamed ? 2 * d->cap / BCAST_CHUNK : SIZE_MAX;
+  size_t ring = streamed ? d->ring_bytes / BCAST_CHUNK : SIZE_MAX;
   uint32_t first = __atomic_load_n(&l->first, __ATOMIC_RELAXED);
   for (size_t off = 0, j = 0; off < bytes; off += BCAST_CHUNK, j++) {
     uint32_t want = first + (uint32_t)j + 1;
