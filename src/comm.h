@@ -43,6 +43,8 @@ struct ncclComm {
   uint64_t unpair_moves;
   size_t op_bytes;      /* the running call's message (count x type size; a point-to-point batch: its largest) */
   uint64_t reduce_steals; /* chunks a single-copy reduce's root read itself (cma_reduce.c; tests) */
+  uint64_t bcast_left;    /* streamed broadcasts' readers this root went on without (direct_shm.c; tests) */
+  uint64_t bcast_pulled;  /* streamed broadcasts this reader finished from the root's buffer (direct_shm.c; tests) */
   int local_rank, local_size, nhosts;
   ncclConfig_t config;
   uint32_t abort_flag;

@@ -115,6 +115,12 @@ struct mb_ctrl {
    * its chunks out, so that root may overwrite them. */
   uint32_t ack[ACK_RANKS] __attribute__((aligned(64)));
   uint32_t ack_waiters;
+  /* This rank as the root of a streamed broadcast: the stream count of the
+   * chunk it is writing into the ring now (a seqlock for readers that fell
+   * a ring behind: a chunk copied out while `claim` passed it may be torn)
+   * and the address of its buffer, which such readers read instead. */
+  uint32_t claim __attribute__((aligned(64)));
+  uint64_t src;
 };
 _Static_assert(sizeof(struct mb_line) == 64, "one cache line");
 _Static_assert(sizeof(struct mb_ctrl) <= MB_CTRL_BYTES, "control fits its page");
@@ -140,6 +146,8 @@ struct direct_state {
   int prefetchw; /* the CPU has prefetch-for-store (direct_end) */
   uint32_t* peer_done; /* by rank: the last value read of its done counter */
   uint32_t* peer_ack;  /* by rank: the last value read of its ack[] of this rank */
+  int32_t* pid;        /* by rank: its process (single-copy reads of a broadcast root's buffer) */
+  unsigned char* left; /* by rank: a streamed broadcast's root went on without it (this call) */
   uint32_t stream;     /* chunks this rank published as a broadcast root, ever */
   struct mb_ctrl** ctrl; /* by rank */
   char** small;          /* by rank: NSLOTS buffers of SMALL_BYTES */
@@ -298,6 +306,8 @@ void direct_free(struct ncclComm* comm) {
   free(d->small);
   free(d->peer_done);
   free(d->peer_ack);
+  free(d->pid);
+  free(d->left);
   free(d->data);
   free(d->segs);
   free(d);
@@ -338,11 +348,13 @@ static ncclResult_t direct_setup(struct ncclComm* comm) {
   d->small = calloc((size_t)n, sizeof(*d->small));
   d->peer_done = calloc((size_t)n, sizeof(*d->peer_done));
   d->peer_ack = calloc((size_t)n, sizeof(*d->peer_ack));
+  d->pid = calloc((size_t)n, sizeof(*d->pid));
+  d->left = calloc((size_t)n, sizeof(*d->left));
   d->data = calloc((size_t)n, sizeof(*d->data));
   d->segs = calloc((size_t)n, sizeof(*d->segs));
   struct mb_info* all = calloc((size_t)n, sizeof(*all));
   ncclResult_t res = ncclSuccess;
-  if (!d->ctrl || !d->small || !d->peer_done || !d->peer_ack || !d->data || !d->segs || !all) {
+  if (!d->ctrl || !d->small || !d->peer_done || !d->peer_ack || !d->pid || !d->left || !d->data || !d->segs || !all) {
     res = err_set(ncclSystemError, "out of memory for the direct algorithm");
     goto out;
   }
@@ -351,6 +363,7 @@ static ncclResult_t direct_setup(struct ncclComm* comm) {
   all[comm->rank] = (struct mb_info){(int32_t)getpid(), d->segs[comm->rank].fd};
   NCCLCHECKGOTO(bootstrap_allgather(comm->bs, all, sizeof(*all)), res, out);
   for (int i = 0; i < n; i++) {
+    d->pid[i] = all[i].pid;
     if (i != comm->rank && (res = shmseg_open(all[i].pid, all[i].fd, d->map_len, i, "direct mailbox", &d->segs[i])) !=
                                ncclSuccess)
       break;
@@ -796,25 +809,85 @@ static ncclResult_t direct_alltoall(struct coll_args* a) {
   return ncclSuccess;
 }
 
+/* A streamed broadcast's root waits at most this long for a reader that is
+ * a whole ring behind (a reader the scheduler has set aside, or one that
+ * came late); then, where single copy works (comm->cma), it goes on without
+ * that reader, which finds the chunk it wanted overwritten (`claim`) and
+ * reads the rest straight from the root's buffer; the root waits for it
+ * only at the end, while its buffer must stay. */
+#define BCAST_LAG_NS 200000
+
+/* Until every reader the root has not left behind has acknowledged stream
+ * count `need`; a reader still short of it after BCAST_LAG_NS of polls and
+ * yields is left behind (left[]), where `may_leave`. */
+static ncclResult_t wait_acks(struct ncclComm* comm, uint32_t need, int may_leave) {
+  struct direct_state* d = comm->direct;
+  int me = comm->rank;
+  if (!may_leave)
+    return wait_peers(comm, d->peer_ack, offsetof(struct mb_ctrl, ack) + (size_t)me * sizeof(uint32_t),
+                      offsetof(struct mb_ctrl, ack_waiters), need);
+  for (int i = 0; i < d->n; i++) {
+    if (i == me || d->left[i] || (int32_t)(d->peer_ack[i] - need) >= 0) continue;
+    uint32_t* word = &d->ctrl[i]->ack[me];
+    int64_t t0 = 0;
+    for (int it = 0;; it++) {
+      uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+      if ((int32_t)(v - need) >= 0) {
+        d->peer_ack[i] = v;
+        break;
+      }
+      if (it < comm_min_polls(comm) || (it & 15) != 0) {
+        cpu_relax();
+        continue;
+      }
+      int64_t now = time_ns();
+      if (t0 == 0) t0 = now;
+      if (now - t0 > BCAST_LAG_NS) {
+        d->left[i] = 1;
+        comm->bcast_left++;
+        break;
+      }
+      /* The reader may be waiting for this CPU: let it run. */
+      NCCLCHECK(comm_stop_check(comm));
+      sched_yield();
+    }
+  }
+  return ncclSuccess;
+}
+
 /* The root of a chunked broadcast: the call is published with the first
  * chunk in, then each further chunk's arrival (the stream count). Streamed,
  * chunk j goes to the ring's place j % ring once every reader has
  * acknowledged the chunk that held it (ack[]; only within this call: the
- * ring was free when the call began, direct_begin). */
+ * ring was free when the call began, direct_begin), or the root has left
+ * that reader behind (wait_acks): then `claim` tells readers which chunk is
+ * being overwritten, and the root waits at the end until every reader it
+ * left has read the rest from its buffer. */
 static ncclResult_t bcast_root_chunks(struct ncclComm* comm, char* mine, const char* src, size_t bytes) {
   struct direct_state* d = comm->direct;
   int me = comm->rank;
   unsigned slot = d->seq % NSLOTS;
-  struct mb_line* l = &d->ctrl[me]->line[slot];
-  uint32_t* waiters = &d->ctrl[me]->line_waiters[slot];
-  size_t ring = d->where == 3 ? d->ring_bytes / BCAST_CHUNK : SIZE_MAX;
+  struct mb_ctrl* ctrl = d->ctrl[me];
+  struct mb_line* l = &ctrl->line[slot];
+  uint32_t* waiters = &ctrl->line_waiters[slot];
+  int streamed = d->where == 3;
+  size_t ring = streamed ? d->ring_bytes / BCAST_CHUNK : SIZE_MAX;
+  int may_leave = streamed && comm->cma;
   uint32_t first = d->stream;
-  d->stream += (uint32_t)((bytes + BCAST_CHUNK - 1) / BCAST_CHUNK);
+  uint32_t nchunks = (uint32_t)((bytes + BCAST_CHUNK - 1) / BCAST_CHUNK);
+  d->stream += nchunks;
   l->first = first;
+  if (streamed) {
+    memset(d->left, 0, (size_t)d->n);
+    __atomic_store_n(&ctrl->src, (uint64_t)(uintptr_t)src, __ATOMIC_RELAXED);
+  }
   for (size_t off = 0, j = 0; off < bytes; off += BCAST_CHUNK, j++) {
-    if (j >= ring)
-      NCCLCHECK(wait_peers(comm, d->peer_ack, offsetof(struct mb_ctrl, ack) + (size_t)me * sizeof(uint32_t),
-                           offsetof(struct mb_ctrl, ack_waiters), first + (uint32_t)(j - ring) + 1));
+    if (j >= ring) {
+      NCCLCHECK(wait_acks(comm, first + (uint32_t)(j - ring) + 1, may_leave));
+      /* Before the first store into the place: a full barrier, so no reader
+       * can see the new bytes without also seeing the claim. */
+      if (may_leave) __atomic_store_n(&ctrl->claim, first + (uint32_t)j + 1, __ATOMIC_SEQ_CST);
+    }
     memcpy(mine + (j % ring) * BCAST_CHUNK, src + off, COLLIE_MIN(BCAST_CHUNK, bytes - off));
     if (j == 0) {
       __atomic_store_n(&l->progress, first + 1, __ATOMIC_RELAXED);
@@ -823,24 +896,53 @@ static ncclResult_t bcast_root_chunks(struct ncclComm* comm, char* mine, const c
       publish(&l->progress, waiters, first + (uint32_t)j + 1);
     }
   }
+  /* The readers left behind read this rank's buffer: it must stay until they are done. */
+  for (int i = 0; may_leave && i < d->n; i++)
+    if (d->left[i]) {
+      NCCLCHECK(wait_seq(comm, &d->ctrl[i]->ack[me], &d->ctrl[i]->ack_waiters, first + nchunks, i));
+      d->peer_ack[i] = first + nchunks;
+    }
   return ncclSuccess;
 }
 
 /* A reader of a chunked broadcast copies each chunk once the root has;
- * streamed, it acknowledges each so the root may reuse its place. */
+ * streamed, it acknowledges each so the root may reuse its place. A reader
+ * that finds the chunk it copied overwritten (the root went on without it,
+ * wait_acks) reads the rest of the message from the root's buffer. */
 static ncclResult_t bcast_read_chunks(struct ncclComm* comm, int root, char* dst, const char* src, size_t bytes) {
   struct direct_state* d = comm->direct;
   unsigned slot = d->seq % NSLOTS;
-  struct mb_line* l = &d->ctrl[root]->line[slot];
-  uint32_t* waiters = &d->ctrl[root]->line_waiters[slot];
+  struct mb_ctrl* rc = d->ctrl[root];
+  struct mb_line* l = &rc->line[slot];
+  uint32_t* waiters = &rc->line_waiters[slot];
   struct mb_ctrl* me = d->ctrl[comm->rank];
   int streamed = d->where == 3;
   size_t ring = streamed ? d->ring_bytes / BCAST_CHUNK : SIZE_MAX;
+  int may_be_left = streamed && comm->cma;
   uint32_t first = __atomic_load_n(&l->first, __ATOMIC_RELAXED);
+  uint32_t last = first + (uint32_t)((bytes + BCAST_CHUNK - 1) / BCAST_CHUNK);
   for (size_t off = 0, j = 0; off < bytes; off += BCAST_CHUNK, j++) {
     uint32_t want = first + (uint32_t)j + 1;
     NCCLCHECK(wait_seq(comm, &l->progress, waiters, want, root));
     memcpy(dst + off, src + (j % ring) * BCAST_CHUNK, COLLIE_MIN(BCAST_CHUNK, bytes - off));
+    if (may_be_left) {
+      /* Loads of the copy before the load of the claim (a seqlock's read side). */
+      __atomic_thread_fence(__ATOMIC_ACQUIRE);
+      uint32_t claim = __atomic_load_n(&rc->claim, __ATOMIC_RELAXED);
+      if ((int32_t)(claim - (want + (uint32_t)ring)) >= 0) {
+        /* The root has begun to overwrite this chunk's place: this chunk
+         * and the rest come from its buffer, which stays until this rank
+         * acknowledges the last chunk. */
+        uint64_t from = __atomic_load_n(&rc->src, __ATOMIC_RELAXED) + off;
+        int err = 0;
+        if (cma_read(d->pid[root], dst + off, from, bytes - off, &err) != ncclSuccess)
+          return err_set(ncclSystemError, "rank %d: reading the rest of rank %d's broadcast (%zu bytes) from its "
+                         "buffer failed: %s", comm->rank, root, bytes - off, strerror(err));
+        comm->bcast_pulled++;
+        publish(&me->ack[root], &me->ack_waiters, last);
+        return ncclSuccess;
+      }
+    }
     if (streamed) publish(&me->ack[root], &me->ack_waiters, want);
   }
   return ncclSuccess;

@@ -704,6 +704,63 @@ static int rank_steal(int rank, int nranks, const ncclUniqueId* ids, int nids, v
   return 0;
 }
 
+/* A streamed broadcast (NCCL_ALGO=Direct, 256 KiB-8 MiB) whose root goes on
+ * without a reader that is a whole ring behind (direct_shm.c, wait_acks):
+ * 3 ranks; rank 2 is stopped (SIGSTOP) while it waits in the call, for
+ * 150 ms, so the root leaves it behind and it must read what the ring no
+ * longer holds from the root's buffer (counted: comm->bcast_left on the
+ * root, comm->bcast_pulled on rank 2). Roots 0 and 1, in and out of place,
+ * two sizes; every value checked on every rank. */
+static int rank_bcast_left(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  MP_CHECK(nranks == 3, "runs on 3 ranks");
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  MP_CHECK(comm->cma, "single copy (cross-memory attach) does not work here: nothing to test");
+  size_t counts[] = {(size_t)2 << 20, ((size_t)3 << 18) + 5};
+  float* send = malloc(counts[0] * sizeof(float));
+  float* recv = malloc(counts[0] * sizeof(float));
+  MP_CHECK(send && recv, "out of memory");
+  const int stopped = 2;
+  for (int it = 0; it < 10; it++) {
+    /* Rounds 0-1 plain (everything set up), then the stopped ones. */
+    int root = it % 2, inplace = (it / 2) % 2, stop = it >= 2;
+    size_t count = counts[(it / 4) % 2];
+    float* out = inplace ? send : recv;
+    for (size_t i = 0; i < count; i++) {
+      send[i] = rank == root ? (float)((i * 13 + (size_t)it) % 1000) : -1.0f;
+      if (!inplace) recv[i] = -2.0f;
+    }
+    if (stop && rank == stopped) mp_arrive(it);
+    if (stop && rank == root) {
+      /* Rank 2 is inside its broadcast 30 ms after it said it was about to call it. */
+      MP_CHECK(mp_await(it, 1, 60) == 0, "rank %d never came to round %d", stopped, it);
+      usleep(30000);
+      struct cont_arg ca = {(pid_t)comm->peers[stopped].pid};
+      MP_CHECK(kill(ca.pid, SIGSTOP) == 0, "SIGSTOP: %s", strerror(errno));
+      pthread_t th;
+      MP_CHECK(pthread_create(&th, NULL, cont_later, &ca) == 0, "pthread_create");
+      ncclResult_t r = ncclBroadcast(send, out, count, ncclFloat, root, comm, NULL);
+      pthread_join(th, NULL);
+      MP_NCCL(r);
+    } else {
+      MP_NCCL(ncclBroadcast(send, out, count, ncclFloat, root, comm, NULL));
+    }
+    for (size_t i = 0; i < count; i++)
+      MP_CHECK(out[i] == (float)((i * 13 + (size_t)it) % 1000), "round %d (root %d, %s, %zu floats): element %zu is %g",
+               it, root, inplace ? "in place" : "out of place", count, i, (double)out[i]);
+  }
+  fprintf(stderr, "rank %d: readers left behind %llu, broadcasts finished from the root's buffer %llu\n", rank,
+          (unsigned long long)comm->bcast_left, (unsigned long long)comm->bcast_pulled);
+  if (rank == 0 || rank == 1) MP_CHECK(comm->bcast_left > 0, "rank %d never went on without the stopped reader", rank);
+  if (rank == stopped) MP_CHECK(comm->bcast_pulled > 0, "the stopped reader never read from a root's buffer");
+  free(send);
+  free(recv);
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
 /* Channel parts that end with bytes still in this process (a socket whose
  * kernel buffers are full): run with NCCL_BUFFSIZE=64M NCCL_MIN_CTAS=2 over
  * sockets, 32 MiB collectives split over 2 channels, whose last slots do not
@@ -795,6 +852,11 @@ int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "reducesteal") == 0) {
     int rc = mp_run(2, rank_steal, NULL, 300);
     fprintf(stderr, "%s single-copy reduce, 2 ranks\n", rc ? "FAILED" : "passed");
+    return rc;
+  }
+  if (argc > 1 && strcmp(argv[1], "bcastleft") == 0) {
+    int rc = mp_run(3, rank_bcast_left, NULL, 300);
+    fprintf(stderr, "%s streamed broadcast with a stopped reader, 3 ranks\n", rc ? "FAILED" : "passed");
     return rc;
   }
   if (argc > 1 && strcmp(argv[1], "burst") == 0) {
