@@ -165,13 +165,14 @@ static size_t direct_max_bytes(void) { return 256 * 1024; }
 static int bcast_chunked(size_t bytes) { return bytes > BCAST_CHUNK; }
 /* Larger than a large buffer: the root streams the payload through a ring
  * of chunks (BCAST_RING_BYTES: both large buffers and the space after
- * them), overwriting a chunk once every reader acknowledged it. Up to 8 MiB
- * (8 turns of the ring): every rank waits for the slowest reader within the
- * ring, and a call long enough to span several of the scheduler's slices
- * meets a reader descheduled now and then. Beside a CPU hog, 4 and 8 ranks
- * on 2 CPUs, streamed 32 MiB took 1.3-1.6x as long as single copy (readers
- * at their own pace; 8 MiB: 0.6-0.8x as long), though 1.15-1.6x faster on a
- * quiet machine. */
+ * them), overwriting a chunk once every reader acknowledged it or was left
+ * behind (wait_acks). Up to 8 MiB (8 turns of the ring): a call long enough
+ * to span several of the scheduler's slices meets a reader descheduled now
+ * and then. Beside a CPU hog, 4 and 8 ranks on 2 CPUs, streamed 32 MiB took
+ * 1.3-1.6x as long as single copy while the root waited for every reader
+ * (readers at their own pace; 8 MiB: 0.6-0.8x as long), though 1.15-1.6x
+ * faster on a quiet machine; leaving laggards behind brought it to single
+ * copy's time there, not below (docs/ARCHITECTURE.md). */
 #define BCAST_STREAM_MAX ((size_t)8 << 20)
 /* The ring was the two large buffers (512 KiB) until 8 ranks on 2 CPUs,
  * broadcast of 8 MiB, measured 5.0 ms (median of 5 interleaved rounds,
