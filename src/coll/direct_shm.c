@@ -146,7 +146,6 @@ struct direct_state {
   int prefetchw; /* the CPU has prefetch-for-store (direct_end) */
   uint32_t* peer_done; /* by rank: the last value read of its done counter */
   uint32_t* peer_ack;  /* by rank: the last value read of its ack[] of this rank */
-  int32_t* pid;        /* by rank: its process (single-copy reads of a broadcast root's buffer) */
   unsigned char* left; /* by rank: a streamed broadcast's root went on without it (this call) */
   uint32_t stream;     /* chunks this rank published as a broadcast root, ever */
   struct mb_ctrl** ctrl; /* by rank */
@@ -163,6 +162,7 @@ static size_t direct_max_bytes(void) { return 256 * 1024; }
  * while it still copies in (the root's copy no longer adds to theirs). */
 #define BCAST_CHUNK ((size_t)16384)
 static int bcast_chunked(size_t bytes) { return bytes > BCAST_CHUNK; }
+static uint32_t bcast_chunks(size_t bytes) { return (uint32_t)((bytes + BCAST_CHUNK - 1) / BCAST_CHUNK); }
 /* Larger than a large buffer: the root streams the payload through a ring
  * of chunks (BCAST_RING_BYTES: both large buffers and the space after
  * them), overwriting a chunk once every reader acknowledged it or was left
@@ -253,9 +253,13 @@ ncclResult_t board_give_way(struct ncclComm* comm, int peer) {
  * on one CPU: reduce 8 B took 10 us a call with the 2 ms spin time (every
  * timed loop spun out once), 0.2 us with the yield. Between ranks on
  * different CPUs nothing changes. */
-static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* waiters, uint32_t want, int peer) {
-  int64_t deadline = 0, t0 = 0;
+/* With limit_ns > 0 the wait ends after about that long even if the word
+ * is short (*reached 0; it then never sleeps, only polls and yields). */
+static ncclResult_t wait_seq_for(struct ncclComm* comm, uint32_t* word, uint32_t* waiters, uint32_t want, int peer,
+                                 int64_t limit_ns, int* reached) {
+  int64_t deadline = 0, t0 = 0, start = 0;
   int yields = 0, spinning = 1;
+  *reached = 1;
   for (int it = 0;; it++) {
     uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
     if ((int32_t)(v - want) >= 0) return ncclSuccess;
@@ -272,11 +276,31 @@ static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* wa
         cpu_relax();
         continue;
       }
+      if (limit_ns > 0) {
+        int64_t now = time_ns();
+        if (start == 0) start = now;
+        if (now - start > limit_ns) {
+          *reached = 0;
+          return ncclSuccess;
+        }
+      }
       if (comm_keep_polling(comm, it, &t0)) {
         NCCLCHECK(board_give_way(comm, peer));
         continue;
       }
       spinning = 0;
+    }
+    if (limit_ns > 0) {
+      /* Bounded: yield (the peer may need this CPU) until the limit, no sleep. */
+      int64_t now = time_ns();
+      if (start == 0) start = now;
+      if (now - start > limit_ns) {
+        *reached = 0;
+        return ncclSuccess;
+      }
+      NCCLCHECK(comm_stop_check(comm));
+      sched_yield();
+      continue;
     }
     if (yields++ < 16) {
       NCCLCHECK(comm_stop_check(comm)); /* a yield may be long on a crowded CPU */
@@ -299,6 +323,11 @@ static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* wa
   }
 }
 
+static ncclResult_t wait_seq(struct ncclComm* comm, uint32_t* word, uint32_t* waiters, uint32_t want, int peer) {
+  int reached;
+  return wait_seq_for(comm, word, waiters, want, peer, 0, &reached);
+}
+
 void direct_free(struct ncclComm* comm) {
   struct direct_state* d = comm->direct;
   if (!d) return;
@@ -307,7 +336,6 @@ void direct_free(struct ncclComm* comm) {
   free(d->small);
   free(d->peer_done);
   free(d->peer_ack);
-  free(d->pid);
   free(d->left);
   free(d->data);
   free(d->segs);
@@ -349,13 +377,12 @@ static ncclResult_t direct_setup(struct ncclComm* comm) {
   d->small = calloc((size_t)n, sizeof(*d->small));
   d->peer_done = calloc((size_t)n, sizeof(*d->peer_done));
   d->peer_ack = calloc((size_t)n, sizeof(*d->peer_ack));
-  d->pid = calloc((size_t)n, sizeof(*d->pid));
   d->left = calloc((size_t)n, sizeof(*d->left));
   d->data = calloc((size_t)n, sizeof(*d->data));
   d->segs = calloc((size_t)n, sizeof(*d->segs));
   struct mb_info* all = calloc((size_t)n, sizeof(*all));
   ncclResult_t res = ncclSuccess;
-  if (!d->ctrl || !d->small || !d->peer_done || !d->peer_ack || !d->pid || !d->left || !d->data || !d->segs || !all) {
+  if (!d->ctrl || !d->small || !d->peer_done || !d->peer_ack || !d->left || !d->data || !d->segs || !all) {
     res = err_set(ncclSystemError, "out of memory for the direct algorithm");
     goto out;
   }
@@ -364,7 +391,6 @@ static ncclResult_t direct_setup(struct ncclComm* comm) {
   all[comm->rank] = (struct mb_info){(int32_t)getpid(), d->segs[comm->rank].fd};
   NCCLCHECKGOTO(bootstrap_allgather(comm->bs, all, sizeof(*all)), res, out);
   for (int i = 0; i < n; i++) {
-    d->pid[i] = all[i].pid;
     if (i != comm->rank && (res = shmseg_open(all[i].pid, all[i].fd, d->map_len, i, "direct mailbox", &d->segs[i])) !=
                                ncclSuccess)
       break;
@@ -819,8 +845,8 @@ static ncclResult_t direct_alltoall(struct coll_args* a) {
 #define BCAST_LAG_NS 200000
 
 /* Until every reader the root has not left behind has acknowledged stream
- * count `need`; a reader still short of it after BCAST_LAG_NS of polls and
- * yields is left behind (left[]), where `may_leave`. */
+ * count `need`; a reader still short of it after BCAST_LAG_NS is left
+ * behind (left[]), where `may_leave`. */
 static ncclResult_t wait_acks(struct ncclComm* comm, uint32_t need, int may_leave) {
   struct direct_state* d = comm->direct;
   int me = comm->rank;
@@ -829,28 +855,13 @@ static ncclResult_t wait_acks(struct ncclComm* comm, uint32_t need, int may_leav
                       offsetof(struct mb_ctrl, ack_waiters), need);
   for (int i = 0; i < d->n; i++) {
     if (i == me || d->left[i] || (int32_t)(d->peer_ack[i] - need) >= 0) continue;
-    uint32_t* word = &d->ctrl[i]->ack[me];
-    int64_t t0 = 0;
-    for (int it = 0;; it++) {
-      uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-      if ((int32_t)(v - need) >= 0) {
-        d->peer_ack[i] = v;
-        break;
-      }
-      if (it < comm_min_polls(comm) || (it & 15) != 0) {
-        cpu_relax();
-        continue;
-      }
-      int64_t now = time_ns();
-      if (t0 == 0) t0 = now;
-      if (now - t0 > BCAST_LAG_NS) {
-        d->left[i] = 1;
-        comm->bcast_left++;
-        break;
-      }
-      /* The reader may be waiting for this CPU: let it run. */
-      NCCLCHECK(comm_stop_check(comm));
-      sched_yield();
+    int reached;
+    NCCLCHECK(wait_seq_for(comm, &d->ctrl[i]->ack[me], &d->ctrl[i]->ack_waiters, need, i, BCAST_LAG_NS, &reached));
+    if (reached) {
+      d->peer_ack[i] = need;
+    } else {
+      d->left[i] = 1;
+      comm->bcast_left++;
     }
   }
   return ncclSuccess;
@@ -875,7 +886,7 @@ static ncclResult_t bcast_root_chunks(struct ncclComm* comm, char* mine, const c
   size_t ring = streamed ? d->ring_bytes / BCAST_CHUNK : SIZE_MAX;
   int may_leave = streamed && comm->cma;
   uint32_t first = d->stream;
-  uint32_t nchunks = (uint32_t)((bytes + BCAST_CHUNK - 1) / BCAST_CHUNK);
+  uint32_t nchunks = bcast_chunks(bytes);
   d->stream += nchunks;
   l->first = first;
   if (streamed) {
@@ -921,7 +932,7 @@ static ncclResult_t bcast_read_chunks(struct ncclComm* comm, int root, char* dst
   size_t ring = streamed ? d->ring_bytes / BCAST_CHUNK : SIZE_MAX;
   int may_be_left = streamed && comm->cma;
   uint32_t first = __atomic_load_n(&l->first, __ATOMIC_RELAXED);
-  uint32_t last = first + (uint32_t)((bytes + BCAST_CHUNK - 1) / BCAST_CHUNK);
+  uint32_t last = first + bcast_chunks(bytes);
   for (size_t off = 0, j = 0; off < bytes; off += BCAST_CHUNK, j++) {
     uint32_t want = first + (uint32_t)j + 1;
     NCCLCHECK(wait_seq(comm, &l->progress, waiters, want, root));
@@ -936,7 +947,7 @@ static ncclResult_t bcast_read_chunks(struct ncclComm* comm, int root, char* dst
          * acknowledges the last chunk. */
         uint64_t from = __atomic_load_n(&rc->src, __ATOMIC_RELAXED) + off;
         int err = 0;
-        if (cma_read(d->pid[root], dst + off, from, bytes - off, &err) != ncclSuccess)
+        if (cma_read(comm->peers[root].pid, dst + off, from, bytes - off, &err) != ncclSuccess)
           return err_set(ncclSystemError, "rank %d: reading the rest of rank %d's broadcast (%zu bytes) from its "
                          "buffer failed: %s", comm->rank, root, bytes - off, strerror(err));
         comm->bcast_pulled++;

@@ -57,6 +57,7 @@ struct mapped_state {
   int map_warned; /* a peer's buffer could not be mapped (warned once) */
   struct map_desc* all; /* nranks descriptors */
   char* scratch;        /* one block of results, reduced here then copied out */
+  int fused;            /* COLLIE_MAPPED_FUSED: the one-pass float sum (0: the block path, for comparison) */
   /* The plan the tuner makes without this row, for the last call shape that
    * needed it (a program with malloc'd buffers needs it in every call). */
   struct {
@@ -91,18 +92,6 @@ static ncclResult_t run_instead(struct coll_args* a, struct mapped_state* m) {
  * copies out (4 or 16 KiB ahead) made it 1.2-2x slower. */
 #define BLOCK_BYTES 4096
 
-/* COLLIE_MAPPED_FUSED=0 turns the one-pass float sum off (the block path
- * runs instead), for comparison. */
-static int fused_wanted(void) {
-  static int v = -1;
-  int f = __atomic_load_n(&v, __ATOMIC_RELAXED);
-  if (f < 0) {
-    f = (int)param_int(P_COLLIE_MAPPED_FUSED, 0, 1);
-    __atomic_store_n(&v, f, __ATOMIC_RELAXED);
-  }
-  return f;
-}
-
 /* COLLIE_MAPPED=auto: from this many bytes per rank. */
 #define MAPPED_AUTO_MIN ((size_t)1 << 20)
 
@@ -134,6 +123,7 @@ static ncclResult_t state(struct ncclComm* comm, struct mapped_state** out) {
     if (m) {
       m->all = calloc((size_t)comm->nranks, sizeof(*m->all));
       if (posix_memalign((void**)&m->scratch, 64, BLOCK_BYTES) != 0) m->scratch = NULL;
+      m->fused = (int)param_int(P_COLLIE_MAPPED_FUSED, 0, 1);
     }
     if (!m || !m->all || !m->scratch) {
       if (m) {
@@ -231,7 +221,7 @@ static ncclResult_t mapped_run(struct coll_args* a, struct mapped_state* m) {
   size_t blk = BLOCK_BYTES / esz;
   const void* in[64];
   void* out[64];
-  if (a->dt == ncclFloat32 && a->op.kind == RED_SUM && !a->avg && a->out_far && fused_wanted()) {
+  if (a->dt == ncclFloat32 && a->op.kind == RED_SUM && !a->avg && a->out_far && m->fused) {
     /* The common case in one pass: each line loaded from every send buffer,
      * summed and streamed to every receive buffer, no block in between. */
     for (int i = 0; i < n; i++) {
