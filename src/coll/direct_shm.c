@@ -255,8 +255,9 @@ ncclResult_t board_give_way(struct ncclComm* comm, int peer) {
  * different CPUs nothing changes. */
 /* With limit_ns > 0 the wait ends after about that long even if the word
  * is short (*reached 0; it then never sleeps, only polls and yields). */
-static ncclResult_t wait_seq_for(struct ncclComm* comm, uint32_t* word, uint32_t* waiters, uint32_t want, int peer,
-                                 int64_t limit_ns, int* reached) {
+static inline __attribute__((always_inline)) ncclResult_t wait_seq_for(struct ncclComm* comm, uint32_t* word,
+                                                                     uint32_t* waiters, uint32_t want, int peer,
+                                                                     int64_t limit_ns, int* reached) {
   int64_t deadline = 0, t0 = 0, start = 0;
   int yields = 0, spinning = 1;
   *reached = 1;
