@@ -271,6 +271,7 @@ static void comm_release(ncclComm_t comm) {
     INFO(LOG_TUNING, "rank %d moved itself off a CPU it shared with a peer %llu time(s) (COLLIE_UNPAIR)",
          comm->rank, (unsigned long long)comm->unpair_moves);
   comm->unpair_moves = 0;
+  bind_comm_release(comm);
   mapped_free(comm);
   window_free_all(comm);
   direct_free(comm);

@@ -239,7 +239,7 @@ ncclResult_t board_give_way(struct ncclComm* comm, int peer) {
     __atomic_store_n(mine, sched_getcpu(), __ATOMIC_RELAXED);
     return ncclSuccess;
   }
-  sched_yield();
+  bind_yield();
   return ncclSuccess;
 }
 
@@ -300,12 +300,12 @@ static inline __attribute__((always_inline)) ncclResult_t wait_seq_for(struct nc
         return ncclSuccess;
       }
       NCCLCHECK(comm_stop_check(comm));
-      sched_yield();
+      bind_yield();
       continue;
     }
     if (yields++ < 16) {
       NCCLCHECK(comm_stop_check(comm)); /* a yield may be long on a crowded CPU */
-      sched_yield();
+      bind_yield();
       continue;
     }
     NCCLCHECK(prim_sleep_checks(comm, peer, &deadline, 1));

@@ -11,6 +11,7 @@
 #include "coll.h"
 #include "../failures.h"
 #include "../futex.h"
+#include "../graph/bind.h"
 
 static int nslots_for(size_t bytes, size_t slot) { return bytes == 0 ? 1 : (int)((bytes + slot - 1) / slot); }
 
@@ -297,7 +298,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     }
     if (yields++ < 16) {
       if ((res = comm_stop_check(comm)) != ncclSuccess) break; /* a yield may be long on a crowded CPU */
-      sched_yield();
+      bind_yield();
       continue;
     }
     if ((res = prim_sleep_checks(comm, -1, &deadline, !p2p_only)) != ncclSuccess) break;

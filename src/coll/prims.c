@@ -43,7 +43,19 @@ ncclResult_t prim_sleep_checks(struct ncclComm* comm, int peer, int64_t* deadlin
       return b;
     }
   }
-  if (*deadline == 0) *deadline = prim_deadline(comm);
+  /* When this wait began to sleep and how much of it was counted (per
+   * thread: one wait at a time): a held placement counts sleeps from 1 ms. */
+  static __thread int64_t asleep_ns, counted_ns;
+  if (*deadline == 0) {
+    *deadline = prim_deadline(comm);
+    if (bind_held()) asleep_ns = time_ns(), counted_ns = 0;
+  } else if (bind_held() && asleep_ns > 0) {
+    int64_t slept = time_ns() - asleep_ns;
+    if (slept >= BIND_HOLD_LONG_NS) {
+      bind_hold_count(slept - counted_ns, "a wait's sleep");
+      counted_ns = slept;
+    }
+  }
   if (*deadline > 0 && time_ms() > *deadline) {
     if (peer < 0) return err_set(ncclRemoteError, "rank %d: timed out waiting for its peers (COLLIE_TIMEOUT)", comm->rank);
     return err_set(ncclRemoteError, "rank %d: timed out waiting for rank %d (%s) (COLLIE_TIMEOUT)", comm->rank, peer,
@@ -152,7 +164,7 @@ static ncclResult_t wait_round(struct conn* c, int released, int it, int64_t* de
     /* On a crowded CPU each yield may cost a whole round of the run queue:
      * look at the stop flags (three loads) before every one. */
     NCCLCHECK(comm_stop_check(comm));
-    sched_yield();
+    bind_yield();
     return ncclSuccess;
   }
   NCCLCHECK(prim_sleep_checks(comm, c->peer, deadline, 1));

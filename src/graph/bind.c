@@ -325,13 +325,16 @@ out:
 
 /* ---- applying ------------------------------------------------------------- */
 
-/* sched_setaffinity(pid) changes one thread (the one whose id is pid), so the
- * whole process means every entry of /proc/self/task. A thread started while
+/* sched_setaffinity(pid) changes one thread (the one whose id is pid), so a
+ * whole process means every entry of /proc/PID/task. A thread started while
  * we walk inherits its creator's old mask; another pass catches it. */
-int bind_apply(const cpu_set_t* from, const cpu_set_t* set) {
+static int apply_to(pid_t pid, const cpu_set_t* from, const cpu_set_t* set) {
+  char path[64];
   int bound = 0;
+  if (pid == 0) snprintf(path, sizeof(path), "/proc/self/task");
+  else snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
   for (int pass = 0; pass < 8; pass++) {
-    DIR* d = opendir("/proc/self/task");
+    DIR* d = opendir(path);
     if (d == NULL) return -1;
     int changed = 0;
     bound = 0;
@@ -360,6 +363,110 @@ int bind_apply(const cpu_set_t* from, const cpu_set_t* set) {
     if (changed == 0) break;
   }
   return bound;
+}
+
+int bind_apply(const cpu_set_t* from, const cpu_set_t* set) { return apply_to(0, from, set); }
+
+/* ---- held placement of ranks that outnumber the cores -------------------- */
+
+/* With more local ranks than cores, COLLIE_BIND=auto puts local rank i on
+ * core i mod cores (two ranks a CPU at 4 ranks on 2 CPUs) and holds it there
+ * only while nothing else wants those CPUs: the first wait that sleeps
+ * longer than BIND_HOLD_MS gives every local rank its whole mask back (the
+ * ranks belong to one user, so one rank may set another's mask), for the
+ * rest of the processes' lives. Unbound, such ranks drift: a futex wake puts
+ * the woken rank beside its waker, and for the first few hundred ms of a run
+ * three ranks often take turns on one CPU while the fourth has the other to
+ * itself (4-rank alltoall of 128 KiB 45-47 us in 4 of 8 runs, 27 in the
+ * others; held: 24.5-29 in 8 of 8). Held beside a CPU hog, the two ranks on
+ * the hog's CPU wait for its time slices (every call 2-4 ms): their peers'
+ * sleeps, a slice long, end the hold. A rank that waits for a peer's compute
+ * ends it too; it only ever falls back to the unbound placement. */
+#define BIND_HOLD_RANKS 64
+static struct {
+  const void* comm; /* the communicator that set it */
+  int n;
+  pid_t pid[BIND_HOLD_RANKS];
+  cpu_set_t set[BIND_HOLD_RANKS]; /* what local rank k of pid[k] was given */
+  cpu_set_t whole;                /* the mask every one of them had */
+} hold;
+int bind_hold_state; /* BIND_HOLD_NONE, _HELD, _OVER */
+
+void bind_hold_end(const char* why, int all) {
+  int held = BIND_HOLD_HELD;
+  if (!__atomic_compare_exchange_n(&bind_hold_state, &held, BIND_HOLD_OVER, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    return;
+  pid_t self = getpid();
+  int n = 0;
+  for (int k = 0; k < hold.n; k++) {
+    if (!all && hold.pid[k] != self) continue;
+    if (apply_to(hold.pid[k] == self ? 0 : hold.pid[k], &hold.set[k], &hold.whole) > 0) n++;
+  }
+  char list[128];
+  bind_cpulist(&hold.whole, list, sizeof(list));
+  INFO(LOG_INIT | LOG_ENV, "COLLIE_BIND=auto: %s; %d process(es) may run on CPUs %s again", why, n, list);
+}
+/* The hold ends when waits of at least BIND_HOLD_LONG_NS (a yield that came
+ * back only after another task's time slice, or a wait's sleep) add up to
+ * BIND_HOLD_SUM_NS within one BIND_HOLD_WINDOW_NS window. Without a hog a
+ * 4-rank run sees a few such waits at start-up (1.3-4.8 ms each, while the
+ * others finish init) and almost none after; beside one, the ranks that
+ * share its CPU wait a slice (1.5-2 ms) in every call. */
+#define BIND_HOLD_SUM_NS 20000000LL
+#define BIND_HOLD_WINDOW_NS 100000000LL
+
+void bind_hold_count(int64_t waited_ns, const char* how) {
+  static int64_t window_start, window_sum; /* this process's waits (racy sums are fine: a heuristic) */
+  cpu_set_t cur;
+  if (sched_getaffinity(0, sizeof(cur), &cur) == 0 && CPU_EQUAL(&cur, &hold.whole)) {
+    /* Another local rank ended the hold for every process. */
+    int held = BIND_HOLD_HELD;
+    __atomic_compare_exchange_n(&bind_hold_state, &held, BIND_HOLD_OVER, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    return;
+  }
+  int64_t now = time_ns();
+  if (now - __atomic_load_n(&window_start, __ATOMIC_RELAXED) > BIND_HOLD_WINDOW_NS) {
+    __atomic_store_n(&window_start, now, __ATOMIC_RELAXED);
+    __atomic_store_n(&window_sum, 0, __ATOMIC_RELAXED);
+  }
+  int64_t sum = __atomic_add_fetch(&window_sum, waited_ns, __ATOMIC_RELAXED);
+  if (sum < BIND_HOLD_SUM_NS) return;
+  char why[128];
+  snprintf(why, sizeof(why), "waits of 1 ms or more (%s: %.1f ms) took %.1f ms of the last %.0f ms", how,
+           waited_ns / 1e6, sum / 1e6, BIND_HOLD_WINDOW_NS / 1e6);
+  bind_hold_end(why, 1);
+}
+
+void bind_comm_release(ncclComm_t comm) {
+  if (bind_held() && hold.comm == comm) bind_hold_end("its communicator is released", 0);
+}
+
+/* Plans the held placement of every local rank (local rank k on unit k mod
+ * cores) and applies this rank's. Returns NULL, or why not. */
+static const char* hold_plan(ncclComm_t comm, const struct bind_topo* t, const cpu_set_t* cur, cpu_set_t* mine,
+                             int* node, char* why, size_t n) {
+  const collie_peer_info_t* me = &comm->peers[comm->rank];
+  if (comm->local_size > BIND_HOLD_RANKS) {
+    snprintf(why, n, "%d local ranks (held placement up to %d)", comm->local_size, BIND_HOLD_RANKS);
+    return why;
+  }
+  if (__atomic_load_n(&bind_hold_state, __ATOMIC_ACQUIRE) != BIND_HOLD_NONE) return "a held placement was ended";
+  int units = t->ncores;
+  if (units < 2) return "one core: nowhere to spread the ranks";
+  hold.n = 0;
+  hold.whole = *cur;
+  for (int i = 0; i < comm->nranks; i++) {
+    const collie_peer_info_t* p = &comm->peers[i];
+    if (p->host_hash != me->host_hash) continue;
+    int k = hold.n++, nd;
+    hold.pid[k] = (pid_t)p->pid;
+    if (bind_plan(t, BIND_SHARE, p->local_rank % units, units, &hold.set[k], &nd, why, n) != 0) return why;
+    if (i == comm->rank) {
+      *mine = hold.set[k];
+      *node = nd;
+    }
+  }
+  return NULL;
 }
 
 /* ---- the library's policy ------------------------------------------------- */
@@ -410,7 +517,7 @@ static int threaded_runtime(char* name, size_t n) {
 }
 
 /* Why not to bind, or NULL to go on: the cheap checks before the topology. */
-static const char* bind_refusal(ncclComm_t comm, int is_auto, const cpu_set_t* cur, char* buf, size_t n) {
+static const char* bind_refusal(ncclComm_t comm, int is_auto, const cpu_set_t* cur, int* held, char* buf, size_t n) {
   const collie_peer_info_t* me = &comm->peers[comm->rank];
   if (comm->local_size < 2) return "one rank on this host";
   for (int i = 0; i < comm->nranks; i++) {
@@ -425,12 +532,14 @@ static const char* bind_refusal(ncclComm_t comm, int is_auto, const cpu_set_t* c
     }
   }
   int ncpu = CPU_COUNT(cur);
-  if (ncpu < comm->local_size) {
+  *held = ncpu < comm->local_size;
+  if (*held && !is_auto) {
     snprintf(buf, n, "%d local ranks but %d CPUs", comm->local_size, ncpu);
     return buf;
   }
   if (!is_auto) return NULL;
-  int share = ncpu / comm->local_size, want = wanted_threads();
+  /* Held (more ranks than CPUs): a rank gets at most one CPU, shared. */
+  int share = *held ? 1 : ncpu / comm->local_size, want = wanted_threads();
   char lib[32];
   if (want > share) {
     snprintf(buf, n, "compute threads wanted (%d, *_NUM_THREADS) exceed a rank's share of %d CPUs", want, share);
@@ -465,7 +574,8 @@ void bind_comm(ncclComm_t comm) {
     snprintf(why, sizeof(why), "sched_getaffinity: %s", strerror(errno));
     no = why;
   }
-  if (no == NULL) no = bind_refusal(comm, is_auto, &cur, why, sizeof(why));
+  int held = 0;
+  if (no == NULL) no = bind_refusal(comm, is_auto, &cur, &held, why, sizeof(why));
   if (no == NULL && bind_topo_load(&cur, &t) != ncclSuccess) {
     snprintf(why, sizeof(why), "no topology: %s", ncclGetLastError(NULL));
     no = why;
@@ -477,7 +587,8 @@ void bind_comm(ncclComm_t comm) {
     no = why;
   }
   int node = -1, nthreads = 0;
-  if (no == NULL && bind_plan(&t, mode, comm->local_rank, comm->local_size, &set, &node, why, sizeof(why)) != 0)
+  if (no == NULL && held) no = hold_plan(comm, &t, &cur, &set, &node, why, sizeof(why));
+  else if (no == NULL && bind_plan(&t, mode, comm->local_rank, comm->local_size, &set, &node, why, sizeof(why)) != 0)
     no = why;
   if (no == NULL && (nthreads = bind_apply(&cur, &set)) < 0) {
     snprintf(why, sizeof(why), "sched_setaffinity: %s", strerror(errno));
@@ -490,9 +601,14 @@ void bind_comm(ncclComm_t comm) {
     return;
   }
   __atomic_store_n(&placed, 1, __ATOMIC_RELEASE);
+  if (held) {
+    hold.comm = comm;
+    __atomic_store_n(&bind_hold_state, BIND_HOLD_HELD, __ATOMIC_RELEASE);
+  }
   bind_cpulist(&set, list, sizeof(list));
-  INFO(LOG_INIT, "COLLIE_BIND=%s: local rank %d/%d bound to CPUs %s (NUMA node %d, %d thread(s))", is_auto ? "auto" : v,
-       comm->local_rank, comm->local_size, list, node, nthreads);
+  INFO(LOG_INIT, "COLLIE_BIND=%s: local rank %d/%d bound to CPUs %s (NUMA node %d, %d thread(s))%s",
+       is_auto ? "auto" : v, comm->local_rank, comm->local_size, list, node, nthreads,
+       held ? "; held while no rank waits long for its CPU (more local ranks than CPUs)" : "");
 }
 
 int bind_move_off_cpu(int cpu) {

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "nccl.h"
+#include "../core.h"
 
 enum bind_mode {
   BIND_NONE,     /* leave the mask alone */
@@ -81,5 +82,32 @@ int bind_host_cpus(ncclComm_t comm, uint64_t host_hash);
  * rank its share of the cores (see docs/ARCHITECTURE.md, Placement). Never
  * fails init; logs one INFO line saying what it did and why. */
 void bind_comm(ncclComm_t comm);
+/* The held placement of ranks that outnumber the cores (bind.c): bind_comm
+ * sets BIND_HOLD_HELD; bind_hold_end gives this process (all: every local
+ * rank of the communicator that set it) its whole mask back, once, with an
+ * INFO line saying why; bind_hold_check ends it when a wait has slept
+ * slept_ms (waiters call it through bind_hold_slept). */
+enum { BIND_HOLD_NONE, BIND_HOLD_HELD, BIND_HOLD_OVER };
+extern int bind_hold_state;
+void bind_hold_end(const char* why, int all);
+/* Counts waited_ns of a long wait (the caller checked it is one). */
+void bind_hold_count(int64_t waited_ns, const char* how);
+#define BIND_HOLD_LONG_NS 1000000LL
+/* At a communicator's release: the hold it set ends for this process (its
+ * affinity must not outlive the library's waits). */
+void bind_comm_release(ncclComm_t comm);
+static inline int bind_held(void) { return __atomic_load_n(&bind_hold_state, __ATOMIC_RELAXED) == BIND_HOLD_HELD; }
+/* sched_yield, timed while a placement is held: a yield that returns only
+ * after a whole time slice means something else on this CPU wants it. */
+static inline void bind_yield(void) {
+  if (!bind_held()) {
+    sched_yield();
+    return;
+  }
+  int64_t t = time_ns();
+  sched_yield();
+  t = time_ns() - t;
+  if (t >= BIND_HOLD_LONG_NS) bind_hold_count(t, "a yield");
+}
 
 #endif

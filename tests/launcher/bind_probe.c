@@ -3,12 +3,18 @@
  * COLLIE_BIND acts: src/graph/bind.c), then prints one line per rank:
  *   bind RANK LOCAL_RANK LOCAL_SIZE MAIN_CPUS HELPER_CPUS
  * with the CPU lists the kernel reports for the main and the helper thread,
- * so the test sees that a thread started before init was bound too. */
+ * so the test sees that a thread started before init was bound too. With
+ * BIND_PROBE_SLEEP_MS set, every rank calls a one-element allreduce, rank 0
+ * sleeps that long, every rank calls another (the others wait for rank 0
+ * in it) and
+ * prints the same with "after"; after ncclCommDestroy it prints "destroyed"
+ * (a held placement, src/graph/bind.c, ends in either). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -52,6 +58,15 @@ static int thread_cpus(pid_t tid, char* out, size_t n) {
   return found;
 }
 
+/* Prints "WHAT RANK LOCAL_RANK LOCAL_SIZE MAIN_CPUS HELPER_CPUS"; 0 when the
+ * lists cannot be read. */
+static int show(const char* what, int rank, const collie_peer_info_t* info, char* m, char* h, size_t n) {
+  if (thread_cpus((pid_t)syscall(SYS_gettid), m, n) != 0 || thread_cpus(helper_tid, h, n) != 0) return 0;
+  printf("%s %d %d %d %s %s\n", what, rank, info->local_rank, info->local_size, m, h);
+  fflush(stdout);
+  return 1;
+}
+
 int main(void) {
   pthread_t th;
   if (pipe(stop_pipe) != 0 || pthread_create(&th, NULL, helper, NULL) != 0) {
@@ -79,7 +94,22 @@ int main(void) {
   }
   printf("bind %d %d %d %s %s\n", rank, info.local_rank, info.local_size, main_cpus, helper_cpus);
   fflush(stdout);
+  const char* s = getenv("BIND_PROBE_SLEEP_MS");
+  if (s != NULL) {
+    /* The first call sets up the connections (a bootstrap exchange, whose
+     * waits are not the collectives'); rank 0 sleeps before the second. */
+    float one = 1.0f, sum = 0.0f;
+    ncclResult_t r = ncclAllReduce(&one, &sum, 1, ncclFloat, ncclSum, comm, NULL);
+    if (rank == 0) usleep((useconds_t)atoi(s) * 1000);
+    if (r == ncclSuccess) r = ncclAllReduce(&one, &sum, 1, ncclFloat, ncclSum, comm, NULL);
+    if (r != ncclSuccess || sum != (float)info.local_size ||
+        !show("after", rank, &info, main_cpus, helper_cpus, sizeof(main_cpus))) {
+      fprintf(stderr, "bind_probe: allreduce or placement after it failed (sum %g)\n", sum);
+      return 1;
+    }
+  }
   ncclCommDestroy(comm);
+  if (!show("destroyed", rank, &info, main_cpus, helper_cpus, sizeof(main_cpus))) return 1;
   if (write(stop_pipe[1], "x", 1) != 1) return 1;
   pthread_join(th, NULL);
   return 0;

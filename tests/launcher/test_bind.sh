@@ -177,10 +177,27 @@ probe() {
     shift
     run -n "$n" --bind-to none "$@" -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT "$PROBE"
     local rc=$?
-    # keep the probe lines only; the INFO lines went to stderr
-    grep '^bind ' "$tmp/out" >"$tmp/probe" || true
-    mv "$tmp/probe" "$tmp/out"
+    # keep the probe lines only (the INFO lines went to stderr); the "after"
+    # and "destroyed" lines (held placement cases) apart
+    cp "$tmp/out" "$tmp/all"
+    grep '^bind ' "$tmp/all" >"$tmp/out" || true
     return $rc
+}
+# Probe lines of kind $1 ("after", "destroyed") into $tmp/out.
+kind() { grep "^$1 " "$tmp/all" >"$tmp/out"; }
+# Held placement (more local ranks than cores): local rank i on the CPUs of
+# one core, the same as local rank i + ncores, different from local rank
+# i + 1's; the helper thread with it.
+held_by_core() {
+    awk -v nc="$ncores" -v mine="$mine" '
+        { if ($5 == mine || $5 != $6) bad = 1; cpus[$3] = $5; n++ }
+        END {
+            for (i = 0; i < n; i++) {
+                if (i + nc < n && cpus[i] != cpus[i + nc]) bad = 1
+                if (i + 1 < nc && cpus[i] == cpus[i + 1]) bad = 1
+            }
+            exit bad
+        }' "$tmp/out"
 }
 # helper thread == main thread in every rank (column 4 vs 5)
 helper_follows() { awk '$5 != $6 { bad = 1 } END { exit bad }' "$tmp/out"; }
@@ -200,9 +217,29 @@ else
     ok $? "COLLIE_BIND=auto on one core: nobody bound"
 fi
 
-probe $((ncores + 1)) -x COLLIE_BIND=auto
-[ $? = 0 ] && lines $((ncores + 1)) && all_equal 4 "$mine" && all_equal 5 "$mine"
-ok $? "COLLIE_BIND=auto with more ranks ($((ncores + 1))) than cores: nobody bound"
+if [ "$ncores" -ge 2 ]; then
+    # More local ranks than cores: held two (or more) to a core, for as long as
+    # no rank waits long for its CPU; ncclCommDestroy gives each process its
+    # whole mask back.
+    probe $((ncores + 1)) -x COLLIE_BIND=auto
+    [ $? = 0 ] && lines $((ncores + 1)) && held_by_core &&
+        [ "$(grep -c 'held while no rank waits long for its CPU' "$tmp/err")" -eq $((ncores + 1)) ] &&
+        kind destroyed && lines $((ncores + 1)) && all_equal 4 "$mine" && all_equal 5 "$mine"
+    ok $? "COLLIE_BIND=auto with more ranks ($((ncores + 1))) than cores: held by core, whole masks after ncclCommDestroy"
+
+    # Rank 0 sleeps 300 ms before an allreduce: the others' sleeps in it end the
+    # hold, for every local rank, before rank 0 returns to the library.
+    probe $((ncores + 1)) -x COLLIE_BIND=auto -x BIND_PROBE_SLEEP_MS=300
+    [ $? = 0 ] && lines $((ncores + 1)) && held_by_core && kind after && lines $((ncores + 1)) &&
+        all_equal 4 "$mine" && all_equal 5 "$mine" && grep -q 'took .* ms of the last 100 ms; [0-9]* process(es) may run on' "$tmp/err"
+    ok $? "COLLIE_BIND=auto held: a long wait gives every local rank its whole mask back"
+else
+    skip "COLLIE_BIND=auto held placement" "needs 2 cores, have $ncores"
+fi
+
+probe $((ncores + 1)) -x COLLIE_BIND=core
+[ $? = 0 ] && lines $((ncores + 1)) && all_equal 4 "$mine" && grep -q 'local ranks but .* CPUs' "$tmp/err"
+ok $? "COLLIE_BIND=core with more ranks ($((ncores + 1))) than cores: nobody bound"
 
 probe 2 -x COLLIE_BIND=auto -x OMP_NUM_THREADS="$ncpu"
 [ $? = 0 ] && lines 2 && all_equal 4 "$mine" && grep -q 'compute threads wanted' "$tmp/err"
