@@ -369,7 +369,7 @@ int bind_apply(const cpu_set_t* from, const cpu_set_t* set) { return apply_to(0,
 
 /* ---- held placement of ranks that outnumber the cores -------------------- */
 
-/* With more local ranks than cores, COLLIE_BIND=auto puts local rank i on
+/* With more local ranks than cores, COLLIE_BIND=hold puts local rank i on
  * core i mod cores (two ranks a CPU at 4 ranks on 2 CPUs) and holds it there
  * only while nothing else wants those CPUs: the first wait that sleeps
  * longer than BIND_HOLD_MS gives every local rank its whole mask back (the
@@ -404,7 +404,7 @@ void bind_hold_end(const char* why, int all) {
   }
   char list[128];
   bind_cpulist(&hold.whole, list, sizeof(list));
-  INFO(LOG_INIT | LOG_ENV, "COLLIE_BIND=auto: %s; %d process(es) may run on CPUs %s again", why, n, list);
+  INFO(LOG_INIT | LOG_ENV, "COLLIE_BIND=hold: %s; %d process(es) may run on CPUs %s again", why, n, list);
 }
 /* The hold ends when waits of at least BIND_HOLD_LONG_NS (a yield that came
  * back only after another task's time slice, or a wait's sleep) add up to
@@ -517,7 +517,8 @@ static int threaded_runtime(char* name, size_t n) {
 }
 
 /* Why not to bind, or NULL to go on: the cheap checks before the topology. */
-static const char* bind_refusal(ncclComm_t comm, int is_auto, const cpu_set_t* cur, int* held, char* buf, size_t n) {
+static const char* bind_refusal(ncclComm_t comm, int is_auto, int may_hold, const cpu_set_t* cur, int* held, char* buf,
+                                size_t n) {
   const collie_peer_info_t* me = &comm->peers[comm->rank];
   if (comm->local_size < 2) return "one rank on this host";
   for (int i = 0; i < comm->nranks; i++) {
@@ -533,7 +534,7 @@ static const char* bind_refusal(ncclComm_t comm, int is_auto, const cpu_set_t* c
   }
   int ncpu = CPU_COUNT(cur);
   *held = ncpu < comm->local_size;
-  if (*held && !is_auto) {
+  if (*held && !may_hold) {
     snprintf(buf, n, "%d local ranks but %d CPUs", comm->local_size, ncpu);
     return buf;
   }
@@ -555,7 +556,9 @@ static const char* bind_refusal(ncclComm_t comm, int is_auto, const cpu_set_t* c
 void bind_comm(ncclComm_t comm) {
   static int placed; /* by an earlier communicator of this process */
   const char* v = param_str(P_COLLIE_BIND);
-  int is_auto = v == NULL || strcmp(v, "auto") == 0;
+  /* hold: auto, and ranks that outnumber the cores are held by core. */
+  int may_hold = v != NULL && strcmp(v, "hold") == 0;
+  int is_auto = v == NULL || strcmp(v, "auto") == 0 || may_hold;
   enum bind_mode mode = BIND_SHARE;
   char why[256], list[128];
   const char* no = NULL;
@@ -566,7 +569,7 @@ void bind_comm(ncclComm_t comm) {
   if (!is_auto && strcmp(v, "core") == 0) mode = BIND_CORE;
   else if (!is_auto && strcmp(v, "none") == 0) no = "COLLIE_BIND=none";
   else if (!is_auto) {
-    WARN("COLLIE_BIND=\"%s\" is not auto, core or none; not binding", v);
+    WARN("COLLIE_BIND=\"%s\" is not auto, hold, core or none; not binding", v);
     return;
   }
   if (no == NULL && __atomic_load_n(&placed, __ATOMIC_ACQUIRE)) no = "placed by an earlier communicator";
@@ -575,7 +578,7 @@ void bind_comm(ncclComm_t comm) {
     no = why;
   }
   int held = 0;
-  if (no == NULL) no = bind_refusal(comm, is_auto, &cur, &held, why, sizeof(why));
+  if (no == NULL) no = bind_refusal(comm, is_auto, may_hold, &cur, &held, why, sizeof(why));
   if (no == NULL && bind_topo_load(&cur, &t) != ncclSuccess) {
     snprintf(why, sizeof(why), "no topology: %s", ncclGetLastError(NULL));
     no = why;
@@ -596,7 +599,7 @@ void bind_comm(ncclComm_t comm) {
   }
   bind_topo_free(&t);
   if (no != NULL) {
-    INFO(LOG_INIT, "COLLIE_BIND=%s: local rank %d/%d left unbound: %s", is_auto ? "auto" : v, comm->local_rank,
+    INFO(LOG_INIT, "COLLIE_BIND=%s: local rank %d/%d left unbound: %s", v ? v : "auto", comm->local_rank,
          comm->local_size, no);
     return;
   }
@@ -607,7 +610,7 @@ void bind_comm(ncclComm_t comm) {
   }
   bind_cpulist(&set, list, sizeof(list));
   INFO(LOG_INIT, "COLLIE_BIND=%s: local rank %d/%d bound to CPUs %s (NUMA node %d, %d thread(s))%s",
-       is_auto ? "auto" : v, comm->local_rank, comm->local_size, list, node, nthreads,
+       v ? v : "auto", comm->local_rank, comm->local_size, list, node, nthreads,
        held ? "; held while no rank waits long for its CPU (more local ranks than CPUs)" : "");
 }
 

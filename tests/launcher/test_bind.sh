@@ -217,24 +217,28 @@ else
     ok $? "COLLIE_BIND=auto on one core: nobody bound"
 fi
 
+probe $((ncores + 1)) -x COLLIE_BIND=auto
+[ $? = 0 ] && lines $((ncores + 1)) && all_equal 4 "$mine" && all_equal 5 "$mine"
+ok $? "COLLIE_BIND=auto with more ranks ($((ncores + 1))) than cores: nobody bound"
+
 if [ "$ncores" -ge 2 ]; then
-    # More local ranks than cores: held two (or more) to a core, for as long as
-    # no rank waits long for its CPU; ncclCommDestroy gives each process its
-    # whole mask back.
-    probe $((ncores + 1)) -x COLLIE_BIND=auto
+    # COLLIE_BIND=hold, more local ranks than cores: held two (or more) to a
+    # core, for as long as no rank waits long for its CPU; ncclCommDestroy
+    # gives each process its whole mask back.
+    probe $((ncores + 1)) -x COLLIE_BIND=hold
     [ $? = 0 ] && lines $((ncores + 1)) && held_by_core &&
         [ "$(grep -c 'held while no rank waits long for its CPU' "$tmp/err")" -eq $((ncores + 1)) ] &&
         kind destroyed && lines $((ncores + 1)) && all_equal 4 "$mine" && all_equal 5 "$mine"
-    ok $? "COLLIE_BIND=auto with more ranks ($((ncores + 1))) than cores: held by core, whole masks after ncclCommDestroy"
+    ok $? "COLLIE_BIND=hold with more ranks ($((ncores + 1))) than cores: held by core, whole masks after ncclCommDestroy"
 
     # Rank 0 sleeps 300 ms before an allreduce: the others' sleeps in it end the
     # hold, for every local rank, before rank 0 returns to the library.
-    probe $((ncores + 1)) -x COLLIE_BIND=auto -x BIND_PROBE_SLEEP_MS=300
+    probe $((ncores + 1)) -x COLLIE_BIND=hold -x BIND_PROBE_SLEEP_MS=300
     [ $? = 0 ] && lines $((ncores + 1)) && held_by_core && kind after && lines $((ncores + 1)) &&
         all_equal 4 "$mine" && all_equal 5 "$mine" && grep -q 'took .* ms of the last 100 ms; [0-9]* process(es) may run on' "$tmp/err"
-    ok $? "COLLIE_BIND=auto held: a long wait gives every local rank its whole mask back"
+    ok $? "COLLIE_BIND=hold: a long wait gives every local rank its whole mask back"
 else
-    skip "COLLIE_BIND=auto held placement" "needs 2 cores, have $ncores"
+    skip "COLLIE_BIND=hold" "needs 2 cores, have $ncores"
 fi
 
 probe $((ncores + 1)) -x COLLIE_BIND=core
