@@ -255,6 +255,12 @@ ncclResult_t board_give_way(struct ncclComm* comm, int peer) {
  * different CPUs nothing changes. */
 /* With limit_ns > 0 the wait ends after about that long even if the word
  * is short (*reached 0; it then never sleeps, only polls and yields). */
+static inline int past_limit(int64_t limit_ns, int64_t* start) {
+  if (limit_ns <= 0) return 0;
+  int64_t now = time_ns();
+  if (*start == 0) *start = now;
+  return now - *start > limit_ns;
+}
 static inline __attribute__((always_inline)) ncclResult_t wait_seq_for(struct ncclComm* comm, uint32_t* word,
                                                                      uint32_t* waiters, uint32_t want, int peer,
                                                                      int64_t limit_ns, int* reached) {
@@ -277,13 +283,9 @@ static inline __attribute__((always_inline)) ncclResult_t wait_seq_for(struct nc
         cpu_relax();
         continue;
       }
-      if (limit_ns > 0) {
-        int64_t now = time_ns();
-        if (start == 0) start = now;
-        if (now - start > limit_ns) {
-          *reached = 0;
-          return ncclSuccess;
-        }
+      if (past_limit(limit_ns, &start)) {
+        *reached = 0;
+        return ncclSuccess;
       }
       if (comm_keep_polling(comm, it, &t0)) {
         NCCLCHECK(board_give_way(comm, peer));
@@ -293,9 +295,7 @@ static inline __attribute__((always_inline)) ncclResult_t wait_seq_for(struct nc
     }
     if (limit_ns > 0) {
       /* Bounded: yield (the peer may need this CPU) until the limit, no sleep. */
-      int64_t now = time_ns();
-      if (start == 0) start = now;
-      if (now - start > limit_ns) {
+      if (past_limit(limit_ns, &start)) {
         *reached = 0;
         return ncclSuccess;
       }

@@ -371,17 +371,19 @@ int bind_apply(const cpu_set_t* from, const cpu_set_t* set) { return apply_to(0,
 
 /* With more local ranks than cores, COLLIE_BIND=hold puts local rank i on
  * core i mod cores (two ranks a CPU at 4 ranks on 2 CPUs) and holds it there
- * only while nothing else wants those CPUs: the first wait that sleeps
- * longer than BIND_HOLD_MS gives every local rank its whole mask back (the
- * ranks belong to one user, so one rank may set another's mask), for the
- * rest of the processes' lives. Unbound, such ranks drift: a futex wake puts
+ * only while nothing else wants those CPUs: long waits (bind_hold_count,
+ * below) give every local rank its whole mask back (the ranks belong to one
+ * user, so one rank may set another's mask), for the rest of the processes'
+ * lives. Unbound, such ranks drift: a futex wake puts
  * the woken rank beside its waker, and for the first few hundred ms of a run
  * three ranks often take turns on one CPU while the fourth has the other to
  * itself (4-rank alltoall of 128 KiB 45-47 us in 4 of 8 runs, 27 in the
  * others; held: 24.5-29 in 8 of 8). Held beside a CPU hog, the two ranks on
  * the hog's CPU wait for its time slices (every call 2-4 ms): their peers'
  * sleeps, a slice long, end the hold. A rank that waits for a peer's compute
- * ends it too; it only ever falls back to the unbound placement. */
+ * ends it too; it only ever falls back to the unbound placement. Opt-in
+ * (COLLIE_BIND=hold): once ended beside a hog, the ranks stay where it put
+ * them, two on the hog's CPU (docs/ARCHITECTURE.md, Placement). */
 #define BIND_HOLD_RANKS 64
 static struct {
   const void* comm; /* the communicator that set it */

@@ -82,11 +82,12 @@ int bind_host_cpus(ncclComm_t comm, uint64_t host_hash);
  * rank its share of the cores (see docs/ARCHITECTURE.md, Placement). Never
  * fails init; logs one INFO line saying what it did and why. */
 void bind_comm(ncclComm_t comm);
-/* The held placement of ranks that outnumber the cores (bind.c): bind_comm
- * sets BIND_HOLD_HELD; bind_hold_end gives this process (all: every local
- * rank of the communicator that set it) its whole mask back, once, with an
- * INFO line saying why; bind_hold_check ends it when a wait has slept
- * slept_ms (waiters call it through bind_hold_slept). */
+/* The held placement of ranks that outnumber the cores (COLLIE_BIND=hold,
+ * bind.c): bind_comm sets BIND_HOLD_HELD; bind_hold_end gives this process
+ * (all: every local rank of the communicator that set it) its whole mask
+ * back, once, with an INFO line saying why. Waiters report their waits of
+ * BIND_HOLD_LONG_NS or more to bind_hold_count (bind_yield, prim_sleep_checks),
+ * which ends the hold when they add up. */
 enum { BIND_HOLD_NONE, BIND_HOLD_HELD, BIND_HOLD_OVER };
 extern int bind_hold_state;
 void bind_hold_end(const char* why, int all);
