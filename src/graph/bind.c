@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../comm.h"
@@ -381,9 +382,12 @@ int bind_apply(const cpu_set_t* from, const cpu_set_t* set) { return apply_to(0,
  * others; held: 24.5-29 in 8 of 8). Held beside a CPU hog, the two ranks on
  * the hog's CPU wait for its time slices (every call 2-4 ms): their peers'
  * sleeps, a slice long, end the hold. A rank that waits for a peer's compute
- * ends it too; it only ever falls back to the unbound placement. Opt-in
- * (COLLIE_BIND=hold): once ended beside a hog, the ranks stay where it put
- * them, two on the hog's CPU (docs/ARCHITECTURE.md, Placement). */
+ * ends it too; it only ever falls back to the unbound placement. A process
+ * that keeps a CPU busy at init means no hold at all (hold_plan), and one
+ * that turns up later is stepped around when the hold ends (bind_hold_end
+ * moves every rank off its CPU first). Opt-in (COLLIE_BIND=hold): it is not
+ * ahead of the unbound placement on every machine (docs/ARCHITECTURE.md,
+ * Placement). */
 #define BIND_HOLD_RANKS 64
 static struct {
   const void* comm; /* the communicator that set it */
@@ -394,19 +398,93 @@ static struct {
 } hold;
 int bind_hold_state; /* BIND_HOLD_NONE, _HELD, _OVER */
 
+static int held_pid(pid_t pid) {
+  for (int k = 0; k < hold.n; k++)
+    if (hold.pid[k] == pid) return 1;
+  return 0;
+}
+
+/* Adds to `busy` the CPU of every runnable thread of a process `task_dir`
+ * (/proc/PID/task) names. Field 3 of a task's stat is its state, field 39
+ * the CPU it last ran on. */
+static void runnable_cpus(const char* task_dir, cpu_set_t* busy) {
+  DIR* d = opendir(task_dir);
+  if (d == NULL) return;
+  struct dirent* e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    char path[352], buf[1024];
+    snprintf(path, sizeof(path), "%s/%s/stat", task_dir, e->d_name);
+    FILE* f = fopen(path, "re");
+    if (f == NULL) continue;
+    size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[len] = 0;
+    char* p = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
+    if (p == NULL || p[1] != ' ' || p[2] != 'R') continue;
+    int field = 3, cpu = -1;
+    for (char* q = p + 2; *q; q++) {
+      if (*q != ' ') continue;
+      if (++field == 39) {
+        cpu = atoi(q + 1);
+        break;
+      }
+    }
+    if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, busy);
+  }
+  closedir(d);
+}
+
+/* The CPUs of `among` on which a thread of another process (not one of the
+ * held ranks, not this one) is runnable now: a hog's CPU. */
+static void foreign_busy_cpus(const cpu_set_t* among, cpu_set_t* busy) {
+  CPU_ZERO(busy);
+  DIR* d = opendir("/proc");
+  if (d == NULL) return;
+  pid_t self = getpid();
+  struct dirent* e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    pid_t pid = (pid_t)atoi(e->d_name);
+    if (pid == self || held_pid(pid)) continue;
+    char dir[64];
+    snprintf(dir, sizeof(dir), "/proc/%d/task", (int)pid);
+    runnable_cpus(dir, busy);
+  }
+  closedir(d);
+  CPU_AND(busy, busy, among);
+}
+
 void bind_hold_end(const char* why, int all) {
   int held = BIND_HOLD_HELD;
   if (!__atomic_compare_exchange_n(&bind_hold_state, &held, BIND_HOLD_OVER, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
     return;
   pid_t self = getpid();
+  /* Beside another busy task, first move every rank off its CPU: left
+   * where the hold put them, the ranks on that CPU wait for its time slices
+   * in every call, and the scheduler does not move a rank that sleeps and
+   * wakes there (4-rank reduce of 8 B: 45-50 us a call against 0.5 unbound). */
+  cpu_set_t busy, away;
+  CPU_ZERO(&busy);
+  if (all) foreign_busy_cpus(&hold.whole, &busy);
+  CPU_XOR(&away, &hold.whole, &busy);
+  int move = CPU_COUNT(&busy) > 0 && CPU_COUNT(&away) > 0;
   int n = 0;
   for (int k = 0; k < hold.n; k++) {
     if (!all && hold.pid[k] != self) continue;
-    if (apply_to(hold.pid[k] == self ? 0 : hold.pid[k], &hold.set[k], &hold.whole) > 0) n++;
+    pid_t pid = hold.pid[k] == self ? 0 : hold.pid[k];
+    const cpu_set_t* from = &hold.set[k];
+    if (move && apply_to(pid, from, &away) > 0) from = &away;
+    if (apply_to(pid, from, &hold.whole) > 0) n++;
   }
-  char list[128];
+  char list[128], off[160] = "";
   bind_cpulist(&hold.whole, list, sizeof(list));
-  INFO(LOG_INIT | LOG_ENV, "COLLIE_BIND=hold: %s; %d process(es) may run on CPUs %s again", why, n, list);
+  if (move) {
+    char b[96];
+    bind_cpulist(&busy, b, sizeof(b));
+    snprintf(off, sizeof(off), " (moved off CPUs %s first: another process runs there)", b);
+  }
+  INFO(LOG_INIT | LOG_ENV, "COLLIE_BIND=hold: %s; %d process(es) may run on CPUs %s again%s", why, n, list, off);
 }
 /* The hold ends when waits of at least BIND_HOLD_LONG_NS (a yield that came
  * back only after another task's time slice, or a wait's sleep) add up to
@@ -467,6 +545,25 @@ static const char* hold_plan(ncclComm_t comm, const struct bind_topo* t, const c
       *mine = hold.set[k];
       *node = nd;
     }
+  }
+  /* Another process that keeps a CPU busy now (something runnable in each
+   * of three looks 1 ms apart; it may move between them) would share a CPU
+   * with the ranks held there; unbound, the scheduler places them around
+   * it from the start. */
+  cpu_set_t busy, seen;
+  foreign_busy_cpus(cur, &busy);
+  for (int look = 1; look < 3 && CPU_COUNT(&busy) > 0; look++) {
+    struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+    foreign_busy_cpus(cur, &seen);
+    if (CPU_COUNT(&seen) == 0) CPU_ZERO(&busy);
+    CPU_OR(&busy, &busy, &seen);
+  }
+  if (CPU_COUNT(&busy) > 0) {
+    char list[96];
+    bind_cpulist(&busy, list, sizeof(list));
+    snprintf(why, n, "more local ranks than CPUs and another process runs on CPUs %s", list);
+    return why;
   }
   return NULL;
 }

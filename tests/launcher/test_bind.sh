@@ -237,6 +237,43 @@ if [ "$ncores" -ge 2 ]; then
     [ $? = 0 ] && lines $((ncores + 1)) && held_by_core && kind after && lines $((ncores + 1)) &&
         all_equal 4 "$mine" && all_equal 5 "$mine" && grep -q 'took .* ms of the last 100 ms; [0-9]* process(es) may run on' "$tmp/err"
     ok $? "COLLIE_BIND=hold: a long wait gives every local rank its whole mask back"
+
+    # A busy process pinned to the first CPU when the ranks start: nobody is
+    # held (ranks held two to a CPU would share it with the process).
+    taskset -c "${cpus[0]}" sh -c 'while :; do :; done' &
+    hog=$!
+    probe $((ncores + 1)) -x COLLIE_BIND=hold
+    rc=$?
+    kill "$hog"
+    wait "$hog" 2>/dev/null
+    [ $rc = 0 ] && lines $((ncores + 1)) && all_equal 4 "$mine" && all_equal 5 "$mine" &&
+        [ "$(grep -c "left unbound: more local ranks than CPUs and another process runs on CPUs .*${cpus[0]}" "$tmp/err")" \
+            -eq $((ncores + 1)) ]
+    ok $? "COLLIE_BIND=hold beside a busy process on CPU ${cpus[0]} at init: nobody held"
+
+    # The busy process starts after init (once the probe lines are out), while
+    # rank 0 sleeps: when the hold ends the ranks are moved off its CPU first
+    # (the INFO line names it), then given their whole masks.
+    n=$((ncores + 1))
+    run -n "$n" --bind-to none -x COLLIE_BIND=hold -x BIND_PROBE_SLEEP_MS=1000 -x NCCL_DEBUG=INFO \
+        -x NCCL_DEBUG_SUBSYS=INIT "$PROBE" &
+    job=$!
+    for _ in $(seq 1000); do
+        [ "$(grep -c '^bind ' "$tmp/out" 2>/dev/null)" -ge "$n" ] && break
+        sleep 0.01
+    done
+    taskset -c "${cpus[0]}" sh -c 'while :; do :; done' &
+    hog=$!
+    wait "$job"
+    rc=$?
+    kill "$hog"
+    wait "$hog" 2>/dev/null
+    cp "$tmp/out" "$tmp/all"
+    grep '^bind ' "$tmp/all" >"$tmp/out"
+    [ $rc = 0 ] && lines "$n" && held_by_core && kind after && lines "$n" &&
+        all_equal 4 "$mine" && all_equal 5 "$mine" &&
+        grep -Eq "may run on CPUs .* again \\(moved off CPUs ([0-9]+[,-])*${cpus[0]}([,-][0-9]+)* first" "$tmp/err"
+    ok $? "COLLIE_BIND=hold, a busy process on CPU ${cpus[0]} after init: moved off it when the hold ends"
 else
     skip "COLLIE_BIND=hold" "needs 2 cores, have $ncores"
 fi
