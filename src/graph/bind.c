@@ -404,54 +404,96 @@ static int held_pid(pid_t pid) {
   return 0;
 }
 
-/* Adds to `busy` the CPU of every runnable thread of a process `task_dir`
- * (/proc/PID/task) names. Field 3 of a task's stat is its state, field 39
- * the CPU it last ran on. */
-static void runnable_cpus(const char* task_dir, cpu_set_t* busy) {
-  DIR* d = opendir(task_dir);
-  if (d == NULL) return;
-  struct dirent* e;
-  while ((e = readdir(d)) != NULL) {
-    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    char path[352], buf[1024];
-    snprintf(path, sizeof(path), "%s/%s/stat", task_dir, e->d_name);
-    FILE* f = fopen(path, "re");
-    if (f == NULL) continue;
-    size_t len = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[len] = 0;
-    char* p = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
-    if (p == NULL || p[1] != ' ' || p[2] != 'R') continue;
-    int field = 3, cpu = -1;
-    for (char* q = p + 2; *q; q++) {
-      if (*q != ' ') continue;
-      if (++field == 39) {
-        cpu = atoi(q + 1);
-        break;
-      }
-    }
-    if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, busy);
-  }
-  closedir(d);
+/* Another process that keeps a CPU busy: a thread of a process that is not
+ * one of the held ranks (nor this one) that ran at least a quarter of a
+ * BUSY_WINDOW_NS window (the first field of /proc/PID/task/TID/schedstat is
+ * the nanoseconds it has run). A look at who is runnable at one instant
+ * also catches short-lived processes (a shell loop's grep and sleep). */
+#define BUSY_WINDOW_NS 20000000LL
+#define BUSY_TASKS_MAX 4096
+struct busy_task {
+  pid_t pid, tid;
+  unsigned long long ran_ns;
+};
+
+static int read_u64(const char* path, unsigned long long* v) {
+  FILE* f = fopen(path, "re");
+  if (f == NULL) return -1;
+  int ok = fscanf(f, "%llu", v) == 1;
+  fclose(f);
+  return ok ? 0 : -1;
 }
 
-/* The CPUs of `among` on which a thread of another process (not one of the
- * held ranks, not this one) is runnable now: a hog's CPU. */
-static void foreign_busy_cpus(const cpu_set_t* among, cpu_set_t* busy) {
-  CPU_ZERO(busy);
+/* The CPU a task last ran on: field 39 of its stat (after the name, which
+ * may hold spaces and parentheses); -1 when unknown. */
+static int task_cpu(pid_t pid, pid_t tid) {
+  char path[96], buf[1024];
+  snprintf(path, sizeof(path), "/proc/%d/task/%d/stat", (int)pid, (int)tid);
+  FILE* f = fopen(path, "re");
+  if (f == NULL) return -1;
+  size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[len] = 0;
+  char* p = strrchr(buf, ')');
+  if (p == NULL) return -1;
+  int field = 2;
+  for (char* q = p + 1; *q; q++) {
+    if (*q != ' ') continue;
+    if (++field == 39) return atoi(q + 1);
+  }
+  return -1;
+}
+
+/* Every thread of every other process, with the time it has run. */
+static int foreign_tasks(struct busy_task* t, int max) {
+  int n = 0;
   DIR* d = opendir("/proc");
-  if (d == NULL) return;
+  if (d == NULL) return 0;
   pid_t self = getpid();
   struct dirent* e;
-  while ((e = readdir(d)) != NULL) {
+  while (n < max && (e = readdir(d)) != NULL) {
     if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
     pid_t pid = (pid_t)atoi(e->d_name);
     if (pid == self || held_pid(pid)) continue;
     char dir[64];
     snprintf(dir, sizeof(dir), "/proc/%d/task", (int)pid);
-    runnable_cpus(dir, busy);
+    DIR* td = opendir(dir);
+    if (td == NULL) continue;
+    struct dirent* te;
+    while (n < max && (te = readdir(td)) != NULL) {
+      if (te->d_name[0] < '0' || te->d_name[0] > '9') continue;
+      char path[96];
+      pid_t tid = (pid_t)atoi(te->d_name);
+      snprintf(path, sizeof(path), "/proc/%d/task/%d/schedstat", (int)pid, (int)tid);
+      if (read_u64(path, &t[n].ran_ns) != 0) continue;
+      t[n].pid = pid;
+      t[n].tid = tid;
+      n++;
+    }
+    closedir(td);
   }
   closedir(d);
+  return n;
+}
+
+/* The CPUs of `among` that another process kept busy over the last
+ * BUSY_WINDOW_NS (this call sleeps that long): a hog's CPU. */
+static void foreign_busy_cpus(const cpu_set_t* among, cpu_set_t* busy) {
+  CPU_ZERO(busy);
+  struct busy_task* t = malloc(sizeof(*t) * BUSY_TASKS_MAX);
+  if (t == NULL) return;
+  int n = foreign_tasks(t, BUSY_TASKS_MAX);
+  struct timespec w = {0, BUSY_WINDOW_NS};
+  nanosleep(&w, NULL);
+  for (int i = 0; i < n; i++) {
+    char path[96];
+    unsigned long long now;
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/schedstat", (int)t[i].pid, (int)t[i].tid);
+    if (read_u64(path, &now) != 0 || now - t[i].ran_ns < BUSY_WINDOW_NS / 4) continue;
+    int cpu = task_cpu(t[i].pid, t[i].tid);
+    if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, busy);
+  }
+  free(t);
   CPU_AND(busy, busy, among);
 }
 
@@ -546,19 +588,11 @@ static const char* hold_plan(ncclComm_t comm, const struct bind_topo* t, const c
       *node = nd;
     }
   }
-  /* Another process that keeps a CPU busy now (something runnable in each
-   * of three looks 1 ms apart; it may move between them) would share a CPU
+  /* Another process that keeps a CPU busy (20 ms at init) would share it
    * with the ranks held there; unbound, the scheduler places them around
    * it from the start. */
-  cpu_set_t busy, seen;
+  cpu_set_t busy;
   foreign_busy_cpus(cur, &busy);
-  for (int look = 1; look < 3 && CPU_COUNT(&busy) > 0; look++) {
-    struct timespec ms = {0, 1000000};
-    nanosleep(&ms, NULL);
-    foreign_busy_cpus(cur, &seen);
-    if (CPU_COUNT(&seen) == 0) CPU_ZERO(&busy);
-    CPU_OR(&busy, &busy, &seen);
-  }
   if (CPU_COUNT(&busy) > 0) {
     char list[96];
     bind_cpulist(&busy, list, sizeof(list));
