@@ -221,6 +221,20 @@ probe $((ncores + 1)) -x COLLIE_BIND=auto
 [ $? = 0 ] && lines $((ncores + 1)) && all_equal 4 "$mine" && all_equal 5 "$mine"
 ok $? "COLLIE_BIND=auto with more ranks ($((ncores + 1))) than cores: nobody bound"
 
+# A hold case whose ranks found another process keeping a CPU busy at init
+# (this test's own busy loops are started later or where the case expects
+# them): the hold is refused then, by design, so the case cannot run.
+# scripts/stress.sh --hog, or a build beside the suite, does that.
+machine_busy() { grep -q 'left unbound: more local ranks than CPUs and another process runs on CPUs' "$tmp/err"; }
+hold_ok() {
+    local rc=$1 what=$2
+    if [ "$rc" != 0 ] && machine_busy; then
+        skip "$what" "another process kept a CPU busy when the ranks started: $(grep -o 'another process runs on CPUs [0-9,-]*' "$tmp/err" | head -1)"
+    else
+        ok "$rc" "$what"
+    fi
+}
+
 if [ "$ncores" -ge 2 ]; then
     # COLLIE_BIND=hold, more local ranks than cores: held two (or more) to a
     # core, for as long as no rank waits long for its CPU; ncclCommDestroy
@@ -229,14 +243,14 @@ if [ "$ncores" -ge 2 ]; then
     [ $? = 0 ] && lines $((ncores + 1)) && held_by_core &&
         [ "$(grep -c 'held while no rank waits long for its CPU' "$tmp/err")" -eq $((ncores + 1)) ] &&
         kind destroyed && lines $((ncores + 1)) && all_equal 4 "$mine" && all_equal 5 "$mine"
-    ok $? "COLLIE_BIND=hold with more ranks ($((ncores + 1))) than cores: held by core, whole masks after ncclCommDestroy"
+    hold_ok $? "COLLIE_BIND=hold with more ranks ($((ncores + 1))) than cores: held by core, whole masks after ncclCommDestroy"
 
     # Rank 0 sleeps 300 ms before an allreduce: the others' sleeps in it end the
     # hold, for every local rank, before rank 0 returns to the library.
     probe $((ncores + 1)) -x COLLIE_BIND=hold -x BIND_PROBE_SLEEP_MS=300
     [ $? = 0 ] && lines $((ncores + 1)) && held_by_core && kind after && lines $((ncores + 1)) &&
         all_equal 4 "$mine" && all_equal 5 "$mine" && grep -q 'took .* ms of the last 100 ms; [0-9]* process(es) may run on' "$tmp/err"
-    ok $? "COLLIE_BIND=hold: a long wait gives every local rank its whole mask back"
+    hold_ok $? "COLLIE_BIND=hold: a long wait gives every local rank its whole mask back"
 
     # A busy process pinned to the first CPU when the ranks start: nobody is
     # held (ranks held two to a CPU would share it with the process).
@@ -273,7 +287,7 @@ if [ "$ncores" -ge 2 ]; then
     [ $rc = 0 ] && lines "$n" && held_by_core && kind after && lines "$n" &&
         all_equal 4 "$mine" && all_equal 5 "$mine" &&
         grep -Eq "may run on CPUs .* again \\(moved off CPUs ([0-9]+[,-])*${cpus[0]}([,-][0-9]+)* first" "$tmp/err"
-    ok $? "COLLIE_BIND=hold, a busy process on CPU ${cpus[0]} after init: moved off it when the hold ends"
+    hold_ok $? "COLLIE_BIND=hold, a busy process on CPU ${cpus[0]} after init: moved off it when the hold ends"
 else
     skip "COLLIE_BIND=hold" "needs 2 cores, have $ncores"
 fi
