@@ -782,7 +782,8 @@ static int sweep(struct run_state* s, int type, int op, int root) {
       if (size > SIZE_MAX / (size_t)a->stepfactor) break;
       size = size ? size * (size_t)a->stepfactor : 1;
     } else {
-      if (size > SIZE_MAX - a->stepbytes) break;
+      /* A step of 0 (allowed when -b equals -e) measures that one size once. */
+      if (a->stepbytes == 0 || size > SIZE_MAX - a->stepbytes) break;
       size += a->stepbytes;
     }
   }

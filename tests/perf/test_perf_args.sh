@@ -78,6 +78,9 @@ run 2 "-t 2 exits 2 (one rank per process)" -- "$PERF" all_reduce -t 2
 run 2 "unknown option exits 2" -- "$PERF" all_reduce --frobnicate
 run 2 "missing option value exits 2" -- "$PERF" all_reduce -b
 run 2 "a zero step exits 2" -- "$PERF" all_reduce -b 8 -e 64 -i 0
+# With -b equal to -e a zero step is allowed: that size once (it looped forever).
+run 0 "a zero step with -b equal to -e: runs" -- "$PERF" all_reduce -b 8 -e 8 -i 0 -n 1 -w 1 -c 0
+check "... one line for that size" -- test "$(grep -c '^ *8 ' "$tmp/out")" -eq 1
 
 run 2 "-M -1 exits 2" -- "$PERF" all_reduce -M -1
 check "-M -1: named in the message" -- grep -q "invalid -M/--min_time_ms: '-1'" "$tmp/err"
