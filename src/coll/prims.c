@@ -272,6 +272,67 @@ ncclResult_t prim_recv(struct prim_link* r, void* dst, size_t bytes) {
   return prim_recv_release(r);
 }
 
+/* One slot of the sending direction of prim_exchange, if one is free. */
+static ncclResult_t exchange_send(struct prim_link* s, const char* src, size_t len, int* moved) {
+  void* slot = s->c->ops->send_slot(s->c);
+  if (!slot) return ncclSuccess;
+  *moved = 1;
+  if (len && s->c->ops->send_commit_ext) {
+    struct slot_hdr h = {s->opseq, s->total, (uint32_t)len, 0};
+    return s->c->ops->send_commit_ext(s->c, &h, src);
+  }
+  if (len) memcpy(slot, src, len);
+  return prim_send_commit(s, len);
+}
+
+/* One slot of the receiving direction, if one has arrived. */
+static ncclResult_t exchange_recv(struct prim_link* r, char* dst, size_t len, int* moved) {
+  struct slot_hdr h;
+  if (len && r->c->ops->recv_post) r->c->ops->recv_post(r->c, dst, len);
+  if (!r->c->ops->recv_slot(r->c, &h)) return ncclSuccess;
+  *moved = 1;
+  return prim_recv(r, dst, len); /* there: checks the header, copies, releases */
+}
+
+ncclResult_t prim_exchange(struct prim_link* s, const char* src, size_t sbytes, struct prim_link* r, char* dst,
+                           size_t rbytes, size_t chunk) {
+  struct ncclComm* comm = s->c->comm;
+  size_t so = 0, ro = 0;
+  int64_t deadline = 0, t0 = 0;
+  int it = 0;
+  while (so < sbytes || ro < rbytes) {
+    int moved = 0;
+    if (conn_caps(s->c) & TRANSPORT_CAP_PROGRESS) NCCLCHECK(transport_progress(comm, s->c->channel));
+    while (so < sbytes) {
+      size_t len = COLLIE_MIN(chunk, sbytes - so);
+      int m = 0;
+      NCCLCHECK(exchange_send(s, src + so, len, &m));
+      if (!m) break;
+      so += len;
+      moved = 1;
+    }
+    while (ro < rbytes) {
+      size_t len = COLLIE_MIN(chunk, rbytes - ro);
+      int m = 0;
+      NCCLCHECK(exchange_recv(r, dst + ro, len, &m));
+      if (!m) break;
+      ro += len;
+      moved = 1;
+    }
+    if (moved) {
+      it = 0;
+      t0 = 0;
+      continue;
+    }
+    /* Wait on the receiving side while it has slots to come (a socket waiter
+     * sleeps on every fd of the channel, so room to send wakes it too; a
+     * shared-memory receiver is woken by the next slot, and its peer sends
+     * without waiting for anything of this rank's but free slots). */
+    NCCLCHECK(wait_round(ro < rbytes ? r->c : s->c, 0, it++, &deadline, &t0));
+  }
+  return ncclSuccess;
+}
+
 ncclResult_t prim_recv_copy_send(struct prim_link* r, struct prim_link* s, void* dst, size_t bytes) {
   const void* in;
   void* out;

@@ -48,6 +48,16 @@ ncclResult_t prim_recv_reduce_send(struct prim_link* r, struct prim_link* s, con
 ncclResult_t prim_recv_reduce_copy(struct prim_link* r, struct prim_link* s, const struct red_op* op,
                                    const void* local, void* dst, size_t count, int avg_n);
 
+/* Two directions at once: sends `sbytes` from src on s and receives `rbytes`
+ * into dst from r, `chunk` bytes a slot, moving whichever can move and
+ * waiting only when neither can. Neither direction waits for the other, so a
+ * rank runs ahead of its peer by as many slots as the connector holds: a
+ * peer that loses its CPU for a while finds the data there when it runs
+ * again (lock-step, where each slot sent waits for the one received, needs
+ * both ranks scheduled at once for every chunk). */
+ncclResult_t prim_exchange(struct prim_link* s, const char* src, size_t sbytes, struct prim_link* r, char* dst,
+                           size_t rbytes, size_t chunk);
+
 /* An operation failed part-way: poison every connector of the communicator
  * so neighbours stop waiting (transport_poison); returns `res`. */
 ncclResult_t prim_fail(struct ncclComm* comm, ncclResult_t res);

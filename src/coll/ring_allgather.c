@@ -23,6 +23,15 @@ ncclResult_t ring_allgather_view(struct coll_args* a, const struct ring_view* v,
   prim_begin(&l[1], rc, coll_token(a, bytes));
   ncclResult_t res = ncclSuccess;
   size_t chunk = coll_chunk(a);
+  if (n == 2) {
+    /* Each rank sends only its own block and receives only its peer's: both
+     * directions run at once (prim_exchange), with no slot waiting for one
+     * received. In lock step a rank that lost its CPU to another process held
+     * its peer up on every chunk (docs/BENCHMARKS.md, "Lock step"). */
+    res = prim_exchange(&l[0], mine + off0, len0, &l[1], out + (size_t)next * bytes + off0, len0, chunk);
+    if (res != ncclSuccess) return prim_fail(comm, res);
+    return ncclSuccess;
+  }
   for (size_t off = off0; off < off0 + len0 && res == ncclSuccess; off += chunk) {
     size_t len = COLLIE_MIN(chunk, off0 + len0 - off);
     res = prim_send(&l[0], mine + off, len);
