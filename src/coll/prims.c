@@ -3,6 +3,7 @@
 
 #include "coll.h"
 #include "../failures.h"
+#include "../futex.h"
 #include "../graph/bind.h"
 
 #include <sched.h>
@@ -124,7 +125,33 @@ static int wait_done(struct conn* c, int released) {
 
 /* One round of waiting for connector c after `it` unsuccessful polls
  * (released: for every committed slot to come back, see wait_done). */
+/* `also` (NULL: none): a second connector of the same channel the caller
+ * waits on as well (prim_pump: a free slot to send into while data is to
+ * come); a sleeping waiter then sleeps on both (wait_arm), so either wakes it. */
+static ncclResult_t wait_round2(struct conn* c, struct conn* also, int released, int it, int64_t* deadline,
+                                int64_t* t0);
 static ncclResult_t wait_round(struct conn* c, int released, int it, int64_t* deadline, int64_t* t0) {
+  return wait_round2(c, NULL, released, it, deadline, t0);
+}
+
+/* Sleeps on both connectors at once (their futex words) at most timeout_ms;
+ * 0 when one of them does not offer it (the caller sleeps on c alone). */
+static int wait_both(struct conn* c, struct conn* also, int timeout_ms) {
+  if (!c->ops->wait_arm || !also->ops->wait_arm) return 0;
+  struct futex_word w[2];
+  int armed = 0;
+  if (c->ops->wait_arm(c, 0, &w[0])) {
+    armed = 1;
+    if (also->ops->wait_arm(also, 0, &w[1])) armed = 2;
+  }
+  if (armed == 2 && !comm_stopping(c->comm)) (void)futex_wait_any(w, 2, timeout_ms, 1);
+  if (armed >= 1) c->ops->wait_disarm(c);
+  if (armed == 2) also->ops->wait_disarm(also);
+  return 1;
+}
+
+static ncclResult_t wait_round2(struct conn* c, struct conn* also, int released, int it, int64_t* deadline,
+                                int64_t* t0) {
   struct ncclComm* comm = c->comm;
   if (c->ops->peer_failed(c)) {
     NCCLCHECK(comm_await_cause(comm, CAUSE_WAIT_MS));
@@ -184,7 +211,7 @@ static ncclResult_t wait_round(struct conn* c, int released, int it, int64_t* de
     return comm_left_error(comm, c->peer);
   }
   if (released) c->ops->wait_released(c, 100);
-  else c->ops->wait(c, 100);
+  else if (!also || !wait_both(c, also, 100)) c->ops->wait(c, 100);
   return ncclSuccess;
 }
 
@@ -272,51 +299,60 @@ ncclResult_t prim_recv(struct prim_link* r, void* dst, size_t bytes) {
   return prim_recv_release(r);
 }
 
-/* One slot of the sending direction of prim_exchange, if one is free. */
-static ncclResult_t exchange_send(struct prim_link* s, const char* src, size_t len, int* moved) {
+/* Sends pump item i if a slot is free; *moved says whether it went. */
+static ncclResult_t pump_send(const struct prim_pump* p, const struct pump_item* it, int* moved) {
+  struct prim_link* s = p->s;
   void* slot = s->c->ops->send_slot(s->c);
   if (!slot) return ncclSuccess;
   *moved = 1;
-  if (len && s->c->ops->send_commit_ext) {
-    struct slot_hdr h = {s->opseq, s->total, (uint32_t)len, 0};
-    return s->c->ops->send_commit_ext(s->c, &h, src);
+  if (it->pre && p->op && p->op->kind == RED_PREMULSUM) {
+    size_t count = it->bytes / dtype_size(p->op->dt);
+    if (count) red_pre(p->op, slot, it->src, count);
+    return prim_send_commit(s, it->bytes);
   }
-  if (len) memcpy(slot, src, len);
-  return prim_send_commit(s, len);
+  if (it->bytes && s->c->ops->send_commit_ext) {
+    struct slot_hdr h = {s->opseq, s->total, (uint32_t)it->bytes, 0};
+    return s->c->ops->send_commit_ext(s->c, &h, it->src);
+  }
+  if (it->bytes) memcpy(slot, it->src, it->bytes);
+  return prim_send_commit(s, it->bytes);
 }
 
-/* One slot of the receiving direction, if one has arrived. */
-static ncclResult_t exchange_recv(struct prim_link* r, char* dst, size_t len, int* moved) {
+/* Receives pump item i if its slot has arrived. */
+static ncclResult_t pump_recv(const struct prim_pump* p, const struct pump_item* it, int* moved) {
+  struct prim_link* r = p->r;
   struct slot_hdr h;
-  if (len && r->c->ops->recv_post) r->c->ops->recv_post(r->c, dst, len);
+  if (!it->local && it->bytes && r->c->ops->recv_post) r->c->ops->recv_post(r->c, it->dst, it->bytes);
   if (!r->c->ops->recv_slot(r->c, &h)) return ncclSuccess;
   *moved = 1;
-  return prim_recv(r, dst, len); /* there: checks the header, copies, releases */
+  if (it->local)
+    return prim_recv_reduce_copy(r, NULL, p->op, it->local, it->dst, it->bytes / dtype_size(p->op->dt), p->avg_n);
+  return prim_recv(r, it->dst, it->bytes); /* checks the header, copies, releases */
 }
 
-ncclResult_t prim_exchange(struct prim_link* s, const char* src, size_t sbytes, struct prim_link* r, char* dst,
-                           size_t rbytes, size_t chunk) {
-  struct ncclComm* comm = s->c->comm;
-  size_t so = 0, ro = 0;
+ncclResult_t prim_pump(const struct prim_pump* p) {
+  struct ncclComm* comm = p->s->c->comm;
+  int si = 0, ri = 0, it = 0;
   int64_t deadline = 0, t0 = 0;
-  int it = 0;
-  while (so < sbytes || ro < rbytes) {
-    int moved = 0;
-    if (conn_caps(s->c) & TRANSPORT_CAP_PROGRESS) NCCLCHECK(transport_progress(comm, s->c->channel));
-    while (so < sbytes) {
-      size_t len = COLLIE_MIN(chunk, sbytes - so);
+  struct pump_item sit, rit;
+  while (si < p->nsend || ri < p->nrecv) {
+    int moved = 0, send_ready = 0;
+    if (conn_caps(p->s->c) & TRANSPORT_CAP_PROGRESS) NCCLCHECK(transport_progress(comm, p->s->c->channel));
+    /* Receiving first: it waits for nothing of this rank's. */
+    for (; ri < p->nrecv; ri++) {
       int m = 0;
-      NCCLCHECK(exchange_send(s, src + so, len, &m));
+      p->item(p, 0, ri, &rit);
+      NCCLCHECK(pump_recv(p, &rit, &m));
       if (!m) break;
-      so += len;
       moved = 1;
     }
-    while (ro < rbytes) {
-      size_t len = COLLIE_MIN(chunk, rbytes - ro);
+    for (; si < p->nsend; si++) {
       int m = 0;
-      NCCLCHECK(exchange_recv(r, dst + ro, len, &m));
+      p->item(p, 1, si, &sit);
+      if (sit.after > ri) break;
+      send_ready = 1;
+      NCCLCHECK(pump_send(p, &sit, &m));
       if (!m) break;
-      ro += len;
       moved = 1;
     }
     if (moved) {
@@ -324,13 +360,43 @@ ncclResult_t prim_exchange(struct prim_link* s, const char* src, size_t sbytes, 
       t0 = 0;
       continue;
     }
-    /* Wait on the receiving side while it has slots to come (a socket waiter
-     * sleeps on every fd of the channel, so room to send wakes it too; a
-     * shared-memory receiver is woken by the next slot, and its peer sends
-     * without waiting for anything of this rank's but free slots). */
-    NCCLCHECK(wait_round(ro < rbytes ? r->c : s->c, 0, it++, &deadline, &t0));
+    /* Nothing moved: wait for the next slot to receive and, when the next
+     * send only lacks a free slot, for that as well (a socket waiter sleeps
+     * on every fd of the channel either way). */
+    if (ri < p->nrecv)
+      NCCLCHECK(wait_round2(p->r->c, si < p->nsend && send_ready ? p->s->c : NULL, 0, it++, &deadline, &t0));
+    else
+      NCCLCHECK(wait_round(p->s->c, 0, it++, &deadline, &t0));
   }
   return ncclSuccess;
+}
+
+struct exchange_arg {
+  const char* src;
+  char* dst;
+  size_t sbytes, rbytes, chunk;
+};
+
+static void exchange_item(const struct prim_pump* p, int is_send, int i, struct pump_item* it) {
+  const struct exchange_arg* x = p->arg;
+  size_t off = (size_t)i * x->chunk;
+  *it = (struct pump_item){0};
+  if (is_send) {
+    it->src = x->src + off;
+    it->bytes = COLLIE_MIN(x->chunk, x->sbytes - off);
+  } else {
+    it->dst = x->dst + off;
+    it->bytes = COLLIE_MIN(x->chunk, x->rbytes - off);
+  }
+}
+
+static int pump_slots(size_t bytes, size_t chunk) { return (int)((bytes + chunk - 1) / chunk); }
+
+ncclResult_t prim_exchange(struct prim_link* s, const char* src, size_t sbytes, struct prim_link* r, char* dst,
+                           size_t rbytes, size_t chunk) {
+  struct exchange_arg x = {src, dst, sbytes, rbytes, chunk};
+  struct prim_pump p = {s, r, pump_slots(sbytes, chunk), pump_slots(rbytes, chunk), NULL, 0, exchange_item, &x};
+  return prim_pump(&p);
 }
 
 ncclResult_t prim_recv_copy_send(struct prim_link* r, struct prim_link* s, void* dst, size_t bytes) {

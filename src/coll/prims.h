@@ -58,6 +58,31 @@ ncclResult_t prim_recv_reduce_copy(struct prim_link* r, struct prim_link* s, con
 ncclResult_t prim_exchange(struct prim_link* s, const char* src, size_t sbytes, struct prim_link* r, char* dst,
                            size_t rbytes, size_t chunk);
 
+/* The general form: a two-way schedule of items. A send item is `bytes` at
+ * src (pre: the op's pre-multiplication applies, PreMulSum), sent once
+ * `after` receive items are done; a receive item copies its slot to dst or,
+ * with `local`, writes dst = slot OP pre(local) (prim_recv_reduce_copy, avg_n
+ * as there). Receives never wait for sends, so two ranks running mirror
+ * schedules cannot block each other whatever the slot count. */
+struct pump_item {
+  const void* src;
+  void* dst;
+  const void* local;
+  size_t bytes;
+  int pre;
+  int after;
+};
+struct prim_pump {
+  struct prim_link *s, *r;
+  int nsend, nrecv;
+  const struct red_op* op; /* for reducing receive items and pre send items */
+  int avg_n;
+  /* Fills *it with item i of one direction (is_send 1: the sending one). */
+  void (*item)(const struct prim_pump* p, int is_send, int i, struct pump_item* it);
+  void* arg;
+};
+ncclResult_t prim_pump(const struct prim_pump* p);
+
 /* An operation failed part-way: poison every connector of the communicator
  * so neighbours stop waiting (transport_poison); returns `res`. */
 ncclResult_t prim_fail(struct ncclComm* comm, ncclResult_t res);
