@@ -27,7 +27,7 @@ ncclResult_t ring_allgather_view(struct coll_args* a, const struct ring_view* v,
     /* Each rank sends only its own block and receives only its peer's: both
      * directions run at once (prim_exchange), with no slot waiting for one
      * received. In lock step a rank that lost its CPU to another process held
-     * its peer up on every chunk (docs/BENCHMARKS.md, "Lock step"). */
+     * its peer up on every chunk (docs/BENCHMARKS.md, "Lock step at 2 ranks"). */
     res = prim_exchange(&l[0], mine + off0, len0, &l[1], out + (size_t)next * bytes + off0, len0, chunk);
     if (res != ncclSuccess) return prim_fail(comm, res);
     return ncclSuccess;
