@@ -48,8 +48,12 @@ ncclResult_t ring_reducescatter_view(struct coll_args* a, const struct ring_view
     /* Sockets: each rank sends its contribution to the peer's block and
      * reduces the peer's into its own, both directions at once (prim_pump),
      * as the 2-rank allgather. Beside a CPU hog (2 ranks bound a CPU each
-     * over loopback, 5 interleaved rounds) 2-128 MiB took 0.71-0.79x the
-     * lock step's time, without one about the same. Over shared memory the
+     * over loopback, 5 interleaved rounds) 2-128 MiB took 0.65-0.85x the
+     * lock step's time; without one, 1.0x at 2-8 MiB but 1.05-1.17x at
+     * 32-128 MiB (still a third of Open MPI's). Sends held to at most 1 or 3
+     * chunks ahead of the receives lost most of the gain beside the hog and
+     * most of the cost without it (docs/BENCHMARKS.md, "Lock step at 2
+     * ranks"): the run-ahead is the point. Over shared memory the
      * lock step stays: it reduces each slot while the peer's copy into it
      * is still in cache (the exchange was 5-25% slower at 512 KiB-32 MiB). */
     struct rs2_arg x = {in + ((size_t)next * rc_count + off0) * esz, in + ((size_t)comm->rank * rc_count + off0) * esz,
