@@ -124,10 +124,11 @@ static int wait_done(struct conn* c, int released) {
 #define LEFT_DRAIN_NS (100 * 1000 * 1000)
 
 /* One round of waiting for connector c after `it` unsuccessful polls
- * (released: for every committed slot to come back, see wait_done). */
-/* `also` (NULL: none): a second connector of the same channel the caller
- * waits on as well (prim_pump: a free slot to send into while data is to
- * come); a sleeping waiter then sleeps on both (wait_arm), so either wakes it. */
+ * (released: for every committed slot to come back, see wait_done).
+ * wait_round2's `also` (NULL: none) is a second connector of the same channel
+ * the caller waits on as well (prim_pump: a free slot to send into while data
+ * is to come); a sleeping waiter then sleeps on both (wait_arm), so either
+ * wakes it. */
 static ncclResult_t wait_round2(struct conn* c, struct conn* also, int released, int it, int64_t* deadline,
                                 int64_t* t0);
 static ncclResult_t wait_round(struct conn* c, int released, int it, int64_t* deadline, int64_t* t0) {
