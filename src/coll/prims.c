@@ -270,9 +270,15 @@ ncclResult_t prim_recv_slot(struct prim_link* l, size_t bytes, const void** slot
 
 ncclResult_t prim_recv_release(struct prim_link* l) { return l->c->ops->recv_release(l->c); }
 
-ncclResult_t prim_send(struct prim_link* s, const void* src, size_t bytes) {
-  void* slot;
-  NCCLCHECK(prim_send_slot(s, &slot));
+/* Fills the acquired send slot with `bytes` from src and publishes it: the
+ * op's pre-multiplication applied when op is a PreMulSum (into the slot),
+ * else straight from src where bytes leave by system call, else copied. */
+static ncclResult_t send_fill(struct prim_link* s, void* slot, const struct red_op* op, const void* src,
+                              size_t bytes) {
+  if (op && op->kind == RED_PREMULSUM) {
+    if (bytes) red_pre(op, slot, src, bytes / dtype_size(op->dt));
+    return prim_send_commit(s, bytes);
+  }
   if (s->c->ops->send_commit_ext && bytes) {
     struct slot_hdr h = {s->opseq, s->total, (uint32_t)bytes, 0};
     return s->c->ops->send_commit_ext(s->c, &h, src);
@@ -281,12 +287,16 @@ ncclResult_t prim_send(struct prim_link* s, const void* src, size_t bytes) {
   return prim_send_commit(s, bytes);
 }
 
-ncclResult_t prim_send_pre(struct prim_link* s, const struct red_op* op, const void* src, size_t count) {
-  if (op->kind != RED_PREMULSUM) return prim_send(s, src, count * dtype_size(op->dt));
+ncclResult_t prim_send(struct prim_link* s, const void* src, size_t bytes) {
   void* slot;
   NCCLCHECK(prim_send_slot(s, &slot));
-  if (count) red_pre(op, slot, src, count);
-  return prim_send_commit(s, count * dtype_size(op->dt));
+  return send_fill(s, slot, NULL, src, bytes);
+}
+
+ncclResult_t prim_send_pre(struct prim_link* s, const struct red_op* op, const void* src, size_t count) {
+  void* slot;
+  NCCLCHECK(prim_send_slot(s, &slot));
+  return send_fill(s, slot, op, src, count * dtype_size(op->dt));
 }
 
 ncclResult_t prim_recv(struct prim_link* r, void* dst, size_t bytes) {
@@ -302,21 +312,10 @@ ncclResult_t prim_recv(struct prim_link* r, void* dst, size_t bytes) {
 
 /* Sends pump item i if a slot is free; *moved says whether it went. */
 static ncclResult_t pump_send(const struct prim_pump* p, const struct pump_item* it, int* moved) {
-  struct prim_link* s = p->s;
-  void* slot = s->c->ops->send_slot(s->c);
+  void* slot = p->s->c->ops->send_slot(p->s->c);
   if (!slot) return ncclSuccess;
   *moved = 1;
-  if (it->pre && p->op && p->op->kind == RED_PREMULSUM) {
-    size_t count = it->bytes / dtype_size(p->op->dt);
-    if (count) red_pre(p->op, slot, it->src, count);
-    return prim_send_commit(s, it->bytes);
-  }
-  if (it->bytes && s->c->ops->send_commit_ext) {
-    struct slot_hdr h = {s->opseq, s->total, (uint32_t)it->bytes, 0};
-    return s->c->ops->send_commit_ext(s->c, &h, it->src);
-  }
-  if (it->bytes) memcpy(slot, it->src, it->bytes);
-  return prim_send_commit(s, it->bytes);
+  return send_fill(p->s, slot, it->pre ? p->op : NULL, it->src, it->bytes);
 }
 
 /* Receives pump item i if its slot has arrived. */
