@@ -125,6 +125,8 @@ struct algo {
   ncclResult_t (*run)(struct coll_args* a, const struct plan* p);
 };
 extern const struct algo* const algo_table[];
+/* The eligible() of a row that can run every call of its collective. */
+int algo_always(const struct coll_args* a);
 extern const int algo_table_len;
 
 /* One host whose ranks share memory: what the direct mailboxes need. */

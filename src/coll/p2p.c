@@ -396,11 +396,6 @@ static ncclResult_t direct_scatter(struct coll_args* a) {
   return run_ops(a, ops, k, stack);
 }
 
-static int always(const struct coll_args* a) {
-  (void)a;
-  return 1;
-}
-
 /* One step; everything through the root or the links. */
 static double estimate(const struct coll_args* a, const struct tune_cost* c) {
   double bytes = (double)a->count * (double)dtype_size(a->dt);
@@ -417,6 +412,6 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
   }
 }
 
-const struct algo algo_p2p_alltoall = {COLL_ALLTOALL, ALGO_P2P, PROTO_SIMPLE, 0, always, estimate, run};
-const struct algo algo_p2p_gather = {COLL_GATHER, ALGO_P2P, PROTO_SIMPLE, 0, always, estimate, run};
-const struct algo algo_p2p_scatter = {COLL_SCATTER, ALGO_P2P, PROTO_SIMPLE, 0, always, estimate, run};
+const struct algo algo_p2p_alltoall = {COLL_ALLTOALL, ALGO_P2P, PROTO_SIMPLE, 0, algo_always, estimate, run};
+const struct algo algo_p2p_gather = {COLL_GATHER, ALGO_P2P, PROTO_SIMPLE, 0, algo_always, estimate, run};
+const struct algo algo_p2p_scatter = {COLL_SCATTER, ALGO_P2P, PROTO_SIMPLE, 0, algo_always, estimate, run};

@@ -45,11 +45,6 @@ ncclResult_t ring_allgather_view(struct coll_args* a, const struct ring_view* v,
   return ncclSuccess;
 }
 
-static int always(const struct coll_args* a) {
-  (void)a;
-  return 1;
-}
-
 /* Over shared memory every block a rank passes on is copied twice on its
  * CPU: into the slot it sends and out of the slot it receives. (Counted once
  * before, the single-copy row never won the model at 2 ranks, where it was
@@ -67,4 +62,5 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
   return ring_allgather_view(a, &v, 0, a->count * dtype_size(a->dt));
 }
 
-const struct algo algo_ring_allgather = {COLL_ALLGATHER, ALGO_RING, PROTO_SIMPLE, ALGO_F_CHANNELS, always, estimate, run};
+const struct algo algo_ring_allgather = {COLL_ALLGATHER, ALGO_RING, PROTO_SIMPLE, ALGO_F_CHANNELS,
+                                         algo_always, estimate, run};

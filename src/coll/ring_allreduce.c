@@ -62,11 +62,6 @@ ncclResult_t ring_allreduce_view(struct coll_args* a, const struct ring_view* v,
   return ncclSuccess;
 }
 
-static int always(const struct coll_args* a) {
-  (void)a;
-  return 1;
-}
-
 static double estimate(const struct coll_args* a, const struct tune_cost* c) {
   int n = a->comm->nranks;
   double bytes = (double)a->count * (double)dtype_size(a->dt);
@@ -79,4 +74,5 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
   return ring_allreduce_view(a, &v, a->sendbuff, a->recvbuff, &a->op, a->avg ? a->comm->nranks : 0);
 }
 
-const struct algo algo_ring_allreduce = {COLL_ALLREDUCE, ALGO_RING, PROTO_SIMPLE, ALGO_F_CHANNELS, always, estimate, run};
+const struct algo algo_ring_allreduce = {COLL_ALLREDUCE, ALGO_RING, PROTO_SIMPLE, ALGO_F_CHANNELS,
+                                         algo_always, estimate, run};

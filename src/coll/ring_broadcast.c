@@ -50,11 +50,6 @@ ncclResult_t ring_broadcast_view(struct coll_args* a, const struct ring_view* v,
   return ncclSuccess;
 }
 
-static int always(const struct coll_args* a) {
-  (void)a;
-  return 1;
-}
-
 /* The chain moves at the pace of one link. A rank inside the chain copies
  * each byte twice (out of its slot, into the next rank's and its own
  * buffer); while the data stay in the host's cache the slot is read from
@@ -76,4 +71,5 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
   return ring_broadcast_view(a, &v, a->comm->ring_pos[a->root], a->sendbuff, a->recvbuff);
 }
 
-const struct algo algo_ring_broadcast = {COLL_BROADCAST, ALGO_RING, PROTO_SIMPLE, ALGO_F_CHANNELS, always, estimate, run};
+const struct algo algo_ring_broadcast = {COLL_BROADCAST, ALGO_RING, PROTO_SIMPLE, ALGO_F_CHANNELS,
+                                         algo_always, estimate, run};

@@ -78,11 +78,6 @@ ncclResult_t ring_reducescatter_view(struct coll_args* a, const struct ring_view
   return ncclSuccess;
 }
 
-static int always(const struct coll_args* a) {
-  (void)a;
-  return 1;
-}
-
 static double estimate(const struct coll_args* a, const struct tune_cost* c) {
   int n = a->comm->nranks;
   double bytes = (double)a->count * (double)dtype_size(a->dt);
@@ -96,4 +91,4 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
 }
 
 const struct algo algo_ring_reducescatter = {COLL_REDUCESCATTER, ALGO_RING, PROTO_SIMPLE, ALGO_F_CHANNELS,
-                                             always,             estimate,  run};
+                                             algo_always,        estimate,  run};

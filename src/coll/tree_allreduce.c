@@ -114,11 +114,6 @@ static ncclResult_t tree_allreduce(struct coll_args* a) {
   return res;
 }
 
-static int always(const struct coll_args* a) {
-  (void)a;
-  return 1;
-}
-
 static int log2ceil(int n) {
   int l = 0;
   while ((1 << l) < n) l++;
@@ -142,4 +137,4 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
   return tree_allreduce(a);
 }
 
-const struct algo algo_tree_allreduce = {COLL_ALLREDUCE, ALGO_TREE, PROTO_SIMPLE, 0, always, estimate, run};
+const struct algo algo_tree_allreduce = {COLL_ALLREDUCE, ALGO_TREE, PROTO_SIMPLE, 0, algo_always, estimate, run};
