@@ -125,9 +125,9 @@ struct algo {
   ncclResult_t (*run)(struct coll_args* a, const struct plan* p);
 };
 extern const struct algo* const algo_table[];
+extern const int algo_table_len;
 /* The eligible() of a row that can run every call of its collective. */
 int algo_always(const struct coll_args* a);
-extern const int algo_table_len;
 
 /* One host whose ranks share memory: what the direct mailboxes need. */
 static inline int coll_shm_only(const struct ncclComm* comm) { return comm->nhosts == 1 && !comm->shm_disable; }
