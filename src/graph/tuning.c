@@ -264,17 +264,21 @@ static int choose(const struct coll_args* a, const struct tune_table* tab, doubl
   return choose_but(a, tab, est, -1);
 }
 
-/* A reduce over shared memory steps by 32 KiB: its chain (ring_reduce.c,
- * cma_reduce.c) is a copy on one side and a reduction on the other, and in
- * whole 128 KiB slots the two overlapped badly. 2 ranks, bound, medians of 5-9
+/* A reduce over shared memory of at most the last-level cache steps by 32
+ * KiB: its chain (ring_reduce.c, cma_reduce.c) is a copy on one side and a
+ * reduction on the other, and in whole 128 KiB slots the two overlapped
+ * badly. 2 ranks, bound, medians of 5-9
  * interleaved rounds (TRANSPORT=shm bench/ab_env.sh reduce, Open MPI beside):
  * 128 KiB 8.9 us against 11.1-11.9 in 128 KiB steps (Open MPI 8.6-9.1), 256 KiB
  * 17.1 against 21.8 (16.5), 2 MiB 191 against 220, 8 MiB 784 against 889;
  * 512 KiB even (34.8, 35.7). 64 KiB steps were as good at 128 KiB and 2-8
- * MiB, but 41.6 at 512 KiB; 16 KiB steps cost 14.2 at 128 KiB and 3.6
- * against 2.2 at 32 KiB (two steps). 4 ranks: even to 128 KiB, 0.76-0.87x
- * the time from 512 KiB. Allreduce at 2 ranks in 32 KiB steps was 5-12%
- * slower from 128 KiB, so the others keep the pipeline step. */
+ * MiB but as unsteady as whole slots at 256-512 KiB (21.1 at 256 KiB; 31.6
+ * and 41.6 at 512 KiB); 16 KiB steps cost 14.2 at 128 KiB and 3.6 against
+ * 2.2 at 32 KiB (two steps). 4 ranks: even to 128 KiB, 0.76-0.87x
+ * the time from 512 KiB. Beyond the cache (16 MiB here) the whole slots
+ * win back: 128 MiB 20660 against 21086 us, and beside a CPU hog 32 MiB 7313
+ * against 7892, 128 MiB 30129 against 33141. Allreduce at 2 ranks in 32 KiB
+ * steps was 5-12% slower from 128 KiB, so the others keep the pipeline step. */
 #define REDUCE_SHM_STEP_BYTES ((size_t)32 << 10)
 
 /* Collectives where every rank sends and receives at once, or reduces what
@@ -287,7 +291,9 @@ static size_t plan_chunk(const struct coll_args* a) {
   size_t slot = transport_chunk_bytes(comm);
   switch (a->kind) {
     case COLL_REDUCE:
-      return coll_shm_only(comm) ? COLLIE_MIN(comm->pipe_bytes, REDUCE_SHM_STEP_BYTES) : comm->pipe_bytes;
+      return coll_shm_only(comm) && (double)a->count * (double)dtype_size(a->dt) <= comm->tune.cache_bytes
+                 ? COLLIE_MIN(comm->pipe_bytes, REDUCE_SHM_STEP_BYTES)
+                 : comm->pipe_bytes;
     case COLL_ALLREDUCE:
     case COLL_REDUCESCATTER:
     case COLL_ALLGATHER: return comm->pipe_bytes;

@@ -311,10 +311,11 @@ static int test_oversub(void) {
  * 128 KiB (2 ranks over loopback TCP, allreduce 2 MiB: 488 us against 734 in
  * whole slots), one-way streams by whole slots; with NCCL_BUFFSIZE set,
  * every collective steps by the slot the user chose. On one host the slot
- * is 128 KiB and every collective steps by it but reduce, whose chain steps
- * by 32 KiB there (a copy on one side, a reduction on the other: 128 KiB at
- * 2 ranks 8.9 us against 11.1-11.9 in whole slots). */
-static int plan_chunk_of(int nhosts, int kind, size_t* slot) {
+ * is 128 KiB and every collective steps by it but a reduce that fits the
+ * last-level cache, whose chain steps by 32 KiB (a copy on one side, a
+ * reduction on the other: 128 KiB at 2 ranks 8.9 us against 11.1-11.9 in
+ * whole slots). */
+static int plan_chunk_of(int nhosts, int kind, size_t count, size_t* slot, double* cache) {
   struct ncclComm comm;
   memset(&comm, 0, sizeof(comm));
   comm.nranks = 2;
@@ -328,42 +329,55 @@ static int plan_chunk_of(int nhosts, int kind, size_t* slot) {
   memset(&a, 0, sizeof(a));
   a.comm = &comm;
   a.kind = kind;
-  a.count = (size_t)8 << 20;
+  a.count = count;
   a.dt = ncclFloat32;
   a.root = 0;
   struct plan p;
   if (tuning_plan(&a, &p) != ncclSuccess) return -1;
   *slot = comm.slot_bytes;
+  if (cache) *cache = comm.tune.cache_bytes;
   return (int)p.chunk;
 }
 
 static int test_chunk(void) {
   int bad = 0;
   size_t slot = 0;
+  const size_t big = (size_t)8 << 20; /* floats: 32 MiB */
   unsetenv("NCCL_BUFFSIZE");
   static const struct {
     int kind, pipe;
   } rows[] = {{COLL_ALLREDUCE, 1}, {COLL_REDUCE, 1},   {COLL_REDUCESCATTER, 1}, {COLL_ALLGATHER, 1},
               {COLL_BROADCAST, 0}, {COLL_ALLTOALL, 0}, {COLL_GATHER, 0},        {COLL_SCATTER, 0}};
   for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
-    int across = plan_chunk_of(2, rows[i].kind, &slot);
+    int across = plan_chunk_of(2, rows[i].kind, big, &slot, NULL);
     size_t want = rows[i].pipe ? (size_t)128 << 10 : slot;
     if (slot != (size_t)512 << 10 || across != (int)want) {
       fprintf(stderr, "FAILED %s across hosts: chunk %d, slot %zu (expected %zu, slot 524288)\n",
               coll_name(rows[i].kind), across, slot, want);
       bad = 1;
     }
-    int local = plan_chunk_of(1, rows[i].kind, &slot);
-    size_t want_local = rows[i].kind == COLL_REDUCE ? (size_t)32 << 10 : slot;
-    if (local != (int)want_local || slot != (size_t)128 << 10) {
-      fprintf(stderr, "FAILED %s on one host: chunk %d, slot %zu (expected %zu, slot 131072)\n",
-              coll_name(rows[i].kind), local, slot, want_local);
-      bad = 1;
+    /* 2 MiB fits the cache (the built-in table's, or any machine's); 32 MiB
+     * does not where the cache is smaller (every reduce steps by the slot). */
+    for (int k = 0; k < 2; k++) {
+      size_t count = k == 0 ? (size_t)512 << 10 : big;
+      double cache = 0;
+      int local = plan_chunk_of(1, rows[i].kind, count, &slot, &cache);
+      int small_steps = rows[i].kind == COLL_REDUCE && (double)count * sizeof(float) <= cache;
+      size_t want_local = small_steps ? (size_t)32 << 10 : slot;
+      if (local != (int)want_local || slot != (size_t)128 << 10) {
+        fprintf(stderr, "FAILED %s of %zu B on one host: chunk %d, slot %zu (expected %zu, slot 131072)\n",
+                coll_name(rows[i].kind), count * sizeof(float), local, slot, want_local);
+        bad = 1;
+      }
+      if (rows[i].kind == COLL_REDUCE && k == 0 && !small_steps) {
+        fprintf(stderr, "FAILED the tuning table's cache (%.0f B) holds no 2 MiB reduce\n", cache);
+        bad = 1;
+      }
     }
   }
   setenv("NCCL_BUFFSIZE", "4194304", 1);
   for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
-    int across = plan_chunk_of(2, rows[i].kind, &slot);
+    int across = plan_chunk_of(2, rows[i].kind, big, &slot, NULL);
     if (slot != (size_t)512 << 10 || across != (int)slot) {
       fprintf(stderr, "FAILED %s across hosts with NCCL_BUFFSIZE=4194304: chunk %d, slot %zu (expected both 524288)\n",
               coll_name(rows[i].kind), across, slot);
