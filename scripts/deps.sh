@@ -2,7 +2,7 @@
 # Installs the Debian 12 packages collie needs to build and test, skipping
 # those already present. Run as root. Usage: scripts/deps.sh [extra-package ...]
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libhwloc-dev libcmocka-dev libibverbs-dev valgrind procps iproute2
+pkgs=(build-essential cmake pkg-config libhwloc-dev libcmocka-dev libibverbs-dev valgrind gdb procps iproute2
       openmpi-bin libopenmpi-dev python3-numpy python3-pytest python3-mpi4py
       etcd-server curl libcurl4-openssl-dev libjson-c-dev python3-torch python3-torchvision "$@")
 missing=()

@@ -230,6 +230,8 @@ static int victim_trial(int trial, double* lat, double* shrink, double* resume, 
     if (killed && g_sig != SIGKILL && alive == 1 && pids[v] > 0) kill(pids[v], SIGKILL);
     if (mp_now() > deadline) {
       fprintf(stderr, "FAIL trial %d: ranks still running after 60 s (a hang)\n", trial);
+      for (int r = 0; r < NR; r++)
+        if (pids[r] > 0 && r != v) mp_dump_stacks(pids[r], r);
       failed = 1;
     }
     sleep_ms(1);

@@ -176,6 +176,25 @@ struct mp_hooks {
 
 void root_reap(void); /* collie internal: joins finished root threads */
 
+/* A hang's evidence: every thread's stack of a rank still running (gdb, where
+ * it is installed and may attach: CI runs as root), on stderr, before the
+ * harness kills it. A hang that happens once in hundreds of runs then says
+ * where it waited. */
+static void mp_dump_stacks(pid_t pid, int rank) {
+  if (system("command -v gdb >/dev/null 2>&1") != 0) {
+    fprintf(stderr, "  (no gdb: no stacks of rank %d)\n", rank);
+    return;
+  }
+  char cmd[320];
+  snprintf(cmd, sizeof(cmd),
+           "timeout 30 gdb -p %d -batch -nx -ex 'thread apply all bt' 2>/dev/null | "
+           "grep -E '^(#|Thread)' | sed 's/^/  [rank %d] /' >&2",
+           (int)pid, rank);
+  fprintf(stderr, "stacks of rank %d (pid %d), still running:\n", rank, (int)pid);
+  fflush(stderr);
+  if (system(cmd) != 0) fprintf(stderr, "  (gdb could not attach to rank %d)\n", rank);
+}
+
 /* Forks `nranks` children; ranks listed in `skip` (may be NULL) are not started.
  * Children are forked before the parent creates the IDs (and so before it has
  * any root thread): forking a process with running threads can leave a lock
@@ -251,6 +270,8 @@ static int mp_run_hooks(int nranks, int nids, mp_rank_fn fn, void* arg, const in
     }
     if (mp_now() > deadline) {
       fprintf(stderr, "FAIL: %d rank(s) still running after %.0f s: killing them (a hang)\n", alive, limit_s);
+      for (int r = 0; r < nranks; r++)
+        if (pids[r] > 0) mp_dump_stacks(pids[r], r);
       for (int r = 0; r < nranks; r++)
         if (pids[r] > 0) kill(pids[r], SIGKILL);
       while (waitpid(-1, NULL, 0) > 0) {}
