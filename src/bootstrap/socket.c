@@ -259,12 +259,18 @@ static int wait_fd(int fd, short events, int64_t deadline_ms, volatile uint32_t*
 }
 
 int sock_connect(const union sock_addr* addr, int64_t deadline_ms, volatile uint32_t* abort_flag, int* fd) {
+  return sock_connect_prep(addr, deadline_ms, abort_flag, NULL, fd);
+}
+
+int sock_connect_prep(const union sock_addr* addr, int64_t deadline_ms, volatile uint32_t* abort_flag,
+                      void (*prep)(int fd), int* fd) {
   int backoff_ms = 1;
   for (;;) {
     int s = socket(addr->sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (s < 0) return SOCK_ERROR;
     int one = 1;
     setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (prep) prep(s);
     int rc = connect(s, &addr->sa, sock_addr_len(addr));
     int err = rc == 0 ? 0 : errno;
     if (err == EINPROGRESS) {

@@ -69,6 +69,11 @@ ncclResult_t sock_listen_on(union sock_addr* addr, int wildcard, int* fd);
  * `deadline_ms` (CLOCK_MONOTONIC ms). TCP_NODELAY, nonblocking, cloexec. */
 int sock_connect(const union sock_addr* addr, int64_t deadline_ms, volatile uint32_t* abort_flag,
                  int* fd);
+/* The same; `prep` (NULL: none) sets options on each new socket before it
+ * connects (those the kernel applies when the connection is established,
+ * such as TCP_CONGESTION). */
+int sock_connect_prep(const union sock_addr* addr, int64_t deadline_ms, volatile uint32_t* abort_flag,
+                      void (*prep)(int fd), int* fd);
 
 /* Accepts one pending connection without blocking: SOCK_OK, SOCK_AGAIN or SOCK_ERROR. */
 int sock_accept(int lfd, int* fd, union sock_addr* peer);

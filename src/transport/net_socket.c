@@ -162,7 +162,6 @@ static void dx_route(struct conn* c, struct sock_conn* s, size_t bytes) {
       /* This end of the shared connection was set up for receiving. */
       int fd = o->link[0].own_fd, sz = 4 << 20;
       setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
-      if (s->same_machine) local_cc(fd);
       s->link[0].park_fd = fd;
       s->dx = DX_READY;
     } else {
@@ -570,12 +569,12 @@ int sock_delayed_ack_on(struct conn* c, int* armed) {
 }
 
 int sock_congestion(struct conn* c, char* name, size_t len) {
-  if (!c || c->ops != &sock_ops || !c->is_send || len < 2) return -1;
+  if (!c || c->ops != &sock_ops || len < 2) return -1;
   struct sock_conn* s = c->priv;
   for (int i = 0; i < s->nlinks; i++) {
     char cc[32] = {0};
     socklen_t n = sizeof(cc) - 1;
-    if (s->link[i].fd < 0 || getsockopt(s->link[i].fd, IPPROTO_TCP, TCP_CONGESTION, cc, &n) != 0) return -1;
+    if (s->link[i].own_fd < 0 || getsockopt(s->link[i].own_fd, IPPROTO_TCP, TCP_CONGESTION, cc, &n) != 0) return -1;
     if (i > 0 && strcmp(cc, name) != 0) return -1;
     snprintf(name, len, "%s", cc);
   }
@@ -669,6 +668,8 @@ static ncclResult_t sock_recv_setup(struct conn* c, void* info, size_t* info_len
   if (in.addr.sa.sa_family == AF_INET) in.addr.sin.sin_port = 0;
   else in.addr.sin6.sin6_port = 0;
   NCCLCHECK(sock_listen_on(&in.addr, bootstrap_listen_any(c->comm->bs), &s->listen_fd));
+  /* Accepted connections inherit the listener's congestion control. */
+  if (s->same_machine) local_cc(s->listen_fd);
   in.nlinks = s->nlinks;
   memcpy(info, &in, sizeof(in));
   *info_len = sizeof(in);
@@ -685,7 +686,8 @@ static ncclResult_t sock_send_connect(struct conn* c, const void* info, size_t i
   struct sock_conn* s = c->priv;
   int64_t deadline = time_ms() + param_int(P_COLLIE_BOOTSTRAP_TIMEOUT, 1, 86400) * 1000;
   for (int i = 0; i < s->nlinks; i++) {
-    int st = sock_connect(&in.addr, deadline, &c->comm->abort_flag, &s->link[i].fd);
+    int st = sock_connect_prep(&in.addr, deadline, &c->comm->abort_flag, s->same_machine ? local_cc : NULL,
+                               &s->link[i].fd);
     if (st != SOCK_OK)
       return err_set(ncclRemoteError, "socket: rank %d cannot connect to rank %d (%s): %s", c->comm->rank, c->peer,
                      bootstrap_peer_host(c->comm->bs, c->peer), sock_status_str(st));
@@ -694,7 +696,6 @@ static ncclResult_t sock_send_connect(struct conn* c, const void* info, size_t i
       return err_set(ncclRemoteError, "socket: rank %d: handshake with rank %d failed", c->comm->rank, c->peer);
     int sz = 4 << 20;
     setsockopt(s->link[i].fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
-    if (s->same_machine) local_cc(s->link[i].fd);
     s->link[i].own_fd = s->link[i].fd;
   }
   /* The higher rank of a pair puts small slots on the shared connection (see the top of this file). */

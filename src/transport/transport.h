@@ -188,9 +188,10 @@ ncclResult_t transport_flush_ch(struct ncclComm* comm, int ch);
  * socket receiver or the kernel does not say; *armed: how many of those
  * connections this library asked for them (COLLIE_SOCKET_DELAYED_ACK). */
 int sock_delayed_ack_on(struct conn* c, int* armed);
-/* For tests: the TCP congestion control of every connection of socket sender
- * c into name (0), or -1 when c is no socket sender, the kernel does not say,
- * or its connections differ. */
+/* For tests: the TCP congestion control of every connection of socket
+ * connector c (sender: the connections it connected; receiver: those it
+ * accepted) into name (0), or -1 when c is no socket connector, the kernel
+ * does not say, or its connections differ. */
 int sock_congestion(struct conn* c, char* name, size_t len);
 /* For tests: 1 when socket connector c moves its bytes over the TCP
  * connection of its opposite connector (same peer and channel, the other

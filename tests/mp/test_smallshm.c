@@ -439,9 +439,13 @@ static int rank_localcc(int rank, int nranks, const ncclUniqueId* ids, int nids,
   free(buf);
   for (int p = 0; p < nranks; p++) {
     if (p == rank) continue;
-    char cc[64];
+    char cc[64], rcc[64];
     MP_CHECK(sock_congestion(comm->send_conns[p], cc, sizeof(cc)) == 0,
              "rank %d: no socket sender to rank %d (or its connections differ)", rank, p);
+    /* What the receiver accepted has what its listener was given. */
+    MP_CHECK(sock_congestion(comm->recv_conns[p], rcc, sizeof(rcc)) == 0,
+             "rank %d: no socket receiver from rank %d (or its connections differ)", rank, p);
+    MP_CHECK(strcmp(cc, rcc) == 0, "rank %d: to rank %d %s, from it %s", rank, p, cc, rcc);
     if (e && strcmp(e, "system") == 0) {
       MP_CHECK(sys[0], "rank %d: the kernel's default congestion control is unreadable", rank);
       MP_CHECK(strcmp(cc, sys) == 0, "rank %d: to rank %d: %s, want the kernel's %s", rank, p, cc, sys);
