@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../core.h"
@@ -59,7 +60,19 @@ ncclResult_t shmseg_open(int32_t pid, int32_t fd, size_t len, int peer, const ch
   char path[64];
   snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)pid, (int)fd);
   int f = open(path, O_RDWR | O_CLOEXEC);
-  if (f < 0 && errno == ENOENT && pid_gone(pid))
+  int gone = 0;
+  if (f < 0 && errno == ENOENT) {
+    /* A process that is exiting closes its fds before it becomes a zombie:
+     * give a peer whose fd vanished a moment to show that it is gone (a
+     * survivor of a rank killed during connector setup saw the fd missing
+     * and the process still running, and blamed containers). */
+    for (int i = 0; i < 200 && !(gone = pid_gone(pid)); i++) {
+      struct timespec ts = {0, 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
+    errno = ENOENT;
+  }
+  if (f < 0 && gone)
     /* The peer's process is gone (killed while we connected to it): say so,
      * naming it, as the other failure paths do. */
     return err_set(ncclRemoteError, "%s: rank %d (pid %d) failed or exited before its segment could be opened", what,

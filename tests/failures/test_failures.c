@@ -91,6 +91,10 @@ struct shared {
 static struct shared* sh;
 static size_t g_bytes;
 static int g_sig;
+/* The kill comes this many ms (at random, below it) after every rank began
+ * its loop: 1000 by default (anywhere in the first few operations); a few ms
+ * aim at the first operation's connection setup. */
+static int g_window_ms = 1000;
 
 static int victim_rank(int rank, int nranks, const ncclUniqueId* ids) {
   maybe_hostid(rank);
@@ -202,8 +206,8 @@ static int victim_trial(int trial, double* lat, double* shrink, double* resume, 
       int all = 1;
       for (int r = 0; r < NR; r++) all &= __atomic_load_n(&sh->looping[r], __ATOMIC_ACQUIRE);
       if (all) {
-        /* A random moment of the loop: anywhere in the first few operations. */
-        delay = (double)(rand() % 1000);
+        /* A random moment of the loop (g_window_ms). */
+        delay = (double)(rand() % g_window_ms);
         sleep_ms(delay);
         sh->t_kill = mp_now();
         kill(pids[v], g_sig);
@@ -713,6 +717,7 @@ int main(int argc, char** argv) {
   if (!strcmp(c, "kill") || !strcmp(c, "stop")) {
     int trials = argc > 2 ? atoi(argv[2]) : 20;
     size_t bytes = argc > 3 ? strtoull(argv[3], NULL, 0) : 64u << 20;
+    if (argc > 4 && atoi(argv[4]) > 0) g_window_ms = atoi(argv[4]);
     return case_victim(!strcmp(c, "kill") ? SIGKILL : SIGSTOP, trials, bytes);
   }
   if (!strcmp(c, "abort")) return case_abort(argc > 2 ? atoi(argv[2]) : 4);
@@ -726,6 +731,6 @@ int main(int argc, char** argv) {
     int absent = argc > 2 ? atoi(argv[2]) : 2;
     return mp_run_ids(3, 2, rank_shrink_absent, &absent, NULL, 0, 120);
   }
-  fprintf(stderr, "usage: test_failures kill|stop [trials [bytes]] | abort [n] | nonblocking [n] | shrink | revoke | exit | goodbye | revoke_setup | shrink_absent [rank]\n");
+  fprintf(stderr, "usage: test_failures kill|stop [trials [bytes [window_ms]]] | abort [n] | nonblocking [n] | shrink | revoke | exit | goodbye | revoke_setup | shrink_absent [rank]\n");
   return 2;
 }

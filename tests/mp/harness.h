@@ -190,7 +190,7 @@ static void mp_dump_stacks(pid_t pid, int rank) {
            "timeout 10 gdb -p %d -batch -nx -ex 'thread apply all bt' 2>/dev/null | "
            "grep -E '^(#|Thread)' | sed 's/^/  [rank %d] /' >&2",
            (int)pid, rank);
-  fprintf(stderr, "stacks of rank %d (pid %d), still running (none below: gdb could not attach):\n", rank,
+  fprintf(stderr, "stacks of rank %d (pid %d), still running (no lines below: gdb could not attach):\n", rank,
           (int)pid);
   fflush(stderr);
   int rc = system(cmd); /* the pipeline's status is sed's: says nothing about gdb */
