@@ -423,24 +423,33 @@ static ncclResult_t send_frame(struct bootstrap* bs, int peer, int fd, int type,
   return ncclSuccess;
 }
 
+/* What ends a connect's retries early (sock_connect_opts.stop). */
+struct connect_stop {
+  struct bootstrap* bs;
+  int peer;
+  const struct wopt* o;
+};
+
+static ncclResult_t connect_stop_check(void* arg) {
+  const struct connect_stop* x = arg;
+  if (__atomic_load_n(&x->bs->failed[x->peer], __ATOMIC_RELAXED))
+    return err_set(ncclRemoteError, "bootstrap: rank %d (%s) failed while rank %d was connecting to it", x->peer,
+                   bootstrap_peer_host(x->bs, x->peer), x->bs->rank);
+  return watch_check(x->bs, x->o);
+}
+
 static ncclResult_t connect_peer(struct bootstrap* bs, int peer, int64_t deadline, struct wopt* o) {
   if (bs->out_fd[peer] >= 0) return ncclSuccess;
   int fd;
   /* A refused connection is retried until the deadline (the peer may still be
-   * starting); in slices, so that a peer known to have failed, or the
-   * communicator's own stop (a watched call), ends the wait like the other
-   * bootstrap waits instead of after the whole timeout (a survivor setting up
-   * connectors to a rank that was just killed hung there). */
-  int st;
-  for (;;) {
-    int64_t slice = time_ms() + 250;
-    st = sock_connect(&bs->peers[peer].addr, deadline >= 0 && deadline < slice ? deadline : slice, bs->abort_flag, &fd);
-    if (st != SOCK_TIMEOUT || (deadline >= 0 && time_ms() >= deadline)) break;
-    if (__atomic_load_n(&bs->failed[peer], __ATOMIC_RELAXED))
-      return err_set(ncclRemoteError, "bootstrap: rank %d (%s) failed while rank %d was connecting to it", peer,
-                     bootstrap_peer_host(bs, peer), bs->rank);
-    NCCLCHECK(watch_check(bs, o));
-  }
+   * starting); a peer known to have failed, or the communicator's own stop (a
+   * watched call), ends the retries like the other bootstrap waits instead of
+   * the whole timeout (a survivor setting up connectors to a rank that was
+   * just killed hung there). */
+  struct connect_stop x = {bs, peer, o};
+  struct sock_connect_opts opt = {NULL, connect_stop_check, &x};
+  int st = sock_connect_opt(&bs->peers[peer].addr, deadline, bs->abort_flag, &opt, &fd);
+  if (st == SOCK_ABORTED) NCCLCHECK(connect_stop_check(&x));
   if (st != SOCK_OK) {
     char a[SOCK_ADDR_STRLEN];
     return err_set(st == SOCK_ABORTED ? ncclSystemError : ncclRemoteError,

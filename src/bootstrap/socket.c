@@ -259,18 +259,18 @@ static int wait_fd(int fd, short events, int64_t deadline_ms, volatile uint32_t*
 }
 
 int sock_connect(const union sock_addr* addr, int64_t deadline_ms, volatile uint32_t* abort_flag, int* fd) {
-  return sock_connect_prep(addr, deadline_ms, abort_flag, NULL, fd);
+  return sock_connect_opt(addr, deadline_ms, abort_flag, NULL, fd);
 }
 
-int sock_connect_prep(const union sock_addr* addr, int64_t deadline_ms, volatile uint32_t* abort_flag,
-                      void (*prep)(int fd), int* fd) {
+int sock_connect_opt(const union sock_addr* addr, int64_t deadline_ms, volatile uint32_t* abort_flag,
+                     const struct sock_connect_opts* o, int* fd) {
   int backoff_ms = 1;
   for (;;) {
     int s = socket(addr->sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (s < 0) return SOCK_ERROR;
     int one = 1;
     setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if (prep) prep(s);
+    if (o && o->prep) o->prep(s);
     int rc = connect(s, &addr->sa, sock_addr_len(addr));
     int err = rc == 0 ? 0 : errno;
     if (err == EINPROGRESS) {
@@ -294,6 +294,7 @@ int sock_connect_prep(const union sock_addr* addr, int64_t deadline_ms, volatile
       return SOCK_ERROR;
     }
     if (abort_flag && __atomic_load_n(abort_flag, __ATOMIC_RELAXED)) return SOCK_ABORTED;
+    if (o && o->stop && o->stop(o->arg) != ncclSuccess) return SOCK_ABORTED;
     if (deadline_ms >= 0 && time_ms() + backoff_ms >= deadline_ms) return SOCK_TIMEOUT;
     usleep((useconds_t)backoff_ms * 1000);
     if (backoff_ms < 100) backoff_ms *= 2;

@@ -69,11 +69,20 @@ ncclResult_t sock_listen_on(union sock_addr* addr, int wildcard, int* fd);
  * `deadline_ms` (CLOCK_MONOTONIC ms). TCP_NODELAY, nonblocking, cloexec. */
 int sock_connect(const union sock_addr* addr, int64_t deadline_ms, volatile uint32_t* abort_flag,
                  int* fd);
-/* The same; `prep` (NULL: none) sets options on each new socket before it
- * connects (those the kernel applies when the connection is established,
- * such as TCP_CONGESTION). */
-int sock_connect_prep(const union sock_addr* addr, int64_t deadline_ms, volatile uint32_t* abort_flag,
-                      void (*prep)(int fd), int* fd);
+/* What a caller of sock_connect_opt adds (any member may be NULL). */
+struct sock_connect_opts {
+  /* Sets options on each new socket before it connects (those the kernel
+   * applies when the connection is established, such as TCP_CONGESTION). */
+  void (*prep)(int fd);
+  /* Asked after each refused attempt: anything but ncclSuccess ends the
+   * retries with SOCK_ABORTED (a peer known to have failed refuses until the
+   * deadline); the same signature as the bootstrap's watch. */
+  ncclResult_t (*stop)(void* arg);
+  void* arg;
+};
+/* The same as sock_connect, with `o` (NULL: none). */
+int sock_connect_opt(const union sock_addr* addr, int64_t deadline_ms, volatile uint32_t* abort_flag,
+                     const struct sock_connect_opts* o, int* fd);
 
 /* Accepts one pending connection without blocking: SOCK_OK, SOCK_AGAIN or SOCK_ERROR. */
 int sock_accept(int lfd, int* fd, union sock_addr* peer);

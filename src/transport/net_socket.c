@@ -686,19 +686,14 @@ static ncclResult_t sock_send_connect(struct conn* c, const void* info, size_t i
   struct sock_conn* s = c->priv;
   int64_t deadline = time_ms() + param_int(P_COLLIE_BOOTSTRAP_TIMEOUT, 1, 86400) * 1000;
   for (int i = 0; i < s->nlinks; i++) {
-    /* A refused connection is retried until the deadline (as the bootstrap
-     * does, in slices): a receiver that died after describing its connector
-     * refuses every attempt, and the failure recorded meanwhile (health.c)
-     * must end the wait, not the whole bootstrap timeout (a survivor of a
-     * rank killed during the first operation's setup waited there for it). */
-    int st;
-    for (;;) {
-      int64_t slice = time_ms() + 250;
-      st = sock_connect_prep(&in.addr, deadline < slice ? deadline : slice, &c->comm->abort_flag,
-                             s->same_machine ? local_cc : NULL, &s->link[i].fd);
-      if (st != SOCK_TIMEOUT || time_ms() >= deadline) break;
-      NCCLCHECK(comm_stop_check(c->comm));
-    }
+    /* A refused connection is retried until the deadline; a receiver that
+     * died after describing its connector refuses every attempt, so the
+     * failure recorded meanwhile (health.c) ends the retries, not the whole
+     * bootstrap timeout (a survivor of a rank killed during the first
+     * operation's setup waited there for it). */
+    struct sock_connect_opts opt = {s->same_machine ? local_cc : NULL, comm_stop_check_cb, c->comm};
+    int st = sock_connect_opt(&in.addr, deadline, &c->comm->abort_flag, &opt, &s->link[i].fd);
+    if (st == SOCK_ABORTED) NCCLCHECK(comm_stop_check(c->comm));
     if (st != SOCK_OK)
       return err_set(ncclRemoteError, "socket: rank %d cannot connect to rank %d (%s): %s", c->comm->rank, c->peer,
                      bootstrap_peer_host(c->comm->bs, c->peer), sock_status_str(st));
