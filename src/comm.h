@@ -41,6 +41,12 @@ struct ncclComm {
   int unpair;           /* COLLIE_UNPAIR and every rank of this machine can have a CPU (prim_unpair) */
   int64_t unpair_ns;    /* when a waiter last moved this rank off a CPU it shared with a peer */
   uint64_t unpair_moves;
+  /* COLLIE_SPREAD: more local ranks than CPUs, and waiters move this rank to
+   * the least crowded CPU when its own has two ranks more (direct_shm.c). */
+  int spread;
+  int64_t spread_ns; /* when a waiter last looked */
+  uint64_t spread_moves;
+  uint64_t spread_refused; /* moves not made: another task wanted a CPU */
   size_t op_bytes;      /* the running call's message (count x type size; a point-to-point batch: its largest) */
   uint64_t reduce_steals; /* chunks a single-copy reduce's root read itself (cma_reduce.c; tests) */
   uint64_t bcast_left;    /* streamed broadcasts' readers this root went on without (direct_shm.c; tests) */

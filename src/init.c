@@ -271,6 +271,12 @@ static void comm_release(ncclComm_t comm) {
     INFO(LOG_TUNING, "rank %d moved itself off a CPU it shared with a peer %llu time(s) (COLLIE_UNPAIR)",
          comm->rank, (unsigned long long)comm->unpair_moves);
   comm->unpair_moves = 0;
+  if (comm->spread_moves || comm->spread_refused)
+    INFO(LOG_TUNING,
+         "rank %d moved itself to a less crowded CPU %llu time(s), and stayed %llu time(s) because another task "
+         "wanted a CPU (COLLIE_SPREAD)",
+         comm->rank, (unsigned long long)comm->spread_moves, (unsigned long long)comm->spread_refused);
+  comm->spread_moves = comm->spread_refused = 0;
   bind_comm_release(comm);
   mapped_free(comm);
   window_free_all(comm);
@@ -338,6 +344,7 @@ static ncclResult_t comm_setup(ncclComm_t comm, int nids, const ncclUniqueId* id
     int mycpus = sched_getaffinity(0, sizeof(mine), &mine) == 0 ? CPU_COUNT(&mine) : 0;
     comm->unpair = comm->machine_size > 1 && comm->machine_size <= mycpus && comm->spin_ns > 0 &&
                    param_int(P_COLLIE_UNPAIR, 0, 1);
+    comm->spread = comm->local_size > mycpus && mycpus >= 2 && param_int(P_COLLIE_SPREAD, 0, 1);
   }
   comm->comm_hash = bootstrap_nonce(comm->bs) ^ 0x636f6c6c6965ULL;
   comm->shm_disable = (int)param_int(P_NCCL_SHM_DISABLE, 0, 1);

@@ -243,6 +243,47 @@ ncclResult_t board_give_way(struct ncclComm* comm, int peer) {
   return ncclSuccess;
 }
 
+/* How often a waiter of a communicator with more local ranks than CPUs
+ * looks at where the ranks run (COLLIE_SPREAD). */
+#define SPREAD_INTERVAL_NS 2000000
+
+/* Unbound ranks that outnumber the CPUs stay where the scheduler first put
+ * them: every one of them is always runnable (they yield, they seldom
+ * sleep), so the kernel's balancer sees no idle CPU and rarely moves a task
+ * it ran a moment ago. 8 ranks on 2 CPUs were left 5 and 3, or 6 and 2, for
+ * whole runs, and a symmetric call waits for the crowded CPU's turn of each
+ * of its ranks: alltoall of 32 B-2 KiB took 7-15 us a call there, 4.3-6.3 on
+ * 4 and 4 (docs/BENCHMARKS.md). The CPUs the ranks published at the end of
+ * their last call (direct_end) say how they are spread; the one rank that
+ * bind_spread_target picks moves itself and says where it now is. */
+static void direct_spread(struct ncclComm* comm) {
+  struct direct_state* d = comm->direct;
+  int64_t now = time_ns();
+  if (d == NULL || now - comm->spread_ns < SPREAD_INTERVAL_NS) return;
+  comm->spread_ns = now;
+  int32_t cpu_of[64];
+  cpu_set_t mask;
+  if (d->n > 64 || sched_getaffinity(0, sizeof(mask), &mask) != 0) return;
+  for (int i = 0; i < d->n; i++) cpu_of[i] = __atomic_load_n(&d->ctrl[i]->cpu, __ATOMIC_RELAXED);
+  /* Where this rank runs now, not where its last call ended. */
+  cpu_of[comm->rank] = sched_getcpu();
+  int to = bind_spread_target(cpu_of, d->n, comm->rank, &mask);
+  if (to < 0) return;
+  /* Beside another busy process the kernel's balancer keeps ranks off its
+   * CPU, and spreading them evenly put some back beside it: a call then
+   * waits for that process's time slices (8 ranks and a CPU hog on 2 CPUs:
+   * alltoall 32 B took 2.2 ms a call, 12.6 us without moves). Move only
+   * while no task but this communicator's ranks wants a CPU. */
+  int runnable = bind_runnable_tasks();
+  if (runnable < 0 || runnable > d->n) {
+    comm->spread_refused++;
+    return;
+  }
+  if (bind_move_to_cpu(to) != 1) return;
+  comm->spread_moves++;
+  __atomic_store_n(&d->ctrl[comm->rank]->cpu, to, __ATOMIC_RELAXED);
+}
+
 /* Waits until (int32)(*word - want) >= 0. A peer that last ran on this
  * rank's CPU cannot run while this rank spins: after the first polls the
  * waiter yields to it (every 16th poll) instead of spinning its whole spin
@@ -293,6 +334,7 @@ static inline __attribute__((always_inline)) ncclResult_t wait_seq_for(struct nc
       }
       spinning = 0;
     }
+    if (comm->spread) direct_spread(comm);
     if (limit_ns > 0) {
       /* Bounded: yield (the peer may need this CPU) until the limit, no sleep. */
       if (past_limit(limit_ns, &start)) {

@@ -6,6 +6,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -745,6 +746,61 @@ void bind_comm(ncclComm_t comm) {
   INFO(LOG_INIT, "COLLIE_BIND=%s: local rank %d/%d bound to CPUs %s (NUMA node %d, %d thread(s))%s",
        v ? v : "auto", comm->local_rank, comm->local_size, list, node, nthreads,
        held ? "; held while no rank waits long for its CPU (more local ranks than CPUs)" : "");
+}
+
+int bind_move_to_cpu(int cpu) {
+  cpu_set_t had, there;
+  if (cpu < 0 || cpu >= CPU_SETSIZE || sched_getaffinity(0, sizeof(had), &had) != 0) return 0;
+  if (!CPU_ISSET(cpu, &had)) return 0;
+  CPU_ZERO(&there);
+  CPU_SET(cpu, &there);
+  if (sched_setaffinity(0, sizeof(there), &there) != 0) return 0;
+  int moved = sched_getcpu() == cpu;
+  if (sched_setaffinity(0, sizeof(had), &had) != 0) {
+    WARN("could not put back this thread's CPU affinity after moving it to CPU %d: %s", cpu, strerror(errno));
+    return -1;
+  }
+  return moved;
+}
+
+int bind_spread_target(const int32_t* cpu_of, int n, int me, const cpu_set_t* mask) {
+  if (n < 2 || me < 0 || me >= n) return -1;
+  int here = cpu_of[me];
+  if (here < 0 || here >= CPU_SETSIZE || !CPU_ISSET(here, mask)) return -1;
+  int on_here = 0, highest = -1;
+  for (int i = 0; i < n; i++) {
+    if (cpu_of[i] < 0) return -1; /* a rank that has not run a call yet */
+    if (cpu_of[i] == here) {
+      on_here++;
+      highest = i;
+    }
+  }
+  if (highest != me) return -1;
+  int least = -1, on_least = n + 1;
+  for (int c = 0; c < CPU_SETSIZE; c++) {
+    if (!CPU_ISSET(c, mask)) continue;
+    int k = 0;
+    for (int i = 0; i < n; i++) k += cpu_of[i] == c;
+    if (k < on_least) {
+      on_least = k;
+      least = c;
+    }
+  }
+  return least >= 0 && on_here >= on_least + 2 ? least : -1;
+}
+
+int bind_runnable_tasks(void) {
+  char buf[128];
+  int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t got = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (got <= 0) return -1;
+  buf[got] = '\0';
+  double l1, l5, l15;
+  int running, total;
+  if (sscanf(buf, "%lf %lf %lf %d/%d", &l1, &l5, &l15, &running, &total) != 5) return -1;
+  return running;
 }
 
 int bind_move_off_cpu(int cpu) {

@@ -67,6 +67,23 @@ int bind_apply(const cpu_set_t* from, const cpu_set_t* set);
  * not move (its mask has no other CPU, or does not hold `cpu`), -1 when the
  * old mask could not be put back (errno). */
 int bind_move_off_cpu(int cpu);
+/* Moves the calling thread to CPU `cpu` the same way (a mask of that CPU
+ * alone, then the mask it had). Returns 1 when it now runs there, 0 when it
+ * could not move (the CPU is not in its mask), -1 as bind_move_off_cpu. */
+int bind_move_to_cpu(int cpu);
+/* Where rank `me` of n ranks that share the CPUs of `mask` should move so
+ * that no CPU of the mask has two ranks more than another (COLLIE_SPREAD):
+ * cpu_of[i] is the CPU rank i last ran on. Of the ranks on a CPU that has
+ * two more than the least crowded CPU of the mask, only the highest moves
+ * (to the lowest such CPU), so ranks that decide at once from the same
+ * table do not all move. Returns that CPU,
+ * or -1: stay (balanced, not the one to move, or a rank's CPU unknown).
+ * Pure: it looks at its arguments only. */
+int bind_spread_target(const int32_t* cpu_of, int n, int me, const cpu_set_t* mask);
+/* Tasks that can run on the whole machine at this instant (running or
+ * waiting for a CPU; the caller counts as one): the fourth field of
+ * /proc/loadavg. -1 when it cannot be read. */
+int bind_runnable_tasks(void);
 
 /* "0-3,8" for a set; "..." at the end when it does not fit. */
 void bind_cpulist(const cpu_set_t* set, char* out, size_t n);

@@ -1,5 +1,5 @@
 /* Unit test of the placement planner (src/graph/bind.c: bind_plan,
- * bind_cpulist, bind_cpulist_parse) on made-up machines -- two NUMA nodes of
+ * bind_cpulist, bind_cpulist_parse, bind_spread_target) on made-up machines -- two NUMA nodes of
  * 8 cores with 2 hardware threads each, unequal nodes, one node -- since the
  * machines the suite runs on rarely have several nodes. Prints each failed
  * check; exits 1 if any failed. */
@@ -139,6 +139,70 @@ static void check_move_off(void) {
   CHECK(sched_setaffinity(0, sizeof(all), &all) == 0, "restore");
 }
 
+/* bind_spread_target (COLLIE_SPREAD's choice) on made-up tables. */
+static void expect_spread(const char* table, int me, const char* mask, int want) {
+  int32_t cpu_of[16];
+  int n = 0;
+  for (const char* p = table; *p && n < 16; p++) cpu_of[n++] = *p == '?' ? -1 : *p - '0';
+  cpu_set_t m;
+  CHECK(bind_cpulist_parse(mask, &m) == 0, "mask %s", mask);
+  int got = bind_spread_target(cpu_of, n, me, &m);
+  CHECK(got == want, "ranks on CPUs %s, rank %d, mask %s: target %d, want %d", table, me, mask, got, want);
+}
+
+static void check_spread(void) {
+  /* The table: rank i's CPU is the i-th digit. 8 ranks, 5 on CPU 0 and 3
+   * on CPU 1: the highest of the 5 moves to CPU 1, nobody else. */
+  expect_spread("00110100", 7, "0-1", 1);
+  expect_spread("00110100", 6, "0-1", -1);
+  expect_spread("00110100", 5, "0-1", -1);
+  /* 4 and 4, 2 and 2, 2 and 1: balanced enough. */
+  expect_spread("00001111", 3, "0-1", -1);
+  expect_spread("00001111", 7, "0-1", -1);
+  expect_spread("0011", 3, "0-1", -1);
+  expect_spread("001", 1, "0-1", -1);
+  /* Every rank on one CPU; 3 and 1; 3 and 0. */
+  expect_spread("00000000", 7, "0-1", 1);
+  expect_spread("00000000", 3, "0-1", -1);
+  expect_spread("0001", 2, "0-1", 1);
+  expect_spread("0001", 3, "0-1", -1);
+  expect_spread("000", 2, "0-1", 1);
+  /* The least crowded CPU of the mask, the lowest of equals. */
+  expect_spread("000000", 5, "0-2", 1);
+  expect_spread("000011", 3, "0-2", 2);
+  expect_spread("000022", 3, "0-2", 1);
+  /* CPUs outside the mask are never targets; a rank outside it stays. */
+  expect_spread("0000", 3, "0,2", 2);
+  expect_spread("0000", 3, "0", -1);
+  expect_spread("5555", 3, "0-1", -1);
+  /* A rank that has not run a call yet: nobody decides. One rank: nothing. */
+  expect_spread("000?", 2, "0-1", -1);
+  expect_spread("0", 0, "0-1", -1);
+}
+
+/* bind_move_to_cpu: the thread ends up on that CPU with the mask it had;
+ * a CPU outside the mask moves nothing. bind_runnable_tasks counts at least
+ * the caller. */
+static void check_move_to(void) {
+  cpu_set_t all, now;
+  CHECK(bind_runnable_tasks() >= 1, "runnable tasks %d", bind_runnable_tasks());
+  if (sched_getaffinity(0, sizeof(all), &all) != 0 || CPU_COUNT(&all) < 2) {
+    printf("# bind_move_to_cpu: skipped (this process may run on fewer than 2 CPUs)\n");
+    return;
+  }
+  for (int c = 0; c < CPU_SETSIZE; c++) {
+    if (!CPU_ISSET(c, &all)) continue;
+    CHECK(bind_move_to_cpu(c) == 1 && sched_getcpu() == c, "not moved to CPU %d", c);
+    CHECK(sched_getaffinity(0, sizeof(now), &now) == 0 && CPU_EQUAL(&now, &all), "mask changed: %s", list(&now));
+  }
+  int outside = -1;
+  for (int c = 0; c < CPU_SETSIZE && outside < 0; c++)
+    if (!CPU_ISSET(c, &all)) outside = c;
+  if (outside >= 0) CHECK(bind_move_to_cpu(outside) == 0, "moved to CPU %d outside the mask", outside);
+  CHECK(bind_move_to_cpu(-1) == 0 && bind_move_to_cpu(CPU_SETSIZE) == 0, "invalid CPU accepted");
+  CHECK(sched_getaffinity(0, sizeof(now), &now) == 0 && CPU_EQUAL(&now, &all), "mask changed: %s", list(&now));
+}
+
 int main(void) {
   struct bind_topo t;
 
@@ -197,6 +261,8 @@ int main(void) {
   CHECK(bind_mode_parse("socket", &m) != 0, "socket accepted");
 
   check_move_off();
+  check_spread();
+  check_move_to();
 
   printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
   return failures ? 1 : 0;

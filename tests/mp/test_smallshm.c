@@ -9,6 +9,8 @@
  *   paired N every rank starts on the same CPU (see rank_paired); with
  *            COLLIE_TEST_SOCKETS=1 every rank is a host of its own
  *            (NCCL_HOSTID), so they talk over sockets on one machine.
+ *   spread N more ranks than CPUs, placed 3 to 1 on two: with COLLIE_SPREAD
+ *            on the highest rank of the crowded CPU moves (see rank_spread).
  *   helpers N a host per rank on one machine, two channels: the ranks' channel
  *            helper threads must sit on different CPUs (see rank_helpers).
  *   delack N a host per rank over sockets: small checked allreduces, then
@@ -350,6 +352,67 @@ static int rank_paired(int rank, int nranks, const ncclUniqueId* ids, int nids, 
   if (sockets) MP_CHECK(check_give_way(comm, rank, nranks, first, &all) == 0, "rank %d: socket give-way", rank);
   free(buf);
   free(out);
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
+/* More ranks than CPUs (main gives the process its first two CPUs): in
+ * each attempt every rank but the last is pinned to the first CPU and the
+ * last to the second for a few one-shot calls (which publish those CPUs),
+ * then every rank gets both CPUs back and runs checked one-shot calls. 3
+ * and 1 leaves no CPU idle, so the kernel seldom moves anybody at once; with
+ * COLLIE_SPREAD on, the highest rank of the first CPU moves to the second
+ * (bind_spread_target), in some attempt of 50 (an attempt in which another
+ * task wanted a CPU, or the kernel moved a rank first, moves nobody). With
+ * it off nobody ever moves. Every result checked; masks as they were. */
+static int rank_spread(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  cpu_set_t two, one, now;
+  MP_CHECK(sched_getaffinity(0, sizeof(two), &two) == 0 && CPU_COUNT(&two) == 2, "two CPUs");
+  int cpu[2], k = 0;
+  for (int c = 0; c < CPU_SETSIZE && k < 2; c++)
+    if (CPU_ISSET(c, &two)) cpu[k++] = c;
+  const char* e = getenv("COLLIE_SPREAD");
+  int want = !e || strcmp(e, "0") != 0;
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  MP_CHECK(comm->spread == want, "rank %d: spread %d, want %d (%d ranks, 2 CPUs)", rank, comm->spread, want, nranks);
+  float in[64], out[64];
+  uint64_t total = 0, chances = 0;
+  int attempts = want ? 50 : 5;
+  for (int a = 0; a < attempts && total == 0; a++) {
+    CPU_ZERO(&one);
+    CPU_SET(cpu[rank == nranks - 1], &one);
+    MP_CHECK(sched_setaffinity(0, sizeof(one), &one) == 0, "pin");
+    int v = 1;
+    for (int i = 0; i < 20; i++) MP_NCCL(ncclAllReduce(&v, &v, 1, ncclInt32, ncclMax, comm, NULL));
+    MP_CHECK(sched_setaffinity(0, sizeof(two), &two) == 0, "unpin");
+    uint64_t before = comm->spread_moves, refused = comm->spread_refused;
+    comm->spread_ns = 0;
+    for (int it = 0; it < 200; it++) {
+      for (int p = 0; p < nranks; p++) in[p] = val(it + a, rank, p, 0);
+      MP_NCCL(ncclAlltoAll(in, out, 1, ncclFloat, comm, NULL));
+      for (int p = 0; p < nranks; p++)
+        MP_CHECK(out[p] == val(it + a, p, rank, 0), "attempt %d call %d alltoall block %d is %g", a, it, p, out[p]);
+      int s = rank + it;
+      MP_NCCL(ncclAllReduce(&s, &s, 1, ncclInt32, ncclSum, comm, NULL));
+      MP_CHECK(s == nranks * it + nranks * (nranks - 1) / 2, "attempt %d call %d allreduce gave %d", a, it, s);
+    }
+    MP_CHECK(comm->spread_moves >= before, "moves went back");
+    uint64_t moved = comm->spread_moves - before;
+    MP_NCCL(ncclAllReduce(&moved, &total, 1, ncclUint64, ncclSum, comm, NULL));
+    /* An attempt in which no rank was refused for other tasks was a chance. */
+    uint64_t r = comm->spread_refused - refused, any = 0;
+    MP_NCCL(ncclAllReduce(&r, &any, 1, ncclUint64, ncclSum, comm, NULL));
+    chances += any == 0;
+  }
+  if (want && total == 0 && chances == 0 && rank == 0)
+    printf("# spread: no move, but in each of %d attempts another task wanted a CPU (nothing to judge)\n", attempts);
+  MP_CHECK(want ? total > 0 || chances == 0 : total == 0, "rank %d: %llu move(s) in %d attempts (%llu without "
+           "other tasks) with COLLIE_SPREAD=%d", rank, (unsigned long long)total, attempts,
+           (unsigned long long)chances, want);
+  MP_CHECK(sched_getaffinity(0, sizeof(now), &now) == 0 && CPU_EQUAL(&now, &two), "rank %d: mask changed", rank);
   MP_NCCL(ncclCommDestroy(comm));
   return 0;
 }
@@ -706,7 +769,7 @@ static int rank_helpers(int rank, int nranks, const ncclUniqueId* ids, int nids,
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s zero|a2a|paired|delack|helpers|localcc|duplex|cmaauto|runahead NRANKS\n", argv[0]);
+    fprintf(stderr, "usage: %s zero|a2a|paired|delack|helpers|localcc|duplex|cmaauto|runahead|spread NRANKS\n", argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
@@ -715,6 +778,30 @@ int main(int argc, char** argv) {
   int delack = strcmp(argv[1], "delack") == 0, helpers = strcmp(argv[1], "helpers") == 0;
   int localcc = strcmp(argv[1], "localcc") == 0, duplex = strcmp(argv[1], "duplex") == 0;
   int cmaauto = strcmp(argv[1], "cmaauto") == 0, runahead = strcmp(argv[1], "runahead") == 0;
+  int spread = strcmp(argv[1], "spread") == 0;
+  if (spread) {
+    /* Two CPUs for more ranks than that; not beside the suite's hogs (moves
+     * wait for a machine where only the ranks want a CPU). */
+    cpu_set_t mask, two;
+    if (getenv("COLLIE_TEST_HOG")) {
+      printf("SKIPPED: spread: COLLIE_TEST_HOG is set (ranks never move beside busy processes)\n");
+      return 77;
+    }
+    if (sched_getaffinity(0, sizeof(mask), &mask) != 0 || CPU_COUNT(&mask) < 2 || n < 4) {
+      printf("SKIPPED: spread needs 2 CPUs and at least 4 ranks\n");
+      return 77;
+    }
+    CPU_ZERO(&two);
+    for (int c = 0, k = 0; c < CPU_SETSIZE && k < 2; c++)
+      if (CPU_ISSET(c, &mask)) {
+        CPU_SET(c, &two);
+        k++;
+      }
+    if (sched_setaffinity(0, sizeof(two), &two) != 0) {
+      perror("sched_setaffinity");
+      return 1;
+    }
+  }
   /* paired: a busy process on the last CPU, as a job beside the ranks, so the
    * scheduler has no idle CPU to spread them to by itself. */
   pid_t hog = -1;
@@ -743,7 +830,7 @@ int main(int argc, char** argv) {
       return 77;
     }
   }
-  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : helpers ? rank_helpers : localcc ? rank_localcc : duplex ? rank_duplex : cmaauto ? rank_cmaauto : runahead ? rank_runahead : rank_a2a, NULL, 600);
+  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : helpers ? rank_helpers : localcc ? rank_localcc : duplex ? rank_duplex : cmaauto ? rank_cmaauto : runahead ? rank_runahead : spread ? rank_spread : rank_a2a, NULL, 600);
   if (hog > 0) {
     kill(hog, SIGKILL);
     waitpid(hog, NULL, 0);
