@@ -226,6 +226,11 @@ ncclResult_t board_check(struct ncclComm* comm);
  * lets it run, by moving this thread to another CPU (COLLIE_UNPAIR,
  * rate-limited) or by yielding. Fails only when the communicator is stopped. */
 ncclResult_t board_give_way(struct ncclComm* comm, int peer);
+/* COLLIE_SPREAD (direct_shm.c): a waiter that yields, with more local ranks
+ * than CPUs, publishes its CPU in its call-board line and, at most every
+ * 2 ms, moves itself to a less crowded CPU when it is the rank to move.
+ * Nothing before the communicator's first one-shot call (no board yet). */
+void board_spread(struct ncclComm* comm);
 
 /* ---- tuning (graph/tuning.c): the cost model and the choice of a row */
 

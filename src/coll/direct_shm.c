@@ -254,19 +254,25 @@ ncclResult_t board_give_way(struct ncclComm* comm, int peer) {
  * whole runs, and a symmetric call waits for the crowded CPU's turn of each
  * of its ranks: alltoall of 32 B-2 KiB took 7-15 us a call there, 4.3-6.3 on
  * 4 and 4 (docs/BENCHMARKS.md). The CPUs the ranks published at the end of
- * their last call (direct_end) say how they are spread; the one rank that
- * bind_spread_target picks moves itself and says where it now is. */
-static void direct_spread(struct ncclComm* comm) {
+ * their last one-shot call (direct_end) or in their last look from a wait
+ * (here) say how they are spread; the one rank that bind_spread_target
+ * picks moves itself and says where it now is. */
+void board_spread(struct ncclComm* comm) {
   struct direct_state* d = comm->direct;
+  if (!comm->spread || d == NULL) return;
   int64_t now = time_ns();
-  if (d == NULL || now - comm->spread_ns < SPREAD_INTERVAL_NS) return;
+  if (now - comm->spread_ns < SPREAD_INTERVAL_NS) return;
   comm->spread_ns = now;
   int32_t cpu_of[64];
   cpu_set_t mask;
+  int me = sched_getcpu();
+  int32_t* mine = &d->ctrl[comm->rank]->cpu;
+  /* Where this rank runs now, not where its last call ended (point-to-point
+   * and ring waits publish it only here). */
+  if (me >= 0 && __atomic_load_n(mine, __ATOMIC_RELAXED) != me) __atomic_store_n(mine, me, __ATOMIC_RELAXED);
   if (d->n > 64 || sched_getaffinity(0, sizeof(mask), &mask) != 0) return;
   for (int i = 0; i < d->n; i++) cpu_of[i] = __atomic_load_n(&d->ctrl[i]->cpu, __ATOMIC_RELAXED);
-  /* Where this rank runs now, not where its last call ended. */
-  cpu_of[comm->rank] = sched_getcpu();
+  cpu_of[comm->rank] = me;
   int to = bind_spread_target(cpu_of, d->n, comm->rank, &mask);
   if (to < 0) return;
   /* Beside another busy process the kernel's balancer keeps ranks off its
@@ -334,7 +340,7 @@ static inline __attribute__((always_inline)) ncclResult_t wait_seq_for(struct nc
       }
       spinning = 0;
     }
-    if (comm->spread) direct_spread(comm);
+    board_spread(comm);
     if (limit_ns > 0) {
       /* Bounded: yield (the peer may need this CPU) until the limit, no sleep. */
       if (past_limit(limit_ns, &start)) {

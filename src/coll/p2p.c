@@ -298,6 +298,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     }
     if (yields++ < 16) {
       if ((res = comm_stop_check(comm)) != ncclSuccess) break; /* a yield may be long on a crowded CPU */
+      board_spread(comm);
       bind_yield();
       continue;
     }

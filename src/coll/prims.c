@@ -192,6 +192,7 @@ static ncclResult_t wait_round2(struct conn* c, struct conn* also, int released,
     /* On a crowded CPU each yield may cost a whole round of the run queue:
      * look at the stop flags (three loads) before every one. */
     NCCLCHECK(comm_stop_check(comm));
+    board_spread(comm);
     bind_yield();
     return ncclSuccess;
   }
