@@ -192,7 +192,8 @@ static ncclResult_t wait_round2(struct conn* c, struct conn* also, int released,
     /* On a crowded CPU each yield may cost a whole round of the run queue:
      * look at the stop flags (three loads) before every one. */
     NCCLCHECK(comm_stop_check(comm));
-    board_spread(comm);
+    /* Channel 0 runs on the calling thread; helpers of the others are pinned. */
+    if (c->channel == 0) board_spread(comm);
     bind_yield();
     return ncclSuccess;
   }
