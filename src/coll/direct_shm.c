@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "coll.h"
@@ -96,6 +97,7 @@ struct mb_ctrl {
    * (unbound ranks that wake each other are often pulled onto one CPU). A
    * line of its own: waiters read it while this rank writes `done`. */
   int32_t cpu __attribute__((aligned(64)));
+  int32_t tid; /* the thread that last published `cpu` from a wait (COLLIE_SPREAD) */
   /* The call board: every collective publishes its sequence number and
    * arguments here (entry seq % BOARD_DEPTH), so a rank that has waited a
    * while can tell a peer that is merely slow from one that called something
@@ -257,6 +259,37 @@ ncclResult_t board_give_way(struct ncclComm* comm, int peer) {
  * their last one-shot call (direct_end) or in their last look from a wait
  * (here) say how they are spread; the one rank that bind_spread_target
  * picks moves itself and says where it now is. */
+/* Whether some task outside this communicator's ranks wants a CPU now: 1
+ * yes (or cannot tell), 0 no. The kernel's count of runnable tasks
+ * (machine-wide) less the ranks that were runnable both before and after it
+ * was read: a rank asleep at that instant is in neither, and one that
+ * changed state in between is not taken off, so the guess errs toward
+ * "yes". (Comparing the count with the communicator's size alone let a
+ * busy process pass whenever ranks slept in their waits: 8 ranks of a 2 MiB
+ * reduce beside a CPU hog moved onto its CPU 70 times in one run, 19 ms a
+ * call against 5.6 unmoved. Requiring every rank runnable never moved: the
+ * rank alone on the emptier CPU has nobody to yield to and soon sleeps.) */
+static int others_want_cpu(struct ncclComm* comm) {
+  struct direct_state* d = comm->direct;
+  unsigned char was[64];
+  int ours = 1, runnable = -1; /* this rank runs */
+  for (int pass = 0; pass < 2; pass++) {
+    for (int i = 0; i < d->n; i++) {
+      if (i == comm->rank) continue;
+      int tid = __atomic_load_n(&d->ctrl[i]->tid, __ATOMIC_RELAXED);
+      int r = bind_thread_runnable(comm->peers[i].pid, tid > 0 ? tid : comm->peers[i].pid) == 1;
+      if (pass == 0) was[i] = (unsigned char)r;
+      else ours += r && was[i];
+    }
+    if (pass == 0 && (runnable = bind_runnable_tasks()) < 0) return 1;
+  }
+  return runnable > ours;
+}
+
+/* How long a rank that was refused a move waits before it looks again
+ * (a refusal reads up to 3 (2n - 1) small files under /proc). */
+#define SPREAD_REFUSED_NS 50000000
+
 void board_spread(struct ncclComm* comm) {
   struct direct_state* d = comm->direct;
   if (!comm->spread || d == NULL) return;
@@ -266,10 +299,12 @@ void board_spread(struct ncclComm* comm) {
   int32_t cpu_of[64];
   cpu_set_t mask;
   int me = sched_getcpu();
-  int32_t* mine = &d->ctrl[comm->rank]->cpu;
+  struct mb_ctrl* my = d->ctrl[comm->rank];
   /* Where this rank runs now, not where its last call ended (point-to-point
-   * and ring waits publish it only here). */
-  if (me >= 0 && __atomic_load_n(mine, __ATOMIC_RELAXED) != me) __atomic_store_n(mine, me, __ATOMIC_RELAXED);
+   * and ring waits publish it only here), and which thread waits. */
+  if (me >= 0 && __atomic_load_n(&my->cpu, __ATOMIC_RELAXED) != me) __atomic_store_n(&my->cpu, me, __ATOMIC_RELAXED);
+  int32_t tid = (int32_t)syscall(SYS_gettid);
+  if (__atomic_load_n(&my->tid, __ATOMIC_RELAXED) != tid) __atomic_store_n(&my->tid, tid, __ATOMIC_RELAXED);
   if (d->n > 64 || sched_getaffinity(0, sizeof(mask), &mask) != 0) return;
   for (int i = 0; i < d->n; i++) cpu_of[i] = __atomic_load_n(&d->ctrl[i]->cpu, __ATOMIC_RELAXED);
   cpu_of[comm->rank] = me;
@@ -279,15 +314,19 @@ void board_spread(struct ncclComm* comm) {
    * CPU, and spreading them evenly put some back beside it: a call then
    * waits for that process's time slices (8 ranks and a CPU hog on 2 CPUs:
    * alltoall 32 B took 2.2 ms a call, 12.6 us without moves). Move only
-   * while no task but this communicator's ranks wants a CPU. */
-  int runnable = bind_runnable_tasks();
-  if (runnable < 0 || runnable > d->n) {
+   * while every rank runs and no other task wants a CPU. */
+  /* A rank that changes state while it is looked at reads as another task:
+   * only three such looks in a row refuse (a busy process is in every one). */
+  int others = 1;
+  for (int look = 0; look < 3 && others; look++) others = others_want_cpu(comm);
+  if (others) {
     comm->spread_refused++;
+    comm->spread_ns = now + SPREAD_REFUSED_NS - SPREAD_INTERVAL_NS;
     return;
   }
   if (bind_move_to_cpu(to) != 1) return;
   comm->spread_moves++;
-  __atomic_store_n(&d->ctrl[comm->rank]->cpu, to, __ATOMIC_RELAXED);
+  __atomic_store_n(&my->cpu, to, __ATOMIC_RELAXED);
 }
 
 /* Waits until (int32)(*word - want) >= 0. A peer that last ran on this

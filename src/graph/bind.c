@@ -803,6 +803,21 @@ int bind_runnable_tasks(void) {
   return running;
 }
 
+int bind_thread_runnable(int pid, int tid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof(path), "/proc/%d/task/%d/stat", pid, tid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t got = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (got <= 0) return -1;
+  buf[got] = '\0';
+  /* "pid (comm) S ...": the name may hold spaces and parentheses. */
+  char* end = strrchr(buf, ')');
+  if (end == NULL || end[1] != ' ') return -1;
+  return end[2] == 'R';
+}
+
 int bind_move_off_cpu(int cpu) {
   cpu_set_t had, away;
   if (cpu < 0 || cpu >= CPU_SETSIZE || sched_getaffinity(0, sizeof(had), &had) != 0) return 0;

@@ -84,6 +84,10 @@ int bind_spread_target(const int32_t* cpu_of, int n, int me, const cpu_set_t* ma
  * waiting for a CPU; the caller counts as one): the fourth field of
  * /proc/loadavg. -1 when it cannot be read. */
 int bind_runnable_tasks(void);
+/* Whether thread `tid` of process `pid` can run at this instant (state R in
+ * /proc/PID/task/TID/stat): 1, 0 (sleeping or anything else), -1 when it
+ * cannot be read. */
+int bind_thread_runnable(int pid, int tid);
 
 /* "0-3,8" for a set; "..." at the end when it does not fit. */
 void bind_cpulist(const cpu_set_t* set, char* out, size_t n);
