@@ -425,20 +425,27 @@ static int read_u64(const char* path, unsigned long long* v) {
   return ok ? 0 : -1;
 }
 
-/* The CPU a task last ran on: field 39 of its stat (after the name, which
- * may hold spaces and parentheses); -1 when unknown. */
-static int task_cpu(pid_t pid, pid_t tid) {
-  char path[96], buf[1024];
+/* The fields of a task's stat after its name (which may hold spaces and
+ * parentheses), read into buf; NULL when unreadable. */
+static const char* task_stat_fields(pid_t pid, pid_t tid, char* buf, size_t n) {
+  char path[96];
   snprintf(path, sizeof(path), "/proc/%d/task/%d/stat", (int)pid, (int)tid);
   FILE* f = fopen(path, "re");
-  if (f == NULL) return -1;
-  size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+  if (f == NULL) return NULL;
+  size_t len = fread(buf, 1, n - 1, f);
   fclose(f);
   buf[len] = 0;
   char* p = strrchr(buf, ')');
+  return p != NULL && p[1] == ' ' ? p + 2 : NULL;
+}
+
+/* The CPU a task last ran on: field 39 of its stat; -1 when unknown. */
+static int task_cpu(pid_t pid, pid_t tid) {
+  char buf[1024];
+  const char* p = task_stat_fields(pid, tid, buf, sizeof(buf));
   if (p == NULL) return -1;
-  int field = 2;
-  for (char* q = p + 1; *q; q++) {
+  int field = 3; /* p is at field 3, the state */
+  for (const char* q = p; *q; q++) {
     if (*q != ' ') continue;
     if (++field == 39) return atoi(q + 1);
   }
@@ -748,19 +755,27 @@ void bind_comm(ncclComm_t comm) {
        held ? "; held while no rank waits long for its CPU (more local ranks than CPUs)" : "");
 }
 
+/* Sets `via` on the calling thread, which the kernel obeys by migrating it
+ * at once, then puts `had` back. Returns the CPU it ran on in between, or
+ * -2 when `via` was refused, -3 when `had` could not be put back. */
+static int move_through(const cpu_set_t* had, const cpu_set_t* via, const char* what) {
+  if (sched_setaffinity(0, sizeof(*via), via) != 0) return -2;
+  int now = sched_getcpu();
+  if (sched_setaffinity(0, sizeof(*had), had) != 0) {
+    WARN("could not put back this thread's CPU affinity after moving it %s: %s", what, strerror(errno));
+    return -3;
+  }
+  return now;
+}
+
 int bind_move_to_cpu(int cpu) {
   cpu_set_t had, there;
   if (cpu < 0 || cpu >= CPU_SETSIZE || sched_getaffinity(0, sizeof(had), &had) != 0) return 0;
   if (!CPU_ISSET(cpu, &had)) return 0;
   CPU_ZERO(&there);
   CPU_SET(cpu, &there);
-  if (sched_setaffinity(0, sizeof(there), &there) != 0) return 0;
-  int moved = sched_getcpu() == cpu;
-  if (sched_setaffinity(0, sizeof(had), &had) != 0) {
-    WARN("could not put back this thread's CPU affinity after moving it to CPU %d: %s", cpu, strerror(errno));
-    return -1;
-  }
-  return moved;
+  int now = move_through(&had, &there, "to another CPU");
+  return now == -3 ? -1 : now == cpu;
 }
 
 int bind_spread_target(const int32_t* cpu_of, int n, int me, const cpu_set_t* mask) {
@@ -804,18 +819,9 @@ int bind_runnable_tasks(void) {
 }
 
 int bind_thread_runnable(int pid, int tid) {
-  char path[64], buf[512];
-  snprintf(path, sizeof(path), "/proc/%d/task/%d/stat", pid, tid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  ssize_t got = read(fd, buf, sizeof(buf) - 1);
-  close(fd);
-  if (got <= 0) return -1;
-  buf[got] = '\0';
-  /* "pid (comm) S ...": the name may hold spaces and parentheses. */
-  char* end = strrchr(buf, ')');
-  if (end == NULL || end[1] != ' ') return -1;
-  return end[2] == 'R';
+  char buf[512];
+  const char* p = task_stat_fields((pid_t)pid, (pid_t)tid, buf, sizeof(buf));
+  return p == NULL ? -1 : *p == 'R';
 }
 
 int bind_move_off_cpu(int cpu) {
@@ -824,11 +830,6 @@ int bind_move_off_cpu(int cpu) {
   if (!CPU_ISSET(cpu, &had) || CPU_COUNT(&had) < 2) return 0;
   away = had;
   CPU_CLR(cpu, &away);
-  if (sched_setaffinity(0, sizeof(away), &away) != 0) return 0;
-  int moved = sched_getcpu() != cpu;
-  if (sched_setaffinity(0, sizeof(had), &had) != 0) {
-    WARN("could not put back this thread's CPU affinity after moving it off CPU %d: %s", cpu, strerror(errno));
-    return -1;
-  }
-  return moved;
+  int now = move_through(&had, &away, "off its CPU");
+  return now == -3 ? -1 : now >= 0 && now != cpu;
 }
