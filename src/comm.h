@@ -48,6 +48,8 @@ struct ncclComm {
   uint64_t spread_moves;
   uint64_t spread_refused; /* moves not made: another task wanted a CPU */
   size_t op_bytes;      /* the running call's message (count x type size; a point-to-point batch: its largest) */
+  uint64_t split_calls;  /* 2-rank single-copy broadcasts so far: the claim word's tag (cma_broadcast.c) */
+  uint64_t bcast_pushed; /* blocks a 2-rank single-copy broadcast's root wrote to its reader (cma_broadcast.c; tests) */
   uint64_t reduce_steals; /* chunks a single-copy reduce's root read itself (cma_reduce.c; tests) */
   uint64_t bcast_left;    /* streamed broadcasts' readers this root went on without (direct_shm.c; tests) */
   uint64_t bcast_pulled;  /* streamed broadcasts this reader finished from the root's buffer (direct_shm.c; tests) */

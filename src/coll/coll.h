@@ -213,6 +213,11 @@ int mapped_peer_maps(const struct ncclComm* comm);
  * rank order, in all[nranks * bytes] (all may be NULL: a barrier). Returns
  * once every peer has posted, so it also orders what each did before. */
 ncclResult_t direct_shm_share(struct ncclComm* comm, const void* mine, size_t bytes, void* all);
+/* Rank `rank`'s claim word in the one-shot mailboxes (set up on first use,
+ * inside a collective: every rank calls it alike): a 64-bit word every rank
+ * of the host may read and compare-and-swap, for rows that share out work
+ * (cma_broadcast.c). */
+ncclResult_t direct_shm_claim_word(struct ncclComm* comm, int rank, uint64_t** word);
 /* The same exchange for a rank that reads nothing: it posts `bytes` from
  * `mine` and returns at once (the peers that call direct_shm_share read it). */
 ncclResult_t direct_shm_post(struct ncclComm* comm, const void* mine, size_t bytes);

@@ -123,6 +123,8 @@ struct mb_ctrl {
    * and the address of its buffer, which such readers read instead. */
   uint32_t claim __attribute__((aligned(64)));
   uint64_t src;
+  /* Work shared out by blocks (direct_shm_claim_word): a line of its own. */
+  uint64_t work __attribute__((aligned(64)));
 };
 _Static_assert(sizeof(struct mb_line) == 64, "one cache line");
 _Static_assert(sizeof(struct mb_ctrl) <= MB_CTRL_BYTES, "control fits its page");
@@ -894,6 +896,12 @@ ncclResult_t direct_shm_share(struct ncclComm* comm, const void* mine, size_t by
   for (int i = 0; all && i < comm->nranks; i++)
     memcpy((char*)all + (size_t)i * bytes, peer_data(comm->direct, i, bytes), bytes);
   direct_end(comm);
+  return ncclSuccess;
+}
+
+ncclResult_t direct_shm_claim_word(struct ncclComm* comm, int rank, uint64_t** word) {
+  NCCLCHECK(direct_setup(comm));
+  *word = &comm->direct->ctrl[rank]->work;
   return ncclSuccess;
 }
 

@@ -55,6 +55,23 @@ ncclResult_t cma_read(int pid, void* dst, uint64_t addr, size_t bytes, int* err)
   return ncclSuccess;
 }
 
+ncclResult_t cma_write(int pid, uint64_t addr, const void* src, size_t bytes, int* err) {
+  size_t done = 0;
+  while (done < bytes) {
+    size_t len = COLLIE_MIN(bytes - done, (size_t)1 << 30);
+    struct iovec l = {(char*)src + done, len};
+    struct iovec r = {(void*)(uintptr_t)(addr + done), len};
+    ssize_t n = process_vm_writev(pid, &l, 1, &r, 1, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      *err = n < 0 ? errno : EFAULT;
+      return ncclSystemError;
+    }
+    done += (size_t)n;
+  }
+  return ncclSuccess;
+}
+
 int cma_mode(void) {
   const char* s = param_str(P_COLLIE_CMA);
   if (!s || !*s || strcasecmp(s, "auto") == 0) return CMA_AUTO;

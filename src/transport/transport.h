@@ -153,6 +153,8 @@ int cma_mode(void);
 #define CMA_AUTO_MAX_RANKS 64
 /* Reads bytes at addr in process pid into dst (cma.c); *err: errno on failure. */
 ncclResult_t cma_read(int pid, void* dst, uint64_t addr, size_t bytes, int* err);
+/* Writes bytes from src to addr in process pid (the same permission as reading). */
+ncclResult_t cma_write(int pid, uint64_t addr, const void* src, size_t bytes, int* err);
 /* Payload bytes of one connector slot (NCCL_BUFFSIZE / COLLIE_NSLOTS, decided
  * on first use, the same on every rank): the chunk algorithms move per step. */
 size_t transport_chunk_bytes(struct ncclComm* comm);

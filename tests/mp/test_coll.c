@@ -704,6 +704,82 @@ static int rank_steal(int rank, int nranks, const ncclUniqueId* ids, int nids, v
   return 0;
 }
 
+/* The 2-rank single-copy broadcast (cma_broadcast.c; run with COLLIE_CMA=1
+ * NCCL_ALGO=CMA): the reader reads blocks from the front, the root writes
+ * blocks from the back into the reader's buffer. Counts around the block
+ * sizes, four types, both roots, in and out of place, with either rank
+ * late; then rounds where one rank stops the other (SIGSTOP) while it waits
+ * inside its call: a stopped reader leaves every block to the root (counted:
+ * comm->bcast_pushed), a stopped root leaves them all to the reader. Every
+ * value checked on the reader (and the root's own copy out of place). */
+static int rank_bcast_split(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  MP_CHECK(nranks == 2, "the split broadcast runs on 2 ranks");
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  MP_CHECK(comm->cma, "single copy (cross-memory attach) does not work here: nothing to test");
+  size_t counts[] = {1, 4095, 4096, 16384 + 1, 65536 * 3 + 7, (1u << 20) + 5, 4u << 20};
+  ncclDataType_t dts[] = {ncclFloat32, ncclInt8, ncclFloat64, ncclBfloat16};
+  size_t big = 8u << 20;
+  char* a = malloc(big * 8 + 64);
+  char* b = malloc(big * 8 + 64);
+  MP_CHECK(a && b, "out of memory");
+  int round = 0;
+  for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++)
+    for (size_t di = 0; di < sizeof(dts) / sizeof(dts[0]); di++) {
+      size_t count = counts[ci];
+      ncclDataType_t dt = dts[di];
+      int root = round % 2, inplace = (round / 2) % 2, late = round % 3; /* 0 none, 1 root, 2 reader */
+      round++;
+      size_t esz = dtype_size(dt);
+      char* send = a + esz; /* not aligned to a page */
+      char* recv = inplace ? send : b + 3 * esz;
+      if (rank == root) fill_input(dt, ncclSum, 1, send, count);
+      else memset(recv, 0x5a, count * esz);
+      if ((late == 1 && rank == root) || (late == 2 && rank != root)) usleep(2000);
+      MP_NCCL(ncclBroadcast(send, recv, count, dt, root, comm, NULL));
+      for (size_t i = 0; i < count; i++)
+        if (check_val("broadcast", dt, ncclSum, 1, load(dt, recv, i), in_val(dt, ncclSum, 1, i), i, rank)) return 1;
+    }
+  uint64_t before = comm->bcast_pushed;
+  for (int it = 0; it < 4; it++) {
+    int root = 0, stop_reader = it < 2; /* rank 0 stops rank 1, the reader or (as root) ... */
+    if (!stop_reader) root = 1;       /* ... rank 1, the root */
+    float* buf = (float*)a;
+    if (rank == root) fill_input(ncclFloat32, ncclSum, 1, buf, big);
+    else memset(buf, 0, big * 4);
+    ncclResult_t r;
+    if (rank == 0) {
+      /* Rank 1 is inside its broadcast 30 ms after it said it was about to call it. */
+      MP_CHECK(mp_await(it, 1, 60) == 0, "rank 1 never came to round %d", it);
+      usleep(30000);
+      struct cont_arg ca = {(pid_t)comm->peers[1].pid};
+      MP_CHECK(kill(ca.pid, SIGSTOP) == 0, "SIGSTOP: %s", strerror(errno));
+      pthread_t th;
+      MP_CHECK(pthread_create(&th, NULL, cont_later, &ca) == 0, "pthread_create");
+      r = ncclBroadcast(buf, buf, big, ncclFloat32, root, comm, NULL);
+      pthread_join(th, NULL);
+    } else {
+      mp_arrive(it);
+      r = ncclBroadcast(buf, buf, big, ncclFloat32, root, comm, NULL);
+    }
+    MP_NCCL(r);
+    for (size_t i = 0; i < big; i++)
+      if (check_val("broadcast beside a stopped rank", ncclFloat32, ncclSum, 1, buf[i],
+                    in_val(ncclFloat32, ncclSum, 1, i), i, rank))
+        return 1;
+  }
+  uint64_t pushed = comm->bcast_pushed - before;
+  fprintf(stderr, "rank %d: %llu blocks written into the reader's buffer\n", rank, (unsigned long long)pushed);
+  /* As the root of the first two rounds, rank 0 had a stopped reader. */
+  if (rank == 0) MP_CHECK(pushed > 0, "rank 1 was stopped in its broadcast, yet its root wrote none of its blocks");
+  free(a);
+  free(b);
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
 /* A streamed broadcast (NCCL_ALGO=Direct, 256 KiB-8 MiB) whose root goes on
  * without a reader that is a whole ring behind (direct_shm.c, wait_acks):
  * 3 ranks; rank 2 is stopped (SIGSTOP) while it waits in the call, for
@@ -852,6 +928,11 @@ int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "reducesteal") == 0) {
     int rc = mp_run(2, rank_steal, NULL, 300);
     fprintf(stderr, "%s single-copy reduce, 2 ranks\n", rc ? "FAILED" : "passed");
+    return rc;
+  }
+  if (argc > 1 && strcmp(argv[1], "bcastsplit") == 0) {
+    int rc = mp_run(2, rank_bcast_split, NULL, 300);
+    fprintf(stderr, "%s single-copy broadcast split between root and reader, 2 ranks\n", rc ? "FAILED" : "passed");
     return rc;
   }
   if (argc > 1 && strcmp(argv[1], "bcastleft") == 0) {
