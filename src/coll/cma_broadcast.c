@@ -13,9 +13,10 @@
  * compare-and-swap) makes each block one rank's. Per call: the reader sets
  * the word; both post their buffer's address (direct_shm_share) and so know
  * each other's; both take blocks until none is left; both post whether
- * their copies worked and wait for each other (nobody returns while the
- * other may still read or write its buffer; an error on one is an error on
- * both). A rank without a CPU costs nothing but its two posts: the other
+ * their copies worked. The root waits for its reader's post (its buffer
+ * must stay until the reader has read); the reader waits for the root's
+ * only if the root wrote blocks into its buffer. A failed copy is an error
+ * on both. A rank without a CPU costs nothing but its posts: the other
  * takes every block. Standalone, 2 processes on 2 CPUs, one call a
  * handshake: 512 KiB 22.6 us read by the reader alone, 11.7 split; 2 MiB
  * 198 / 71; 8 MiB 807 / 395 (docs/ARCHITECTURE.md has the library's). */
@@ -26,13 +27,6 @@
 #include <unistd.h>
 
 #include "coll.h"
-
-#define W_BITS 24
-#define W_MASK ((1ull << W_BITS) - 1)
-static uint64_t w_pack(uint64_t tag, uint64_t front, uint64_t back) { return tag << 48 | front << W_BITS | back; }
-static uint64_t w_tag(uint64_t w) { return w >> 48; }
-static uint64_t w_front(uint64_t w) { return w >> W_BITS & W_MASK; }
-static uint64_t w_back(uint64_t w) { return w & W_MASK; }
 
 /* A block: a quarter of the message, from 16 KiB (one system call costs
  * about as much as copying 16 KiB here) to 256 KiB, in whole pages. */
@@ -67,12 +61,12 @@ static ncclResult_t run_split(struct coll_args* a) {
   int me = comm->rank, root = a->root, reader = 1 - root, is_root = me == root;
   size_t bytes = a->count * dtype_size(a->dt), blk = split_block(bytes);
   uint64_t nblocks = (bytes + blk - 1) / blk;
-  if (nblocks > W_MASK) return err_set(ncclInvalidArgument, "single-copy broadcast: %zu bytes is too large", bytes);
+  if (nblocks > CLAIM_MAX) return err_set(ncclInvalidArgument, "single-copy broadcast: %zu bytes is too large", bytes);
   uint64_t* w;
   NCCLCHECK(direct_shm_claim_word(comm, reader, &w));
   uint64_t tag = ++comm->split_calls % 0xffff + 1;
   /* Before the exchange: once the root has seen the reader's line it may take blocks. */
-  if (!is_root) __atomic_store_n(w, w_pack(tag, 0, nblocks), __ATOMIC_RELEASE);
+  if (!is_root) __atomic_store_n(w, claim_pack(tag, 0, nblocks), __ATOMIC_RELEASE);
   struct split_desc mine = {(uint64_t)(uintptr_t)(is_root ? a->sendbuff : a->recvbuff), coll_token(a, bytes),
                             (int32_t)getpid(), root, tag, is_root && a->recvbuff != a->sendbuff, 0, {0}};
   struct split_desc all[2];
@@ -92,11 +86,11 @@ static ncclResult_t run_split(struct coll_args* a) {
   for (;;) {
     cur = __atomic_load_n(w, __ATOMIC_ACQUIRE);
     do {
-      if (w_tag(cur) != tag || w_front(cur) >= w_back(cur)) goto done;
-      k = is_root ? w_back(cur) - 1 : w_front(cur);
-      end = all_at_once ? w_back(cur) : k + 1;
+      if (claim_tag(cur) != tag || claim_front(cur) >= claim_back(cur)) goto done;
+      k = is_root ? claim_back(cur) - 1 : claim_front(cur);
+      end = all_at_once ? claim_back(cur) : k + 1;
     } while (!__atomic_compare_exchange_n(w, &cur,
-                                          is_root ? w_pack(tag, w_front(cur), k) : w_pack(tag, end, w_back(cur)),
+                                          is_root ? claim_pack(tag, claim_front(cur), k) : claim_pack(tag, end, claim_back(cur)),
                                           0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
     size_t off = (size_t)k * blk, len = COLLIE_MIN(is_root ? blk : (size_t)(end - k) * blk, bytes - off);
     ncclResult_t res = is_root ? cma_write(peer->pid, peer->addr + off, (const char*)a->sendbuff + off, len, &r.err)
@@ -113,7 +107,7 @@ done:;
    * wrote nothing here) need not wait for the root and goes on, as a
    * single-copy reader always did. */
   struct split_result rs[2];
-  if (!is_root && r.ok && w_back(cur) == nblocks) {
+  if (!is_root && r.ok && claim_back(cur) == nblocks) {
     NCCLCHECK(direct_shm_post(comm, &r, sizeof(r)));
     return ncclSuccess;
   }

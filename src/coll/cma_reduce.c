@@ -32,15 +32,6 @@
 
 #include "coll.h"
 
-#define W_BITS 24
-#define W_MASK ((1ull << W_BITS) - 1)
-#define W_MAX_CHUNKS W_MASK
-
-static uint64_t w_pack(uint64_t tag, uint64_t front, uint64_t back) { return tag << 48 | front << W_BITS | back; }
-static uint64_t w_tag(uint64_t w) { return w >> 48; }
-static uint64_t w_front(uint64_t w) { return w >> W_BITS & W_MASK; }
-static uint64_t w_back(uint64_t w) { return w & W_MASK; }
-
 /* How long the non-root's front must stand still before the root reads a
  * chunk itself: a few chunk copies (128 KiB at 5-10 GB/s: 13-26 us). Reading
  * as soon as the FIFO was empty lost to the chain at 512 KiB (44.7 against
@@ -68,7 +59,7 @@ static ncclResult_t run_nonroot(struct coll_args* a, struct conn* sc, uint64_t t
   uint64_t* w = sc->ops->shared_words(sc);
   __atomic_store_n(&w[1], (uint64_t)(uintptr_t)a->sendbuff, __ATOMIC_RELAXED);
   __atomic_store_n(&w[2], tok, __ATOMIC_RELAXED);
-  __atomic_store_n(&w[0], w_pack(tag, 0, nchunks), __ATOMIC_RELEASE);
+  __atomic_store_n(&w[0], claim_pack(tag, 0, nchunks), __ATOMIC_RELEASE);
   const char* in = a->sendbuff;
   uint64_t f;
   for (;;) {
@@ -76,9 +67,9 @@ static ncclResult_t run_nonroot(struct coll_args* a, struct conn* sc, uint64_t t
     NCCLCHECK(prim_send_slot(&l, &slot));
     uint64_t cur = __atomic_load_n(&w[0], __ATOMIC_ACQUIRE);
     do {
-      f = w_front(cur);
-      if (f >= w_back(cur)) goto claimed;
-    } while (!__atomic_compare_exchange_n(&w[0], &cur, w_pack(tag, f + 1, w_back(cur)), 0, __ATOMIC_ACQ_REL,
+      f = claim_front(cur);
+      if (f >= claim_back(cur)) goto claimed;
+    } while (!__atomic_compare_exchange_n(&w[0], &cur, claim_pack(tag, f + 1, claim_back(cur)), 0, __ATOMIC_ACQ_REL,
                                           __ATOMIC_ACQUIRE));
     size_t off = (size_t)f * chunk, len = COLLIE_MIN(chunk, a->count - off);
     red_pre(&a->op, slot, in + off * esz, len); /* a copy unless premultiplied */
@@ -110,8 +101,8 @@ static ncclResult_t run_root(struct coll_args* a, struct conn* rc, uint64_t tok,
   ncclResult_t res = ncclSuccess;
   while (next < nchunks) {
     uint64_t cur = __atomic_load_n(&w[0], __ATOMIC_ACQUIRE);
-    int pub = w_tag(cur) == tag; /* the non-root has started this operation */
-    uint64_t f = pub ? w_front(cur) : 0, b = pub ? w_back(cur) : nchunks;
+    int pub = claim_tag(cur) == tag; /* the non-root has started this operation */
+    uint64_t f = pub ? claim_front(cur) : 0, b = pub ? claim_back(cur) : nchunks;
     if (pub && f < b && !prim_conn_ready(rc)) {
       /* Nothing waits in the FIFO. A non-root that is running brings its
        * next chunk within a chunk's copy: wait that long (a read of our own
@@ -127,7 +118,7 @@ static ncclResult_t run_root(struct coll_args* a, struct conn* rc, uint64_t tok,
         cpu_relax();
         continue;
       }
-      if (!__atomic_compare_exchange_n(&w[0], &cur, w_pack(tag, f, b - 1), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+      if (!__atomic_compare_exchange_n(&w[0], &cur, claim_pack(tag, f, b - 1), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         continue;
       if (__atomic_load_n(&w[2], __ATOMIC_RELAXED) != tok) {
         res = err_set(ncclInvalidUsage, "rank %d: rank %d's reduce does not match this one (count, datatype or "
@@ -183,7 +174,7 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
   size_t chunk = coll_chunk(a) / esz;
   uint64_t nchunks = (a->count + chunk - 1) / chunk;
   /* Both ends see the same connector, so both take the same branch. */
-  if (!(conn_caps(c) & TRANSPORT_CAP_READ_PEER_MEM) || !c->ops->shared_words || nchunks > W_MAX_CHUNKS) {
+  if (!(conn_caps(c) & TRANSPORT_CAP_READ_PEER_MEM) || !c->ops->shared_words || nchunks > CLAIM_MAX) {
     struct ring_view v = ring_full(comm);
     return ring_reduce_view(a, &v, comm->ring_pos[a->root], a->sendbuff, a->recvbuff, a->avg ? 2 : 0);
   }

@@ -142,6 +142,19 @@ static inline int coll_cma_eligible(const struct coll_args* a) {
   return comm->cma && coll_shm_only(comm) && comm->nranks > 1 && bytes >= comm->cma_min_bytes;
 }
 
+/* A claim word: work cut into blocks 0..back-1 that two ranks share from
+ * both ends, front taken by one, back by the other, each by compare-and-swap
+ * of the whole word (cma_reduce.c, cma_broadcast.c); the tag (16 bits) tells
+ * one operation's word from the last one's. */
+#define CLAIM_BITS 24
+#define CLAIM_MAX ((1ull << CLAIM_BITS) - 1)
+static inline uint64_t claim_pack(uint64_t tag, uint64_t front, uint64_t back) {
+  return tag << 48 | front << CLAIM_BITS | back;
+}
+static inline uint64_t claim_tag(uint64_t w) { return w >> 48; }
+static inline uint64_t claim_front(uint64_t w) { return w >> CLAIM_BITS & CLAIM_MAX; }
+static inline uint64_t claim_back(uint64_t w) { return w & CLAIM_MAX; }
+
 /* The bytes one step of an algorithm moves: the plan's chunk, never more
  * than a connector's slot. */
 static inline size_t coll_chunk(const struct coll_args* a) {
