@@ -20,7 +20,6 @@
  * takes every block. Standalone, 2 processes on 2 CPUs, one call a
  * handshake: 512 KiB 22.6 us read by the reader alone, 11.7 split; 2 MiB
  * 198 / 71; 8 MiB 807 / 395 (docs/ARCHITECTURE.md has the library's). */
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -37,14 +37,15 @@ struct cma_probe {
   uint64_t addr;
 };
 
-ncclResult_t cma_read(int pid, void* dst, uint64_t addr, size_t bytes, int* err) {
+/* Copies bytes between local and addr in process pid, in calls of at most
+ * 1 GiB (partial transfers come back as shorter counts). */
+static ncclResult_t cma_copy(int pid, char* local, uint64_t addr, size_t bytes, int write, int* err) {
   size_t done = 0;
   while (done < bytes) {
-    /* At most 1 GiB per call: partial transfers come back as shorter counts. */
     size_t len = COLLIE_MIN(bytes - done, (size_t)1 << 30);
-    struct iovec l = {(char*)dst + done, len};
+    struct iovec l = {local + done, len};
     struct iovec r = {(void*)(uintptr_t)(addr + done), len};
-    ssize_t n = process_vm_readv(pid, &l, 1, &r, 1, 0);
+    ssize_t n = write ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       *err = n < 0 ? errno : EFAULT;
@@ -55,21 +56,12 @@ ncclResult_t cma_read(int pid, void* dst, uint64_t addr, size_t bytes, int* err)
   return ncclSuccess;
 }
 
+ncclResult_t cma_read(int pid, void* dst, uint64_t addr, size_t bytes, int* err) {
+  return cma_copy(pid, dst, addr, bytes, 0, err);
+}
+
 ncclResult_t cma_write(int pid, uint64_t addr, const void* src, size_t bytes, int* err) {
-  size_t done = 0;
-  while (done < bytes) {
-    size_t len = COLLIE_MIN(bytes - done, (size_t)1 << 30);
-    struct iovec l = {(char*)src + done, len};
-    struct iovec r = {(void*)(uintptr_t)(addr + done), len};
-    ssize_t n = process_vm_writev(pid, &l, 1, &r, 1, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      *err = n < 0 ? errno : EFAULT;
-      return ncclSystemError;
-    }
-    done += (size_t)n;
-  }
-  return ncclSuccess;
+  return cma_copy(pid, (char*)src, addr, bytes, 1, err); /* process_vm_writev only reads the local side */
 }
 
 int cma_mode(void) {

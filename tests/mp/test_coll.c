@@ -629,6 +629,19 @@ static void* cont_later(void* p) {
   return NULL;
 }
 
+/* Once rank `peer` has said it is about to make round `it`'s call
+ * (mp_arrive), waits 30 ms (it is then inside the call, waiting for this
+ * rank), stops it (SIGSTOP) and starts a thread that continues it 150 ms
+ * later: join *th after this rank's own call. */
+static int stop_inside_call(ncclComm_t comm, int peer, int it, struct cont_arg* ca, pthread_t* th) {
+  MP_CHECK(mp_await(it, 1, 60) == 0, "rank %d never came to round %d", peer, it);
+  usleep(30000);
+  ca->pid = (pid_t)comm->peers[peer].pid;
+  MP_CHECK(kill(ca->pid, SIGSTOP) == 0, "SIGSTOP: %s", strerror(errno));
+  MP_CHECK(pthread_create(th, NULL, cont_later, ca) == 0, "pthread_create");
+  return 0;
+}
+
 static int rank_steal(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
   (void)nids;
   (void)arg;
@@ -677,12 +690,9 @@ static int rank_steal(int rank, int nranks, const ncclUniqueId* ids, int nids, v
     if (rank == root) {
       /* The non-root is inside its reduce 30 ms after it said it was about
        * to call it: blocked on a full FIFO. */
-      MP_CHECK(mp_await(it, 1, 60) == 0, "the non-root never came to round %d", it);
-      usleep(30000);
-      struct cont_arg ca = {(pid_t)c.comm->peers[1 - rank].pid};
-      MP_CHECK(kill(ca.pid, SIGSTOP) == 0, "SIGSTOP: %s", strerror(errno));
+      struct cont_arg ca;
       pthread_t th;
-      MP_CHECK(pthread_create(&th, NULL, cont_later, &ca) == 0, "pthread_create");
+      if (stop_inside_call(c.comm, 1 - rank, it, &ca, &th)) return 1;
       ncclResult_t r = ncclReduce(send, recv, big, ncclFloat32, (ncclRedOp_t)op, root, c.comm, NULL);
       pthread_join(th, NULL);
       MP_NCCL(r);
@@ -752,12 +762,9 @@ static int rank_bcast_split(int rank, int nranks, const ncclUniqueId* ids, int n
     ncclResult_t r;
     if (rank == 0) {
       /* Rank 1 is inside its broadcast 30 ms after it said it was about to call it. */
-      MP_CHECK(mp_await(it, 1, 60) == 0, "rank 1 never came to round %d", it);
-      usleep(30000);
-      struct cont_arg ca = {(pid_t)comm->peers[1].pid};
-      MP_CHECK(kill(ca.pid, SIGSTOP) == 0, "SIGSTOP: %s", strerror(errno));
+      struct cont_arg ca;
       pthread_t th;
-      MP_CHECK(pthread_create(&th, NULL, cont_later, &ca) == 0, "pthread_create");
+      if (stop_inside_call(comm, 1, it, &ca, &th)) return 1;
       r = ncclBroadcast(buf, buf, big, ncclFloat32, root, comm, NULL);
       pthread_join(th, NULL);
     } else {
@@ -811,12 +818,9 @@ static int rank_bcast_left(int rank, int nranks, const ncclUniqueId* ids, int ni
     if (stop && rank == stopped) mp_arrive(it);
     if (stop && rank == root) {
       /* Rank 2 is inside its broadcast 30 ms after it said it was about to call it. */
-      MP_CHECK(mp_await(it, 1, 60) == 0, "rank %d never came to round %d", stopped, it);
-      usleep(30000);
-      struct cont_arg ca = {(pid_t)comm->peers[stopped].pid};
-      MP_CHECK(kill(ca.pid, SIGSTOP) == 0, "SIGSTOP: %s", strerror(errno));
+      struct cont_arg ca;
       pthread_t th;
-      MP_CHECK(pthread_create(&th, NULL, cont_later, &ca) == 0, "pthread_create");
+      if (stop_inside_call(comm, stopped, it, &ca, &th)) return 1;
       ncclResult_t r = ncclBroadcast(send, out, count, ncclFloat, root, comm, NULL);
       pthread_join(th, NULL);
       MP_NCCL(r);
