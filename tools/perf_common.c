@@ -109,6 +109,9 @@ void perf_usage(FILE* f, const char* tool) {
           "  -R, --local_register 0|1 1: send and receive buffers from the library's own\n"
           "                           allocator (collie: ncclMemAlloc, host memory the\n"
           "                           ranks of a host can map; default 0: malloc)\n"
+          "  -P, --placement WHICH    (collie) out, in or both (default): time only the\n"
+          "                           out-of-place calls, only the in-place ones, or both;\n"
+          "                           the columns of the other say N/A\n"
           "  -a, --average 0|1|2|3    time reported: 0 rank 0, 1 mean, 2 min, 3 max over\n"
           "                           ranks (default 1)\n"
           "  -T, --timeout SECONDS    stop the whole run after SECONDS (default 0: never)\n"
@@ -187,7 +190,7 @@ int perf_parse_args(int argc, char** argv, const char* tool, struct perf_args* a
       {"timeout", required_argument, 0, 'T'},      {"cudagraph", required_argument, 0, 'G'},
       {"report_cputime", required_argument, 0, 'C'}, {"average", required_argument, 0, 'a'},
       {"min_time_ms", required_argument, 0, 'M'}, {"help", no_argument, 0, 'h'},
-      {"local_register", required_argument, 0, 'R'},
+      {"local_register", required_argument, 0, 'R'}, {"placement", required_argument, 0, 'P'},
       {0, 0, 0, 0},
   };
   memset(a, 0, sizeof(*a));
@@ -218,7 +221,7 @@ int perf_parse_args(int argc, char** argv, const char* tool, struct perf_args* a
   optind = 1;
   long v;
   for (;;) {
-    int c = getopt_long(argc, argv, ":t:g:b:e:i:f:n:m:w:M:p:c:o:d:r:z:y:T:G:C:a:R:h", longopts, NULL);
+    int c = getopt_long(argc, argv, ":t:g:b:e:i:f:n:m:w:M:p:c:o:d:r:z:y:T:G:C:a:R:P:h", longopts, NULL);
     if (c == -1) break;
     switch (c) {
     case 'h': perf_usage(stdout, tool); return PERF_PARSE_HELP;
@@ -300,6 +303,12 @@ int perf_parse_args(int argc, char** argv, const char* tool, struct perf_args* a
     case 'R':
       if (parse_int(optarg, 0, 1, &v)) return usage_error(tool, "invalid -R/--local_register: '%s' (0 or 1)", optarg);
       a->local_register = (int)v;
+      break;
+    case 'P':
+      if (strcmp(optarg, "both") == 0) a->placement = 0;
+      else if (strcmp(optarg, "out") == 0) a->placement = 1;
+      else if (strcmp(optarg, "in") == 0) a->placement = 2;
+      else return usage_error(tool, "invalid -P/--placement: '%s' (out, in or both)", optarg);
       break;
     case 'z': case 'y': case 'p':
       if (parse_int(optarg, 0, 1, &v)) return usage_error(tool, "invalid value '%s' (0 or 1)", optarg);
@@ -691,7 +700,7 @@ static int bench_one(struct run_state* s, const struct layout* l, int type, int 
   char *send, *recv;
   buffers_for(s, l, ts, in_place, &send, &recv);
 
-  if (in_place && c == PERF_ALLTOALL && (b->flags & PERF_NO_INPLACE_ALLTOALL)) {
+  if ((in_place && c == PERF_ALLTOALL && (b->flags & PERF_NO_INPLACE_ALLTOALL)) || a->placement == (in_place ? 1 : 2)) {
     if (b->rank == 0) printf("  %7s  %6s  %6s  %5s", "N/A", "N/A", "N/A", "N/A");
     return 0;
   }

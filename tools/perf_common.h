@@ -67,6 +67,7 @@ struct perf_args {
   int op;             /* enum perf_op or PERF_ALL */
   int root;           /* a rank or PERF_ALL */
   int local_register; /* -R 1: buffers from the backend's mem_alloc (ncclMemAlloc) */
+  int placement;      /* -P: 0 both, 1 out of place only, 2 in place only */
 };
 
 /* Backend flags: where a backend's semantics differ from NCCL's. */

@@ -104,6 +104,17 @@ run 0 "one rank, -R 1: ncclMemAlloc'd buffers, checked" -- env COLLIE_MEMALLOC=h
 check "... no wrong results" -- grep -q "Out of bounds values : 0 OK" "$tmp/out"
 check "... the rank line names the allocator" -- grep -q "ncclMemAlloc" "$tmp/out"
 
+# -P: which placements are timed; the other's columns say N/A, and only the
+# chosen placement's calls are made (5 a placement, as above).
+run 2 "-P sideways is refused" -- "$PERF" all_reduce -P sideways
+check "... and says why" -- grep -q "invalid -P/--placement: 'sideways'" "$tmp/err"
+run 0 "one rank, -P in: runs" -- env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL "$PERF" all_reduce -b 8 -e 8 -n 1 -w 4 -c 0 -P in
+check "... 5 calls, not 10" -- test "$(calls)" -eq 5
+check "... the out-of-place columns say N/A, the in-place ones a time" -- \
+    grep -Eq '^ +8 +2 +float +sum +-1 +N/A +N/A +N/A +N/A +[0-9.]+ ' "$tmp/out"
+run 0 "one rank, -P out: runs" -- "$PERF" all_reduce -b 8 -e 8 -n 1 -w 1 -c 1 -P out
+check "... the in-place columns say N/A" -- grep -Eq '^ +8 +2 +float +sum +-1 +[0-9.]+ .*N/A +N/A +N/A +N/A *$' "$tmp/out"
+
 # The operation from the program's name, as with nccl-tests' binaries.
 ln -s "$PERF" "$tmp/all_gather_perf"
 run 0 "all_gather_perf -h exits 0" -- "$tmp/all_gather_perf" -h
