@@ -83,8 +83,8 @@ run() {
   echo "$t"
 }
 
-# stat FILE EVENT: the event's value (task-clock in ms, the times in ns).
-stat() { awk -F, -v e="$2" '$3 == e { print ($1 ~ /^[0-9.]+$/) ? $1 : 0 }' "$1"; }
+# stat_of FILE EVENT: the event's value (task-clock in ms, the times in ns).
+stat_of() { awk -F, -v e="$2" '$3 == e { print ($1 ~ /^[0-9.]+$/) ? $1 : 0 }' "$1"; }
 
 printf 'explain_miss: %s %s B (%d iterations, then %d), %d ranks, %s, collie %s%s\n' "$op" "$bytes" "$n" $((3 * n)) \
   "$np" "${TRANSPORT:-shm}" "$([ "${BIND:-none}" = default ] && echo bound || echo unbound)" \
@@ -99,11 +99,11 @@ for lib in collie mpi; do
     a=$out/$lib.short.$r b=$out/$lib.long.$r
     [ -s "$a" ] && [ -s "$b" ] || { echo "explain_miss: $lib rank $r left no perf stat output" >&2; continue; }
     awk -v lib="$lib" -v r="$r" -v calls="$calls" -v wall="$wall" \
-      -v c1="$(stat "$a" task-clock)" -v c3="$(stat "$b" task-clock)" \
-      -v u1="$(stat "$a" user_time)" -v u3="$(stat "$b" user_time)" \
-      -v s1="$(stat "$a" system_time)" -v s3="$(stat "$b" system_time)" \
-      -v x1="$(stat "$a" context-switches)" -v x3="$(stat "$b" context-switches)" \
-      -v m1="$(stat "$a" cpu-migrations)" -v m3="$(stat "$b" cpu-migrations)" 'BEGIN {
+      -v c1="$(stat_of "$a" task-clock)" -v c3="$(stat_of "$b" task-clock)" \
+      -v u1="$(stat_of "$a" user_time)" -v u3="$(stat_of "$b" user_time)" \
+      -v s1="$(stat_of "$a" system_time)" -v s3="$(stat_of "$b" system_time)" \
+      -v x1="$(stat_of "$a" context-switches)" -v x3="$(stat_of "$b" context-switches)" \
+      -v m1="$(stat_of "$a" cpu-migrations)" -v m3="$(stat_of "$b" cpu-migrations)" 'BEGIN {
         cpu = (c3 - c1) * 1000 / calls; us = u3 - u1; sy = s3 - s1; tot = us + sy
         pu = tot > 0 ? 100 * us / tot : 0; ps = tot > 0 ? 100 * sy / tot : 0
         printf "%-7s %4d %10s %10.3f %6.0f %6.0f %8.3f %8.4f\n", lib, r, wall, cpu, pu, ps,
