@@ -305,9 +305,9 @@ int perf_parse_args(int argc, char** argv, const char* tool, struct perf_args* a
       a->local_register = (int)v;
       break;
     case 'P':
-      if (strcmp(optarg, "both") == 0) a->placement = 0;
-      else if (strcmp(optarg, "out") == 0) a->placement = 1;
-      else if (strcmp(optarg, "in") == 0) a->placement = 2;
+      if (strcmp(optarg, "both") == 0) a->placement = PERF_PLACE_BOTH;
+      else if (strcmp(optarg, "out") == 0) a->placement = PERF_PLACE_OUT;
+      else if (strcmp(optarg, "in") == 0) a->placement = PERF_PLACE_IN;
       else return usage_error(tool, "invalid -P/--placement: '%s' (out, in or both)", optarg);
       break;
     case 'z': case 'y': case 'p':
@@ -700,7 +700,8 @@ static int bench_one(struct run_state* s, const struct layout* l, int type, int 
   char *send, *recv;
   buffers_for(s, l, ts, in_place, &send, &recv);
 
-  if ((in_place && c == PERF_ALLTOALL && (b->flags & PERF_NO_INPLACE_ALLTOALL)) || a->placement == (in_place ? 1 : 2)) {
+  int other = a->placement == (in_place ? PERF_PLACE_OUT : PERF_PLACE_IN); /* -P left this placement out */
+  if ((in_place && c == PERF_ALLTOALL && (b->flags & PERF_NO_INPLACE_ALLTOALL)) || other) {
     if (b->rank == 0) printf("  %7s  %6s  %6s  %5s", "N/A", "N/A", "N/A", "N/A");
     return 0;
   }

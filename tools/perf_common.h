@@ -67,8 +67,11 @@ struct perf_args {
   int op;             /* enum perf_op or PERF_ALL */
   int root;           /* a rank or PERF_ALL */
   int local_register; /* -R 1: buffers from the backend's mem_alloc (ncclMemAlloc) */
-  int placement;      /* -P: 0 both, 1 out of place only, 2 in place only */
+  int placement;      /* -P: PERF_PLACE_BOTH, _OUT or _IN */
 };
+
+/* -P: which placements a size is timed in (both: out of place, then in place). */
+enum { PERF_PLACE_BOTH, PERF_PLACE_OUT, PERF_PLACE_IN };
 
 /* Backend flags: where a backend's semantics differ from NCCL's. */
 /* The root of an out-of-place broadcast leaves its receive buffer alone

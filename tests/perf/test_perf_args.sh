@@ -112,8 +112,11 @@ run 0 "one rank, -P in: runs" -- env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL "$PE
 check "... 5 calls, not 10" -- test "$(calls)" -eq 5
 check "... the out-of-place columns say N/A, the in-place ones a time" -- \
     grep -Eq '^ +8 +2 +float +sum +-1 +N/A +N/A +N/A +N/A +[0-9.]+ ' "$tmp/out"
-run 0 "one rank, -P out: runs" -- "$PERF" all_reduce -b 8 -e 8 -n 1 -w 1 -c 1 -P out
+run 0 "one rank, -P out: runs" -- env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL "$PERF" all_reduce -b 8 -e 8 -n 1 -w 4 -c 0 -P out
+check "... 5 calls, not 10" -- test "$(calls)" -eq 5
 check "... the in-place columns say N/A" -- grep -Eq '^ +8 +2 +float +sum +-1 +[0-9.]+ .*N/A +N/A +N/A +N/A *$' "$tmp/out"
+run 0 "one rank, -P out -c 1: the checked placement is right" -- "$PERF" all_reduce -b 8 -e 8 -n 1 -w 1 -c 1 -P out
+check "... no wrong results" -- grep -q "Out of bounds values : 0 OK" "$tmp/out"
 
 # The operation from the program's name, as with nccl-tests' binaries.
 ln -s "$PERF" "$tmp/all_gather_perf"
