@@ -17,10 +17,12 @@
 #                  with collie-run's binding
 #     INPLACE=0|1  report the in-place column (compare_mpi.sh does for broadcast)
 #     MPI=1|0      add the Open MPI series
+#     CHECK=1|0    -c: one checked call before the warm-up (compare_mpi.sh
+#                  runs -c 0: its warm-up is the band's -w alone)
 #     BUILD=build  the build folder
 # Prints per size and series the median time (us) and every round's.
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 op=$1
 shift
 build=${BUILD:-build}
@@ -30,7 +32,7 @@ col=6
 bind=(--bind-to none)
 [ "${BIND:-none}" = default ] && bind=()
 export NCCL_SOCKET_IFNAME=lo
-args=("$op" -b "$b" -e "$e" -f 4 -n "$n" -w "$w" -M "$m" -d float -o sum)
+args=("$op" -b "$b" -e "$e" -f 4 -n "$n" -w "$w" -M "$m" -c "${CHECK:-1}" -d float -o sum)
 if [ "${TRANSPORT:-tcp}" = tcp ]; then
   wrap=(sh -c 'NCCL_HOSTID=h$COLLIE_RANK exec "$0" "$@"')
   btl=(--mca btl self,tcp --mca btl_tcp_if_include lo)

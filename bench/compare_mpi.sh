@@ -57,8 +57,18 @@ sweep=${SWEEP:-1}
 # least 30 ms timed per size in the two small bands (40 calls of 0.1 us were
 # a 4 us loop, where one preemption or wake-up decided the cell, and fewer
 # calls than the one-shot's 64 slots, so a root that runs ahead never waited
-# for a slot); for both libraries alike.
-bands=("8 32K 4 40 100 30" "128K 2M 4 10 70 30" "8M 32M 4 4 1 0" "128M 256M 2 2 1 0")
+# for a slot); for both libraries alike. The large bands' warm-up: on this
+# machine the first calls of a process at 8 MiB and more are slow for both
+# libraries alike, whatever the library does (the CPU time of the kernel's
+# copies falls from call to call), and a band that timed the 2nd-5th calls
+# measured that ramp: call k+1 alone (-n 1 -w k, 5 launches each, ms, collie
+# / Open MPI), 4-rank alltoall 8 MiB: k=1 3.0-3.3 / 2.9-4.3, k=2 2.0-2.4 /
+# 1.8-3.3, k=4 1.6-2.1 / 1.5-3.0, k=8 1.42-1.46 / 1.37-1.87; 2-rank allreduce
+# 8 MiB: k=1 1.59-1.75 / 3.90-3.97, k=4 1.17-1.30 / 1.75-1.82; 2-rank alltoall
+# 128 MiB (3 launches): k=1 27.2-28.7 / 25.5-26.3, k=2 23.9-24.5 / 23.1-25.1,
+# k=4 21.9-23.6 / 23.2-23.8. A training loop calls a collective thousands of
+# times; nccl-tests warms up with 5 calls.
+bands=("8 32K 4 40 100 30" "128K 2M 4 10 70 30" "8M 32M 4 4 5 0" "128M 256M 2 2 3 0")
 # QUICK=1: a smoke run of the script itself (8 B .. 2 KiB, few iterations).
 [ "${QUICK:-0}" = 1 ] && bands=("8 2K 4 10 2 0")
 per_run_timeout=900
@@ -262,6 +272,31 @@ miss_rows() {
   done
 }
 
+# A size in words: 8 B, 32 KiB, 2 MiB.
+size_words() {
+  local v u
+  v=$(numfmt --from=iec "$1")
+  for u in B KiB MiB GiB; do
+    if [ "$u" = GiB ] || [ $((v % 1024)) -ne 0 ]; then
+      echo "$v $u"
+      return
+    fi
+    v=$((v / 1024))
+  done
+}
+
+# The bands in words: "8 B-32 KiB 40 (100), at least 30 ms timed ...; ...".
+band_text() {
+  local band b e f n w m out="" sep=""
+  for band in "${bands[@]}"; do
+    read -r b e f n w m <<<"$band"
+    out+="$sep$(size_words "$b")-$(size_words "$e") $n ($w)"
+    [ "${m:-0}" != 0 ] && out+=", more where needed for $m ms timed (\`-M $m\`)"
+    sep="; "
+  done
+  echo "$out (\`-M\`: the slowest rank's warm-up decides the count)"
+}
+
 # The sweep's -n -w -M for one size (its band's).
 size_args() {
   local s=$1 band b e f n w m
@@ -393,9 +428,7 @@ section=$out/section.md
   echo "collie ${modes[*]} (\"unbound\": \`collie-run --bind-to none\`, which also sets COLLIE_BIND=none:"
   echo "nothing binds, the scheduler places the ranks; \"bound\": collie-run's default binding, a disjoint share of the cores per rank, none with more ranks than cores$([ $bind_native = 0 ] && echo ' (taskset wrapper: this collie-run has no --bind-to)')); Open MPI with its default binding"
   echo "(\`mpirun --oversubscribe\`, ob1, vader or tcp BTL). Timing: tools/perf_common.c for both"
-  echo "(barrier, then back-to-back calls, mean over ranks). Calls per size (warm-up): 8 B-32 KiB"
-  echo "40 (100), 128 KiB-2 MiB 10 (70), and in both bands more where needed for 30 ms timed per size"
-  echo "(\`-M 30\`: the slowest rank's warm-up decides the count); 8-32 MiB 4 (1), 128-256 MiB 2 (1)."
+  echo "(barrier, then back-to-back calls, mean over ranks). Calls per size (warm-up): $(band_text)."
   echo "Medians and raw logs: \`$(basename "$build")/$section_name/\`."
   echo
   for cfg in "${configs[@]}"; do
