@@ -61,7 +61,7 @@ sweep=${SWEEP:-1}
 # machine the first calls of a process at 8 MiB and more are slow for both
 # libraries alike, whatever the library does (the CPU time of the kernel's
 # copies falls from call to call), and a band that timed the 2nd-5th calls
-# measured that ramp: call k+1 alone (-n 1 -w k, 5 launches each, ms, collie
+# measured that ramp: call k+1 alone (-n 1 -w k, 4-5 launches each, ms, collie
 # / Open MPI), 4-rank alltoall 8 MiB: k=1 3.0-3.3 / 2.9-4.3, k=2 2.0-2.4 /
 # 1.8-3.3, k=4 1.6-2.1 / 1.5-3.0, k=8 1.42-1.46 / 1.37-1.87; 2-rank allreduce
 # 8 MiB: k=1 1.59-1.75 / 3.90-3.97, k=4 1.17-1.30 / 1.75-1.82; 2-rank alltoall
@@ -285,7 +285,7 @@ size_words() {
   done
 }
 
-# The bands in words: "8 B-32 KiB 40 (100), at least 30 ms timed ...; ...".
+# The bands in words: "8 B-32 KiB 40 (100), more where needed for 30 ms ...; ...".
 band_text() {
   local band b e f n w m out="" sep=""
   for band in "${bands[@]}"; do
