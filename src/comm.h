@@ -146,22 +146,6 @@ static inline int comm_keep_polling(const struct ncclComm* comm, int it, int64_t
   return now - *t0 < comm->spin_ns;
 }
 
-/* After its polls a waiter yields rather than sleeps, while this is true:
- * for WAIT_YIELD_NS after the polling ended, when this rank has a CPU of its
- * own (spin_ns > 0: no more local ranks than CPUs). A rank that sleeps
- * leaves its CPU idle, and the kernel pulls a busy process queued beside the
- * other rank onto it: beside a CPU hog, the hog followed whichever of 2
- * bound ranks slept and both ran 60% of the time (2 MiB alltoall, 229 of 381
- * us a call each, bench/explain_miss.sh); yielding, it stays beside one and
- * the other runs 98% (Open MPI's ranks, which never sleep: 100% and 47%).
- * docs/ARCHITECTURE.md (shm) has the measurements. A longer wait (a peer
- * still computing) sleeps as before. `t0`: when the polling began
- * (comm_keep_polling's). */
-#define WAIT_YIELD_NS 5000000
-static inline int comm_keep_yielding(const struct ncclComm* comm, int64_t t0) {
-  return comm->spin_ns > 0 && t0 != 0 && time_ns() - t0 < comm->spin_ns + WAIT_YIELD_NS;
-}
-
 /* NULL or a handle that is not a live communicator -> ncclInvalidArgument
  * with a message naming `fn`. */
 ncclResult_t comm_check(ncclComm_t comm, const char* fn);

@@ -392,7 +392,7 @@ static inline __attribute__((always_inline)) ncclResult_t wait_seq_for(struct nc
       bind_yield();
       continue;
     }
-    if (yields++ < 16 || comm_keep_yielding(comm, t0)) {
+    if (yields++ < 16) {
       NCCLCHECK(comm_stop_check(comm)); /* a yield may be long on a crowded CPU */
       bind_yield();
       continue;

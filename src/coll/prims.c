@@ -186,10 +186,9 @@ static ncclResult_t wait_round2(struct conn* c, struct conn* also, int released,
     cpu_relax();
     return ncclSuccess;
   }
-  /* Polling is over: a few yields (the peer may be runnable on this CPU;
-   * with a CPU of its own, comm_keep_yielding's while), then every round
-   * sleeps (the deadline is set on the first such round). */
-  if (*deadline == 0 && (it % 16 != 15 || comm_keep_yielding(comm, *t0))) {
+  /* Polling is over: a few yields (the peer may be runnable on this CPU),
+   * then every round sleeps (the deadline is set on the first such round). */
+  if (*deadline == 0 && it % 16 != 15) {
     /* On a crowded CPU each yield may cost a whole round of the run queue:
      * look at the stop flags (three loads) before every one. */
     NCCLCHECK(comm_stop_check(comm));
