@@ -185,10 +185,10 @@ static int sleep_any(struct ncclComm* comm, struct p2p_op** ops, int n) {
 }
 
 /* After polling, a waiter whose rank has a CPU of its own (comm->spin_ns >
- * 0: no more local ranks than CPUs) goes on yielding for up to this long
- * before it sleeps. A rank that sleeps leaves its CPU idle, and the kernel
- * pulls a busy process waiting beside the other rank onto it: beside a CPU
- * hog, 2 bound ranks of a 2 MiB alltoall each ran 60% of the time (229 of
+ * 0: no more local ranks than CPUs) goes on yielding until this long after
+ * its polling ended before it sleeps. A rank that sleeps leaves its CPU
+ * idle, and the kernel pulls a busy process waiting beside the other rank
+ * onto it: beside a CPU hog, 2 bound ranks of a 2 MiB alltoall each ran 60% of the time (229 of
  * 381 us a call, bench/explain_miss.sh), the hog going to whichever rank
  * slept, where Open MPI's ranks, which never sleep, ran 100% and 47% (the
  * hog stayed beside one). Beside the hog, 2 ranks, medians, us, 5 ms of
@@ -255,7 +255,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
   }
   post_first_receives(comm, ops, n, comm->slot_bytes, seen);
   int idle = 0, yields = 0;
-  int64_t deadline = 0, t0 = 0, yield_t0 = 0;
+  int64_t deadline = 0, t0 = 0;
   struct p2p_op* sleep_on[SLEEP_MAX];
   while (active > 0 && res == ncclSuccess) {
     int moved = 0;
@@ -293,7 +293,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     }
     if (moved) {
       idle = yields = 0;
-      t0 = yield_t0 = 0;
+      t0 = 0;
       continue;
     }
     if (blocked && (conn_caps(blocked) & TRANSPORT_CAP_POLLFD)) {
@@ -312,13 +312,8 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
         break;
       continue;
     }
-    int yield = yields++ < 16;
-    if (!yield && comm->spin_ns > 0) {
-      int64_t now = time_ns();
-      if (yield_t0 == 0) yield_t0 = now;
-      yield = now - yield_t0 < P2P_YIELD_NS;
-    }
-    if (yield) {
+    /* t0: when the polling began (comm_keep_polling set it before it ended). */
+    if (yields++ < 16 || (comm->spin_ns > 0 && time_ns() - t0 < comm->spin_ns + P2P_YIELD_NS)) {
       if ((res = comm_stop_check(comm)) != ncclSuccess) break; /* a yield may be long on a crowded CPU */
       board_spread(comm);
       bind_yield();
