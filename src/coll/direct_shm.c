@@ -260,7 +260,15 @@ ncclResult_t board_give_way(struct ncclComm* comm, int peer) {
  * 4 and 4 (docs/BENCHMARKS.md). The CPUs the ranks published at the end of
  * their last one-shot call (direct_end) or in their last look from a wait
  * (here) say how they are spread; the one rank that bind_spread_target
- * picks moves itself and says where it now is. */
+ * picks moves itself and says where it now is. With two ranks a CPU the
+ * place in the ring picks the CPU instead: ring neighbours that share a CPU
+ * take turns on it at every step (4 ranks on 2 CPUs, each pinned, medians
+ * of 3 runs: allreduce 512 KiB 299 us neighbours together against 192
+ * apart, 2 MiB 1270 / 796, 8 MiB 4901 / 3234; reduce-scatter 2 MiB 502 /
+ * 395), and counting ranks alone left either placement, whichever came
+ * first. At 8 ranks on 2 CPUs blocks of neighbours did better at 128 KiB-2
+ * MiB and worse at 8 MiB, and at 3 ranks on 2 alternating gained nothing:
+ * the count rule stays there (docs/BENCHMARKS.md). */
 /* Whether some task outside this communicator's ranks wants a CPU now: 1
  * yes (or cannot tell), 0 no. The kernel's count of runnable tasks
  * (machine-wide) less the ranks that were runnable both before and after it
@@ -310,7 +318,7 @@ void board_spread(struct ncclComm* comm) {
   if (d->n > 64 || sched_getaffinity(0, sizeof(mask), &mask) != 0) return;
   for (int i = 0; i < d->n; i++) cpu_of[i] = __atomic_load_n(&d->ctrl[i]->cpu, __ATOMIC_RELAXED);
   cpu_of[comm->rank] = me;
-  int to = bind_spread_target(cpu_of, d->n, comm->rank, &mask);
+  int to = bind_spread_target(cpu_of, d->n, comm->rank, comm->ring_pos ? comm->ring_pos[comm->rank] : -1, &mask);
   if (to < 0) return;
   /* Beside another busy process the kernel's balancer keeps ranks off its
    * CPU, and spreading them evenly put some back beside it: a call then

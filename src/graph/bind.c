@@ -778,7 +778,7 @@ int bind_move_to_cpu(int cpu) {
   return now == -3 ? -1 : now == cpu;
 }
 
-int bind_spread_target(const int32_t* cpu_of, int n, int me, const cpu_set_t* mask) {
+int bind_spread_target(const int32_t* cpu_of, int n, int me, int me_pos, const cpu_set_t* mask) {
   if (n < 2 || me < 0 || me >= n) return -1;
   int here = cpu_of[me];
   if (here < 0 || here >= CPU_SETSIZE || !CPU_ISSET(here, mask)) return -1;
@@ -789,6 +789,15 @@ int bind_spread_target(const int32_t* cpu_of, int n, int me, const cpu_set_t* ma
       on_here++;
       highest = i;
     }
+  }
+  int cpus = CPU_COUNT(mask);
+  if (me_pos >= 0 && cpus >= 1 && n == 2 * cpus) {
+    /* Ring neighbours on other CPUs: each rank has its own CPU to go to,
+     * so no two ever swap back and forth. */
+    int k = me_pos % cpus, c = 0;
+    for (; c < CPU_SETSIZE; c++)
+      if (CPU_ISSET(c, mask) && k-- == 0) break;
+    return c < CPU_SETSIZE && c != here ? c : -1;
   }
   if (highest != me) return -1;
   int least = -1, on_least = n + 1;

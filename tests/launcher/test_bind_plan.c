@@ -140,14 +140,18 @@ static void check_move_off(void) {
 }
 
 /* bind_spread_target (COLLIE_SPREAD's choice) on made-up tables. */
-static void expect_spread(const char* table, int me, const char* mask, int want) {
+static void expect_spread_at(const char* table, int me, int pos, const char* mask, int want) {
   int32_t cpu_of[16];
   int n = 0;
   for (const char* p = table; *p && n < 16; p++) cpu_of[n++] = *p == '?' ? -1 : *p - '0';
   cpu_set_t m;
   CHECK(bind_cpulist_parse(mask, &m) == 0, "mask %s", mask);
-  int got = bind_spread_target(cpu_of, n, me, &m);
-  CHECK(got == want, "ranks on CPUs %s, rank %d, mask %s: target %d, want %d", table, me, mask, got, want);
+  int got = bind_spread_target(cpu_of, n, me, pos, &m);
+  CHECK(got == want, "ranks on CPUs %s, rank %d (ring place %d), mask %s: target %d, want %d", table, me, pos, mask,
+        got, want);
+}
+static void expect_spread(const char* table, int me, const char* mask, int want) {
+  expect_spread_at(table, me, -1, mask, want);
 }
 
 static void check_spread(void) {
@@ -178,6 +182,30 @@ static void check_spread(void) {
   /* A rank that has not run a call yet: nobody decides. One rank: nothing. */
   expect_spread("000?", 2, "0-1", -1);
   expect_spread("0", 0, "0-1", -1);
+  /* Two ranks a CPU: the ring place decides (place mod CPUs, counted in
+   * the mask), so ring neighbours sit on different CPUs. 4 ranks 2 and 2
+   * but neighbours together (0 1 | 2 3): ranks 1 and 2 go across, 0 and 3
+   * stay; already alternating: nobody moves. */
+  expect_spread_at("0011", 0, 0, "0-1", -1);
+  expect_spread_at("0011", 1, 1, "0-1", 1);
+  expect_spread_at("0011", 2, 2, "0-1", 0);
+  expect_spread_at("0011", 3, 3, "0-1", -1);
+  expect_spread_at("0101", 1, 1, "0-1", -1);
+  expect_spread_at("0101", 2, 2, "0-1", -1);
+  /* The place, not the rank number; the mask's CPUs in order. */
+  expect_spread_at("0011", 3, 1, "0-1", -1);
+  expect_spread_at("0011", 0, 3, "0-1", 1);
+  expect_spread_at("2255", 1, 1, "2,5", 5);
+  expect_spread_at("2255", 2, 0, "2,5", 2);
+  /* 6 ranks on 3 CPUs; a rank whose CPU is not known yet: nobody decides. */
+  expect_spread_at("000111", 2, 2, "0-2", 2);
+  expect_spread_at("000111", 3, 3, "0-2", 0);
+  expect_spread_at("000111", 4, 4, "0-2", -1);
+  expect_spread_at("00?1", 1, 1, "0-1", -1);
+  /* Not two a CPU (3 or 8 ranks on 2): the count rule, whatever the place. */
+  expect_spread_at("001", 1, 1, "0-1", -1);
+  expect_spread_at("00001111", 3, 3, "0-1", -1);
+  expect_spread_at("00110100", 7, 7, "0-1", 1);
 }
 
 /* bind_move_to_cpu: the thread ends up on that CPU with the mask it had;
