@@ -76,12 +76,12 @@ int bind_move_to_cpu(int cpu);
  * cpu_of[i] is the CPU rank i last ran on. Of the ranks on a CPU that has
  * two more than the least crowded CPU of the mask, only the highest moves
  * (to the lowest such CPU), so ranks that decide at once from the same
- * table do not all move. At most two ranks a CPU (n <= 2 x the mask's
- * CPUs) with me_pos >= 0 (this rank's place in the ring) the place decides
- * instead: the (me_pos mod CPUs)-th CPU of the mask, so that neighbours in
- * the ring never share a CPU (and every CPU has as many ranks as another,
- * give or take one). Returns that CPU, or -1: stay (balanced, already
- * there, not the one to move, or a rank's CPU unknown).
+ * table do not all move. With exactly two ranks a CPU (n == 2 x the
+ * mask's CPUs) and me_pos >= 0 (this rank's place in the ring) the place
+ * decides instead: the (me_pos mod CPUs)-th CPU of the mask, so that
+ * neighbours in the ring never share a CPU and every CPU has two ranks.
+ * Returns that CPU, or -1: stay (balanced, already there, not the one to
+ * move, or a rank's CPU unknown).
  * Pure: it looks at its arguments only. */
 int bind_spread_target(const int32_t* cpu_of, int n, int me, int me_pos, const cpu_set_t* mask);
 /* Tasks that can run on the whole machine at this instant (running or
