@@ -234,6 +234,12 @@ ncclResult_t direct_shm_claim_word(struct ncclComm* comm, int rank, uint64_t** w
 /* The same exchange for a rank that reads nothing: it posts `bytes` from
  * `mine` and returns at once (the peers that call direct_shm_share read it). */
 ncclResult_t direct_shm_post(struct ncclComm* comm, const void* mine, size_t bytes);
+/* The other ends of direct_shm_post, one direct call each on every rank:
+ * fetch waits for rank `from`'s post and copies it into dst (posting
+ * nothing); collect waits for every other rank's post and copies rank i's
+ * to all + i * bytes (posting nothing). */
+ncclResult_t direct_shm_fetch(struct ncclComm* comm, int from, void* dst, size_t bytes);
+ncclResult_t direct_shm_collect(struct ncclComm* comm, void* all, size_t bytes);
 /* The call board (single-host communicators): publish this call's token;
  * while waiting, check that peers on the same call agree. */
 ncclResult_t board_publish(struct ncclComm* comm, uint64_t token, int root);

@@ -6,10 +6,10 @@
  * get bitwise identical results. Each rank's mailbox is a ring of NSLOTS
  * small slots (a cache line with the flag, token and up to INLINE_BYTES of
  * data, plus SMALL_BYTES of payload) and two large buffers used alternately,
- * so a rank that waits for nobody (a broadcast root, a reduce non-root) runs
- * up to NSLOTS calls ahead of its readers; it reuses a slot or buffer only
- * after every peer has finished reading it (their `done` counters; within a
- * streamed broadcast, their `ack` of each chunk).
+ * so a rank that waits for nobody (a broadcast or scatter root, a reduce or
+ * gather non-root) runs up to NSLOTS calls ahead of its readers; it reuses
+ * a slot or buffer only after every peer has finished reading it (their
+ * `done` counters; within a streamed broadcast, their `ack` of each chunk).
  * The segments are memfds mapped through /proc/<pid>/fd (nothing in /dev/shm). */
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -603,13 +603,16 @@ static const char* peer_data(struct direct_state* d, int i, size_t bytes) {
  * prefetch does not follow). Where the peer is not ahead nothing is asked
  * for: a line taken shared before the peer writes it costs the peer a
  * transfer. The large buffers are left to the hardware. */
-static void prefetch_next_from(struct direct_state* d, int i, size_t bytes) {
+static void prefetch_next_range(struct direct_state* d, int i, size_t from, size_t bytes) {
   if (!d->ahead || d->where > 1) return;
   unsigned next = (d->seq + 1) % NSLOTS;
   __builtin_prefetch(&d->ctrl[i]->line[next], 0, 3);
   if (d->where == 1)
-    for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(d->small[i] + next * SMALL_BYTES + off, 0, 3);
+    for (size_t off = from & ~(size_t)63; off < from + bytes; off += 64)
+      __builtin_prefetch(d->small[i] + next * SMALL_BYTES + off, 0, 3);
 }
+
+static void prefetch_next_from(struct direct_state* d, int i, size_t bytes) { prefetch_next_range(d, i, 0, bytes); }
 
 static void publish_ready(struct ncclComm* comm) {
   struct direct_state* d = comm->direct;
@@ -747,10 +750,11 @@ ncclResult_t board_check(struct ncclComm* comm) {
 }
 
 /* The bytes a rank puts in its mailbox for call a (reduce-scatter and
- * alltoall post all n blocks). */
+ * alltoall post all n blocks, a scatter's root too). */
 static size_t posted_bytes(const struct coll_args* a) {
   size_t b = a->count * dtype_size(a->dt);
-  return a->kind == COLL_REDUCESCATTER || a->kind == COLL_ALLTOALL ? b * (size_t)a->comm->nranks : b;
+  int all = a->kind == COLL_REDUCESCATTER || a->kind == COLL_ALLTOALL || a->kind == COLL_SCATTER;
+  return all ? b * (size_t)a->comm->nranks : b;
 }
 
 /* One host, and this rank's part fits its mailbox. */
@@ -923,6 +927,29 @@ ncclResult_t direct_shm_post(struct ncclComm* comm, const void* mine, size_t byt
   return ncclSuccess;
 }
 
+ncclResult_t direct_shm_fetch(struct ncclComm* comm, int from, void* dst, size_t bytes) {
+  if (bytes > SMALL_BYTES) return err_set(ncclInternalError, "direct_shm_fetch: %zu bytes is more than a slot", bytes);
+  char* mine;
+  NCCLCHECK(direct_begin(comm, bytes, 0, &mine));
+  NCCLCHECK(direct_exchange(comm, from, 0));
+  memcpy(dst, peer_data(comm->direct, from, bytes), bytes);
+  comm->direct->last_symmetric = 0;
+  direct_end(comm);
+  return ncclSuccess;
+}
+
+ncclResult_t direct_shm_collect(struct ncclComm* comm, void* all, size_t bytes) {
+  if (bytes > SMALL_BYTES) return err_set(ncclInternalError, "direct_shm_collect: %zu bytes is more than a slot", bytes);
+  char* mine;
+  NCCLCHECK(direct_begin(comm, bytes, 0, &mine));
+  NCCLCHECK(direct_exchange(comm, -1, 0));
+  for (int i = 0; i < comm->nranks; i++)
+    if (i != comm->rank) memcpy((char*)all + (size_t)i * bytes, peer_data(comm->direct, i, bytes), bytes);
+  comm->direct->last_symmetric = 0;
+  direct_end(comm);
+  return ncclSuccess;
+}
+
 /* Every rank posts its whole send buffer (n blocks) and reads block `rank`
  * of every peer's: one exchange instead of n-1 pairwise FIFO messages. */
 static ncclResult_t direct_alltoall(struct coll_args* a) {
@@ -936,6 +963,64 @@ static ncclResult_t direct_alltoall(struct coll_args* a) {
     const char* src = i == comm->rank ? (const char*)a->sendbuff + mine : peer_data(comm->direct, i, total) + mine;
     memcpy((char*)a->recvbuff + (size_t)i * bytes, src, bytes);
   }
+  direct_end(comm);
+  return ncclSuccess;
+}
+
+/* Gather: as a reduce (direct_reduce), with copies for the reduction. The
+ * non-roots post their block and go on, up to NSLOTS calls ahead of the
+ * root; the root posts nothing (nobody reads its mailbox), waits for every
+ * peer and copies each block into its place. Where it went through the
+ * point-to-point batch, a FIFO slot and its handshake per peer, a loop of
+ * small gathers cost a round trip each: 2 ranks on 2 CPUs, 8-512 B, 0.28-0.30
+ * us a call against Open MPI's 0.08-0.15; one-shot, 0.06-0.12 (scatter, as
+ * below: 0.27-0.30, 0.09-0.19, 0.06-0.09; docs/BENCHMARKS.md). */
+static ncclResult_t direct_gather(struct coll_args* a) {
+  struct ncclComm* comm = a->comm;
+  size_t bytes = a->count * dtype_size(a->dt);
+  if (comm->rank == a->root) {
+    char* mine;
+    NCCLCHECK(direct_begin(comm, bytes, 0, &mine));
+    NCCLCHECK(direct_exchange(comm, -1, 0));
+    for (int i = 0; i < comm->nranks; i++) {
+      char* dst = (char*)a->recvbuff + (size_t)i * bytes;
+      if (i != comm->rank) {
+        memcpy(dst, peer_data(comm->direct, i, bytes), bytes);
+        prefetch_next_from(comm->direct, i, bytes);
+      } else if (dst != a->sendbuff) {
+        memcpy(dst, a->sendbuff, bytes);
+      }
+    }
+  } else {
+    NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
+    publish_ready(comm);
+  }
+  comm->direct->last_symmetric = 0;
+  direct_end(comm);
+  return ncclSuccess;
+}
+
+/* Scatter: as a broadcast (direct_broadcast) of the root's whole send
+ * buffer, of which each rank copies out its own block. The root waits for
+ * nobody but the readers of the slot it reuses. */
+static ncclResult_t direct_scatter(struct coll_args* a) {
+  struct ncclComm* comm = a->comm;
+  size_t bytes = a->count * dtype_size(a->dt), total = bytes * (size_t)comm->nranks;
+  size_t off = (size_t)comm->rank * bytes;
+  char* mine;
+  NCCLCHECK(direct_begin(comm, total, comm->rank == a->root, &mine));
+  if (comm->rank == a->root) {
+    memcpy(mine, a->sendbuff, total);
+    comm->direct->wrote = total;
+    publish_ready(comm);
+    const char* own = (const char*)a->sendbuff + off;
+    if (a->recvbuff != own) memcpy(a->recvbuff, own, bytes);
+  } else {
+    NCCLCHECK(direct_exchange(comm, a->root, 0));
+    memcpy(a->recvbuff, peer_data(comm->direct, a->root, total) + off, bytes);
+    prefetch_next_range(comm->direct, a->root, off, bytes);
+  }
+  comm->direct->last_symmetric = 0;
   direct_end(comm);
   return ncclSuccess;
 }
@@ -1102,6 +1187,8 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
     case COLL_ALLGATHER: return direct_allgather(a);
     case COLL_REDUCESCATTER: return direct_reducescatter(a);
     case COLL_ALLTOALL: return direct_alltoall(a);
+    case COLL_GATHER: return direct_gather(a);
+    case COLL_SCATTER: return direct_scatter(a);
     default: return err_set(ncclInternalError, "direct (shared memory) has no %s", coll_name(a->kind));
   }
 }
@@ -1113,3 +1200,5 @@ const struct algo algo_direct_shm_reduce = DIRECT_SHM_ROW(COLL_REDUCE);
 const struct algo algo_direct_shm_allgather = DIRECT_SHM_ROW(COLL_ALLGATHER);
 const struct algo algo_direct_shm_reducescatter = DIRECT_SHM_ROW(COLL_REDUCESCATTER);
 const struct algo algo_direct_shm_alltoall = DIRECT_SHM_ROW(COLL_ALLTOALL);
+const struct algo algo_direct_shm_gather = DIRECT_SHM_ROW(COLL_GATHER);
+const struct algo algo_direct_shm_scatter = DIRECT_SHM_ROW(COLL_SCATTER);

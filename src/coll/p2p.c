@@ -414,10 +414,16 @@ static ncclResult_t direct_scatter(struct coll_args* a) {
   return run_ops(a, ops, k, stack);
 }
 
-/* One step; everything through the root or the links. */
+/* One step; everything through the root or the links. A gather whose
+ * blocks go by single copy has its root read them one after the other (each
+ * a handshake and a system call) and copy its own: the pushed row
+ * (cma_gather.c) shares those copies out. */
 static double estimate(const struct coll_args* a, const struct tune_cost* c) {
   double bytes = (double)a->count * (double)dtype_size(a->dt);
-  return c->link.alpha_us + (a->comm->nranks - 1) * bytes / c->link.bw;
+  int n = a->comm->nranks;
+  if (a->kind == COLL_GATHER && coll_cma_eligible(a))
+    return c->link.alpha_us + (n - 1) * tune_cma_handshake_us(c) + n * bytes / tune_cma_bw(c, 2.0 * bytes);
+  return c->link.alpha_us + (n - 1) * bytes / c->link.bw;
 }
 
 static ncclResult_t run(struct coll_args* a, const struct plan* p) {

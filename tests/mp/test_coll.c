@@ -173,6 +173,21 @@ static int sweep_moves(struct ctx* c, size_t count, ncclDataType_t dt, int inpla
     for (int j = 0; j < n; j++)
       for (size_t i = 0; i < bytes; i++)
         MP_CHECK((unsigned char)recv[(size_t)j * bytes + i] == PAT(j, r, i), "in-place alltoall block %d byte %zu", j, i);
+    /* In-place gather (sendbuff == recvbuff + rank * count) and scatter
+     * (recvbuff == sendbuff + rank * count), to rank 0. */
+    for (size_t i = 0; i < (size_t)n * bytes; i++) recv[i] = 0;
+    for (size_t i = 0; i < bytes; i++) recv[(size_t)r * bytes + i] = (char)PAT(r, 2, i);
+    MP_NCCL(ncclGather(recv + (size_t)r * bytes, recv, count, dt, 0, c->comm, NULL));
+    if (r == 0)
+      for (int j = 0; j < n; j++)
+        for (size_t i = 0; i < bytes; i++)
+          MP_CHECK((unsigned char)recv[(size_t)j * bytes + i] == PAT(j, 2, i), "in-place gather block %d byte %zu", j,
+                   i);
+    for (int j = 0; j < n; j++)
+      for (size_t i = 0; i < bytes; i++) recv[(size_t)j * bytes + i] = (char)(r == 0 ? PAT(0, j + 3, i) : 0);
+    MP_NCCL(ncclScatter(recv, recv + (size_t)r * bytes, count, dt, 0, c->comm, NULL));
+    for (size_t i = 0; i < bytes; i++)
+      MP_CHECK((unsigned char)recv[(size_t)r * bytes + i] == PAT(0, r + 3, i), "in-place scatter byte %zu", i);
   } else {
     for (int j = 0; j < n; j++)
       for (size_t i = 0; i < bytes; i++) send[(size_t)j * bytes + i] = (char)PAT(r, j, i);
@@ -478,6 +493,20 @@ static int rank_mismatch(int rank, int nranks, const ncclUniqueId* ids, int nids
     float one = 1.f;
     r = ncclReduce(send, recv, count, ncclFloat, ncclSum, 0, comm, NULL);
     if (r == ncclSuccess) r = ncclAllReduce(&one, &one, 1, ncclFloat, ncclSum, comm, NULL);
+  } else if (getenv("COLLIE_TEST_MISMATCH_GATHER")) {
+    /* A gather to rank 0 that rank 1 calls with its own count, then an
+     * allreduce: a non-root may finish its part before the root sees the
+     * difference, so every rank must fail in one of the two; the pushed
+     * single-copy gather must never write past the root's buffer. */
+    float one = 1.f;
+    size_t all_n = (size_t)nranks * count;
+    float* all = calloc(all_n + 1024, sizeof(float));
+    MP_CHECK(all != NULL, "out of memory");
+    for (size_t i = all_n; i < all_n + 1024; i++) all[i] = 12345.f;
+    r = ncclGather(send, all, count, ncclFloat, 0, comm, NULL);
+    if (r == ncclSuccess) r = ncclAllReduce(&one, &one, 1, ncclFloat, ncclSum, comm, NULL);
+    for (size_t i = all_n; i < all_n + 1024; i++) MP_CHECK(all[i] == 12345.f, "gather wrote past the buffer at %zu", i);
+    free(all);
   } else {
     r = ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, NULL);
   }

@@ -179,7 +179,8 @@ static int rank_a2a(int rank, int nranks, const ncclUniqueId* ids, int nids, voi
 static float ra_val(int k, int from, size_t i) { return (float)((k * 29 + from * 5 + (int)i) % 200); }
 
 /* Broadcasts from rank 0 (4 floats: in the slot's line), then reduces to
- * rank 0 (300 floats: the slot's small buffer): after RUNAHEAD_WARM calls
+ * rank 0 (300 floats: the slot's small buffer), then gathers and scatters
+ * (the writers: the non-roots, the root): after RUNAHEAD_WARM calls
  * together, the writers make RUNAHEAD more while the readers wait for them
  * outside collie (a shared counter), then the readers make theirs and check
  * every one. A writer that needed a reader's later progress would wait for
@@ -217,6 +218,37 @@ static int rank_runahead(int rank, int nranks, const ncclUniqueId* ids, int nids
     }
     if (k == total - 1 && rank != 0) mp_arrive(1);
   }
+  /* Gathers to the last rank (30 floats a rank): every other rank writes. */
+  int last = nranks - 1;
+  enum { GC = 30 };
+  float* all = malloc(sizeof(float) * GC * (size_t)nranks);
+  MP_CHECK(all != NULL, "out of memory");
+  for (int k = 0; k < total; k++) {
+    if (k == RUNAHEAD_WARM && rank == last)
+      MP_CHECK(mp_await(2, nranks - 1, 120) == 0, "the gather non-roots never got %d calls ahead", RUNAHEAD);
+    for (size_t i = 0; i < GC; i++) send[i] = ra_val(k, rank, i);
+    MP_NCCL(ncclGather(send, all, GC, ncclFloat, last, comm, NULL));
+    for (int r = 0; rank == last && r < nranks; r++)
+      for (size_t i = 0; i < GC; i++)
+        MP_CHECK(all[(size_t)r * GC + i] == ra_val(k, r, i), "gather %d: rank %d's element %zu is %g", k, r, i,
+                 all[(size_t)r * GC + i]);
+    if (k == total - 1 && rank != last) mp_arrive(2);
+  }
+  /* Scatters from the last rank (3 floats a rank: n blocks in the slot's
+   * line up to 3 ranks, in its small buffer above): the root writes. */
+  enum { SC = 3 };
+  for (int k = 0; k < total; k++) {
+    if (k == RUNAHEAD_WARM && rank != last)
+      MP_CHECK(mp_await(3, 1, 120) == 0, "the scatter root never got %d calls ahead", RUNAHEAD);
+    for (int r = 0; rank == last && r < nranks; r++)
+      for (size_t i = 0; i < SC; i++) all[(size_t)r * SC + i] = ra_val(k, r, i);
+    for (size_t i = 0; i < SC; i++) recv[i] = -1.f;
+    MP_NCCL(ncclScatter(all, recv, SC, ncclFloat, last, comm, NULL));
+    for (size_t i = 0; i < SC; i++)
+      MP_CHECK(recv[i] == ra_val(k, rank, i), "scatter %d: element %zu is %g", k, i, recv[i]);
+    if (k == total - 1 && rank == last) mp_arrive(3);
+  }
+  free(all);
   MP_NCCL(ncclCommDestroy(comm));
   return 0;
 }
