@@ -225,6 +225,15 @@ static void* comm_job_main(void* p) {
 
 /* Splits a task list by communicator (keeping each one's order) and runs it. */
 static ncclResult_t run_tasks(struct task* list) {
+  /* The usual group (every call on one blocking communicator) runs as it
+   * is: no split, nothing allocated. */
+  struct task* t0 = list;
+  while (t0 && t0->a.comm == list->a.comm) t0 = t0->next;
+  if (!t0 && !list->a.comm->nonblocking) {
+    ncclResult_t r = exec_run_tasks(list);
+    exec_free_tasks(list);
+    return r;
+  }
   int njobs = 0;
   struct comm_job* jobs = NULL;
   struct task** tails = NULL;

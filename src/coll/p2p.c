@@ -254,7 +254,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     active++;
   }
   post_first_receives(comm, ops, n, comm->slot_bytes, seen);
-  int idle = 0, yields = 0;
+  int idle = 0, yields = 0, spun_out = 0;
   int64_t deadline = 0, t0 = 0;
   struct p2p_op* sleep_on[SLEEP_MAX];
   while (active > 0 && res == ncclSuccess) {
@@ -292,7 +292,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
       moved = 1;
     }
     if (moved) {
-      idle = yields = 0;
+      idle = yields = spun_out = 0;
       t0 = 0;
       continue;
     }
@@ -305,13 +305,19 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
       if (now - t0 >= prim_fd_poll_ns(comm, blocked->peer)) transport_wait_fds(comm, 0, 100);
       continue;
     }
-    if (comm_keep_polling(comm, ++idle, &t0)) {
+    /* While polling, the clock is read every 8th poll only (a read costs as
+     * much as a poll and delayed seeing the peer's slot: a tenth of a
+     * 2-rank 8-byte send/receive loop's samples); once over, polling stays
+     * over until something moves. */
+    ++idle;
+    if (!spun_out && ((t0 != 0 && (idle & 7) != 0) || comm_keep_polling(comm, idle, &t0))) {
       /* A blocked peer on this CPU cannot run while this rank spins. */
       if (idle >= comm_min_polls(comm) && (idle & 15) == 0 && blocked &&
           (res = board_give_way(comm, blocked->peer)) != ncclSuccess)
         break;
       continue;
     }
+    spun_out = 1;
     /* t0: when the polling began (comm_keep_polling set it before it ended). */
     if (yields++ < 16 || (comm->spin_ns > 0 && time_ns() - t0 < comm->spin_ns + P2P_YIELD_NS)) {
       if ((res = comm_stop_check(comm)) != ncclSuccess) break; /* a yield may be long on a crowded CPU */

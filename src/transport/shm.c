@@ -5,18 +5,21 @@
  * futex words: a waiter spins briefly, then sleeps on the word; the other side
  * wakes it only when it said it was sleeping.
  *
- * Each side keeps the last value it read of the other's counter and reads
- * the shared one again only when that value says the ring is full (sender)
- * or empty (receiver): the counter's line moves between the CPUs on every
- * store, and reading it for every slot cost the sender a transfer per
- * message. Nor does a side fence between storing its counter and looking
- * for a sleeper (a full fence waits for the store, and the header stored
- * before it, to reach this CPU's cache: 90% of a commit's time in a loop of
- * 8-byte send/receive pairs). The waiter closes that gap instead: after it
- * has said it sleeps it keeps reading the counter for ARM_POLL_NS, far
- * longer than a store takes to leave a CPU's store buffer, before it sleeps,
- * and it never sleeps without a timeout (the direct path's waiters do the
- * same, coll/direct_shm.c). */
+ * A committed slot says so itself: its header (a cache line of its own)
+ * carries the slot's sequence number, stored last, and the receiver reads
+ * that line, then the payload: two line transfers a slot where a commit
+ * counter beside the headers made three. The `tail` word is only what a
+ * sleeping receiver waits on: the sender stores it when the receiver has
+ * said it sleeps, so its line stays in both caches, read-only. The sender
+ * keeps the last value it read of the receiver's `head` and reads the
+ * shared one again only when that value says the ring is full. Neither side
+ * fences between its store and its look for a sleeper (a full fence waits
+ * for the store, and the header stored before it, to reach this CPU's
+ * cache: 90% of a commit's time in a loop of 8-byte send/receive pairs). The
+ * waiter closes that gap instead: after it has said it sleeps it keeps
+ * looking for ARM_POLL_NS, far longer than a store takes to leave a CPU's
+ * store buffer, before it sleeps, and it never sleeps without a timeout (the
+ * direct path's waiters do the same, coll/direct_shm.c). */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
@@ -32,8 +35,22 @@
  * before it sleeps (see above). */
 #define ARM_POLL_NS 5000
 
+/* A slot's header, a line of its own: seq is pos + 1 once slot pos (of
+ * the connector's life) is committed, stored after the rest. A payload of
+ * up to SHM_INLINE bytes travels in the line too (the sender copies it
+ * there from the slot it wrote, which then stays in its own cache), so a
+ * small message is one line transfer, not two. */
+#define SHM_INLINE 32
+struct shm_hdr {
+  struct slot_hdr h;
+  uint32_t seq;
+  uint32_t pad;
+  char data[SHM_INLINE];
+};
+_Static_assert(sizeof(struct shm_hdr) == 64, "one cache line a header");
+
 struct shm_ctrl {
-  uint32_t tail; /* slots committed by the sender */
+  uint32_t tail; /* slots committed, as of the sender's last wake of a sleeping receiver */
   uint32_t tail_waiters;
   char pad0[56];
   uint32_t head; /* slots released by the receiver */
@@ -44,7 +61,7 @@ struct shm_ctrl {
   char pad2[56];
   uint64_t shared[CONN_SHARED_WORDS]; /* shared_words: the algorithms' own */
   char pad3[64 - 8 * CONN_SHARED_WORDS];
-  struct slot_hdr hdr[SHM_MAX_SLOTS];
+  struct shm_hdr hdr[SHM_MAX_SLOTS];
 };
 
 struct shm_conn {
@@ -52,7 +69,7 @@ struct shm_conn {
   char* data;
   struct shm_seg seg; /* receiver: its fd stays open until the sender has mapped it */
   uint32_t pos;
-  uint32_t seen; /* the other side's counter when last read: head (sender) or tail (receiver) */
+  uint32_t seen; /* sender: the receiver's head when last read */
 };
 
 struct shm_info {
@@ -82,22 +99,32 @@ static void wake(uint32_t* word, uint32_t* waiters) {
 
 static ncclResult_t shm_send_commit(struct conn* c, const struct slot_hdr* h) {
   struct shm_conn* s = c->priv;
-  s->ctrl->hdr[s->pos % (uint32_t)c->nslots] = *h;
+  uint32_t i = s->pos % (uint32_t)c->nslots;
+  struct shm_hdr* x = &s->ctrl->hdr[i];
+  x->h = *h;
+  if (h->bytes && h->bytes <= SHM_INLINE) memcpy(x->data, s->data + (size_t)i * c->slot_bytes, h->bytes);
   s->pos++;
-  __atomic_store_n(&s->ctrl->tail, s->pos, __ATOMIC_RELEASE);
-  wake(&s->ctrl->tail, &s->ctrl->tail_waiters);
+  __atomic_store_n(&x->seq, s->pos, __ATOMIC_RELEASE);
+  /* A sleeping receiver waits on tail: move it, then wake. */
+  if (__atomic_load_n(&s->ctrl->tail_waiters, __ATOMIC_RELAXED)) {
+    __atomic_store_n(&s->ctrl->tail, s->pos, __ATOMIC_RELEASE);
+    futex_wake(&s->ctrl->tail, 1, 1);
+  }
   return ncclSuccess;
+}
+
+/* Receiver: slot pos is committed. */
+static int slot_ready(const struct conn* c, const struct shm_conn* s) {
+  return __atomic_load_n(&s->ctrl->hdr[s->pos % (uint32_t)c->nslots].seq, __ATOMIC_ACQUIRE) == s->pos + 1;
 }
 
 static const void* shm_recv_slot(struct conn* c, struct slot_hdr* h) {
   struct shm_conn* s = c->priv;
-  if (s->seen == s->pos) {
-    s->seen = __atomic_load_n(&s->ctrl->tail, __ATOMIC_ACQUIRE);
-    if (s->seen == s->pos) return NULL;
-  }
+  if (!slot_ready(c, s)) return NULL;
   uint32_t i = s->pos % (uint32_t)c->nslots;
-  *h = s->ctrl->hdr[i];
-  return s->data + (size_t)i * c->slot_bytes;
+  const struct shm_hdr* x = &s->ctrl->hdr[i];
+  *h = x->h;
+  return h->bytes <= SHM_INLINE ? (const void*)x->data : s->data + (size_t)i * c->slot_bytes;
 }
 
 static ncclResult_t shm_recv_release(struct conn* c) {
@@ -118,13 +145,20 @@ static ncclResult_t shm_progress(struct conn* c) {
  * Otherwise the flag is raised, so the peer's next move wakes the word, and
  * the word is read once more after that (a move between the first read and
  * the flag would wake nobody). */
+/* What the waiter waits for: released (a sender) every committed slot back,
+ * else a free slot (a sender) or a committed one (a receiver). */
+static int arm_ready(struct conn* c, const struct shm_conn* s, int released) {
+  if (!c->is_send) return slot_ready(c, s);
+  uint32_t head = __atomic_load_n(&s->ctrl->head, __ATOMIC_ACQUIRE);
+  return released ? head == s->pos : (uint32_t)(s->pos - head) < (uint32_t)c->nslots;
+}
+
 static int shm_wait_arm(struct conn* c, int released, struct futex_word* w) {
   struct shm_conn* s = c->priv;
   uint32_t* word = c->is_send ? &s->ctrl->head : &s->ctrl->tail;
   uint32_t* waiters = c->is_send ? &s->ctrl->head_waiters : &s->ctrl->tail_waiters;
   uint32_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-  int ready = released ? seen == s->pos : c->is_send ? (uint32_t)(s->pos - seen) < (uint32_t)c->nslots : seen != s->pos;
-  if (ready) return 0;
+  if (arm_ready(c, s, released)) return 0;
   __atomic_store_n(waiters, 1, __ATOMIC_RELAXED);
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
   /* A stop (abort, revoke, failure) set since the caller's check would be
@@ -138,7 +172,7 @@ static int shm_wait_arm(struct conn* c, int released, struct futex_word* w) {
    * (wake): keep reading until that store must have become visible. */
   int64_t t0 = time_ns();
   for (int i = 0;; i++) {
-    if (__atomic_load_n(word, __ATOMIC_ACQUIRE) != seen) {
+    if (__atomic_load_n(word, __ATOMIC_ACQUIRE) != seen || arm_ready(c, s, released)) {
       __atomic_store_n(waiters, 0, __ATOMIC_RELAXED);
       return 0;
     }
