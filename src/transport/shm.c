@@ -140,11 +140,6 @@ static ncclResult_t shm_progress(struct conn* c) {
   return ncclSuccess;
 }
 
-/* The counter this side waits for (released: a sender waiting for every
- * committed slot back) and its waiters flag; 0 when it is ready already.
- * Otherwise the flag is raised, so the peer's next move wakes the word, and
- * the word is read once more after that (a move between the first read and
- * the flag would wake nobody). */
 /* What the waiter waits for: released (a sender) every committed slot back,
  * else a free slot (a sender) or a committed one (a receiver). */
 static int arm_ready(struct conn* c, const struct shm_conn* s, int released) {
@@ -153,6 +148,11 @@ static int arm_ready(struct conn* c, const struct shm_conn* s, int released) {
   return released ? head == s->pos : (uint32_t)(s->pos - head) < (uint32_t)c->nslots;
 }
 
+/* The counter this side waits for (released: a sender waiting for every
+ * committed slot back) and its waiters flag; 0 when it is ready already.
+ * Otherwise the flag is raised, so the peer's next move wakes the word, and
+ * the waiter keeps looking for ARM_POLL_NS after that (a move between the
+ * first look and the flag would wake nobody). */
 static int shm_wait_arm(struct conn* c, int released, struct futex_word* w) {
   struct shm_conn* s = c->priv;
   uint32_t* word = c->is_send ? &s->ctrl->head : &s->ctrl->tail;
