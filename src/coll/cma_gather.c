@@ -22,12 +22,10 @@
 #include "coll.h"
 
 struct gather_post {
-  uint64_t addr;  /* the root: its receive buffer */
-  uint64_t token; /* the call, as each rank sees it */
+  uint64_t addr; /* the root: its receive buffer */
   int32_t pid;
   int32_t ok;  /* a non-root: its write worked */
   int32_t err; /* errno of a failed write */
-  int32_t pad;
 };
 /* Inline in the mailbox's line (INLINE_BYTES in direct_shm.c). */
 _Static_assert(sizeof(struct gather_post) <= 40, "one mailbox line");
@@ -54,17 +52,13 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
   int n = comm->nranks, me = comm->rank, root = a->root;
   size_t bytes = a->count * dtype_size(a->dt);
   if (bytes == 0) return ncclSuccess;
-  uint64_t tok = coll_token(a, bytes);
+  /* Both exchanges check that every rank is in this same call (the one-shot
+   * mailboxes compare each post's call token with their own). */
   if (me != root) {
-    struct gather_post rp, mine = {0, tok, (int32_t)getpid(), 1, 0, 0};
+    struct gather_post rp, mine = {0, (int32_t)getpid(), 1, 0};
     NCCLCHECK(direct_shm_fetch(comm, root, &rp, sizeof(rp)));
     ncclResult_t res = ncclSuccess;
-    if (rp.token != tok) {
-      /* The root's post is read whatever it holds: say so, and let the root know. */
-      mine.ok = 0;
-      res = err_set(ncclInvalidUsage, "rank %d: rank %d's gather does not match this one (count, datatype or root "
-                    "differ)", me, root);
-    } else if (cma_write(rp.pid, rp.addr + (uint64_t)me * bytes, a->sendbuff, bytes, &mine.err) != ncclSuccess) {
+    if (cma_write(rp.pid, rp.addr + (uint64_t)me * bytes, a->sendbuff, bytes, &mine.err) != ncclSuccess) {
       mine.ok = 0;
       res = err_set(ncclSystemError, "rank %d: single-copy gather: could not write to rank %d's buffer (%s)", me, root,
                     strerror(mine.err));
@@ -72,7 +66,7 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
     NCCLCHECK(direct_shm_post(comm, &mine, sizeof(mine)));
     return res == ncclSuccess ? ncclSuccess : prim_fail(comm, res);
   }
-  struct gather_post mine = {(uint64_t)(uintptr_t)a->recvbuff, tok, (int32_t)getpid(), 1, 0, 0};
+  struct gather_post mine = {(uint64_t)(uintptr_t)a->recvbuff, (int32_t)getpid(), 1, 0};
   NCCLCHECK(direct_shm_post(comm, &mine, sizeof(mine)));
   char* own = (char*)a->recvbuff + (size_t)me * bytes;
   if (own != a->sendbuff) memcpy(own, a->sendbuff, bytes);
@@ -81,11 +75,7 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
   if (!all) return err_set(ncclSystemError, "out of memory in a single-copy gather");
   ncclResult_t res = direct_shm_collect(comm, all, sizeof(*all));
   for (int i = 0; i < n && res == ncclSuccess; i++) {
-    if (i == me) continue;
-    if (all[i].token != tok)
-      res = err_set(ncclInvalidUsage, "rank %d: rank %d's gather does not match this one (count, datatype or root "
-                    "differ)", me, i);
-    else if (!all[i].ok)
+    if (i != me && !all[i].ok)
       res = err_set(ncclSystemError, "rank %d: single-copy gather: rank %d could not write to this rank's buffer (%s)",
                     me, i, strerror(all[i].err));
   }
