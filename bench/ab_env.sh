@@ -11,8 +11,9 @@
 #     TRANSPORT=tcp|shm  tcp (default): each rank a host of its own
 #                  (NCCL_HOSTID) over loopback, Open MPI with --mca btl self,tcp;
 #                  shm: shared memory, Open MPI with vader
-#     ROUNDS=5 B=8 E=32K N=40 W=100 M=0  rounds; sizes -b -e (factor 4); calls -n,
+#     ROUNDS=5 B=8 E=32K F=4 N=40 W=100 M=0  rounds; sizes -b -e -f; calls -n,
 #                  warm-up -w, at least M ms timed per size (-M)
+#     HOG=0        1: one busy process (a shell loop) runs beside every series
 #     BIND=none|default  collie unbound (collie-run --bind-to none, default) or
 #                  with collie-run's binding
 #     INPLACE=0|1  report the in-place column (compare_mpi.sh does for broadcast)
@@ -22,7 +23,7 @@
 #     BUILD=build  the build folder
 # Prints per size and series the median time (us) and every round's.
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 op=$1
 shift
 build=${BUILD:-build}
@@ -32,13 +33,18 @@ col=6
 bind=(--bind-to none)
 [ "${BIND:-none}" = default ] && bind=()
 export NCCL_SOCKET_IFNAME=lo
-args=("$op" -b "$b" -e "$e" -f 4 -n "$n" -w "$w" -M "$m" -c "${CHECK:-1}" -d float -o sum)
+args=("$op" -b "$b" -e "$e" -f "${F:-4}" -n "$n" -w "$w" -M "$m" -c "${CHECK:-1}" -d float -o sum)
 if [ "${TRANSPORT:-tcp}" = tcp ]; then
   wrap=(sh -c 'NCCL_HOSTID=h$COLLIE_RANK exec "$0" "$@"')
   btl=(--mca btl self,tcp --mca btl_tcp_if_include lo)
 else
   wrap=()
   btl=(--mca btl self,vader)
+fi
+if [ "${HOG:-0}" = 1 ]; then
+  sh -c 'while :; do :; done' &
+  hog_pid=$!
+  trap 'kill $hog_pid 2>/dev/null' EXIT INT TERM
 fi
 rows() { awk -v t="$1" -v c="$col" '/^ +[0-9]+ /{print t, $1, $c}'; }
 for r in $(seq "$rounds"); do

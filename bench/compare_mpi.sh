@@ -25,6 +25,10 @@
 #                compare_mpi_hog with HOG=1); DOC=0 writes nothing to docs/
 #   CHECK=0      collie-perf/mpi-perf -c (the test suite checks results)
 #   QUICK=1      only 8 B .. 2 KiB, to try the script
+#   MID=1        the sizes between the sweep's points instead (16 B .. 64 MiB,
+#                steps of 4 from 16 B: each a factor 2 from its neighbours in
+#                the sweep), with each band's calls; with the default sweep it
+#                makes the whole range in steps of 2 (use with DOC=0)
 #   CONFIRM=6    after the sweep, every cell below 1.0 is timed again: this
 #                many more interleaved rounds of that size alone (collie in
 #                that placement, then Open MPI, with the hog when HOG=1); the
@@ -46,7 +50,7 @@ read -r -a ops <<<"${OPS:-all_reduce all_gather broadcast reduce reduce_scatter 
 read -r -a modes <<<"${MODES:-unbound bound}"
 rounds=${ROUNDS:-3}
 hog=${HOG:-0}
-section_name=${SECTION:-compare_mpi$([ "$hog" = 1 ] && echo _hog)}
+section_name=${SECTION:-compare_mpi$([ "$hog" = 1 ] && echo _hog)$([ "${MID:-0}" = 1 ] && echo _mid)}
 check=${CHECK:-0}
 confirm=${CONFIRM:-6}
 sweep=${SWEEP:-1}
@@ -71,6 +75,7 @@ sweep=${SWEEP:-1}
 bands=("8 32K 4 40 100 30" "128K 2M 4 10 70 30" "8M 32M 4 4 5 0" "128M 256M 2 2 3 0")
 # QUICK=1: a smoke run of the script itself (8 B .. 2 KiB, few iterations).
 [ "${QUICK:-0}" = 1 ] && bands=("8 2K 4 10 2 0")
+[ "${MID:-0}" = 1 ] && bands=("16 64K 4 40 100 30" "256K 4M 4 10 70 30" "16M 64M 4 4 5 0")
 per_run_timeout=900
 
 for t in collie-run collie-perf mpi-perf; do
@@ -415,10 +420,10 @@ fi
 section=$out/section.md
 {
   echo "<!-- $section_name:begin -->"
-  echo "## collie vs Open MPI$([ "$hog" = 1 ] && echo ', one CPU hog beside the ranks') (bench/compare_mpi.sh)"
+  echo "## collie vs Open MPI$([ "$hog" = 1 ] && echo ', one CPU hog beside the ranks')$([ "${MID:-0}" = 1 ] && echo ', the sizes between the sweep'"'"'s points') (bench/compare_mpi.sh)"
   echo
   echo "Run of $started on $(nproc) cores ($(uname -sr)), $(mpirun --version 2>/dev/null | head -1);"
-  echo "the whole script took ${elapsed} s. Command: \`$([ "$hog" = 1 ] && echo 'HOG=1 ')bench/compare_mpi.sh $(basename "$build")\`"
+  echo "the whole script took ${elapsed} s. Command: \`$([ "$hog" = 1 ] && echo 'HOG=1 ')$([ "${MID:-0}" = 1 ] && echo 'MID=1 ')bench/compare_mpi.sh $(basename "$build")\`"
   echo "(CONFIGS=\"${configs[*]}\" OPS=\"${ops[*]}\" ROUNDS=$rounds MODES=\"${modes[*]}\")."
   echo
   echo "Each cell: Open MPI time / collie time, medians of $rounds interleaved rounds, float sum,"

@@ -12,7 +12,7 @@
 #include "param.h"
 
 static void usage(FILE* f) {
-  fprintf(f, "usage: collie-info [--env | --env-markdown | --version | --tuning [--nranks N]]\n");
+  fprintf(f, "usage: collie-info [--env | --env-markdown | --version | --tuning [--nranks N] [--factor 2|4]]\n");
 }
 
 int main(int argc, char** argv) {
@@ -26,20 +26,27 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc > 1 && strcmp(argv[1], "--tuning") == 0) {
-    int nranks = 2;
-    if (argc == 4 && strcmp(argv[2], "--nranks") == 0) {
+    int nranks = 2, factor = 4;
+    for (int i = 2; i < argc; i += 2) {
+      int is_n = strcmp(argv[i], "--nranks") == 0, is_f = strcmp(argv[i], "--factor") == 0;
+      if ((!is_n && !is_f) || i + 1 >= argc) {
+        usage(stderr);
+        return 2;
+      }
       char* end;
-      long n = strtol(argv[3], &end, 10);
-      if (*end || n < 1 || n > 1 << 20) {
+      long v = strtol(argv[i + 1], &end, 10);
+      if (is_n && (*end || v < 1 || v > 1 << 20)) {
         fprintf(stderr, "collie-info: --nranks wants a number from 1 to %d\n", 1 << 20);
         return 2;
       }
-      nranks = (int)n;
-    } else if (argc != 2) {
-      usage(stderr);
-      return 2;
+      if (is_f && (*end || (v != 2 && v != 4))) {
+        fprintf(stderr, "collie-info: --factor wants 2 or 4 (the step between the sizes printed)\n");
+        return 2;
+      }
+      if (is_n) nranks = (int)v;
+      else factor = (int)v;
     }
-    if (tuning_report(stdout, nranks) != ncclSuccess) {
+    if (tuning_report(stdout, nranks, factor) != ncclSuccess) {
       fprintf(stderr, "collie-info: %s\n", ncclGetLastError(NULL));
       return 1;
     }

@@ -272,7 +272,8 @@ double coll_estimate_us(const struct coll_args* a);
  * (NULL: the communicator's), and its predicted time; -1 if none. Tests and
  * collie-info use it. */
 int tuning_choose(const struct coll_args* a, const struct tune_table* t, double* est_us);
-/* collie-info --tuning: the table and every collective's choice per size at nranks ranks on this host. */
-ncclResult_t tuning_report(FILE* f, int nranks);
+/* collie-info --tuning: the table and every collective's choice per size
+ * (8 B .. 256 MiB, steps of `factor`) at nranks ranks on this host. */
+ncclResult_t tuning_report(FILE* f, int nranks, int factor);
 
 #endif

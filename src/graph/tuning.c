@@ -365,7 +365,7 @@ int tuning_choose(const struct coll_args* a, const struct tune_table* t, double*
 /* collie-info --tuning: a communicator of nranks ranks on this host, as far
  * as the tuner sees one (no connections), this process's table, and the
  * plan for each collective and size. */
-ncclResult_t tuning_report(FILE* f, int nranks) {
+ncclResult_t tuning_report(FILE* f, int nranks, int factor) {
   struct ncclComm* comm = calloc(1, sizeof(*comm));
   if (!comm) return err_set(ncclSystemError, "out of memory");
   ncclResult_t res = ncclSuccess;
@@ -436,7 +436,7 @@ ncclResult_t tuning_report(FILE* f, int nranks) {
   static const int kinds[] = {COLL_ALLREDUCE,     COLL_BROADCAST, COLL_REDUCE, COLL_ALLGATHER,
                               COLL_REDUCESCATTER, COLL_ALLTOALL,  COLL_GATHER, COLL_SCATTER};
   for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
-    for (size_t bytes = 8; bytes <= ((size_t)256 << 20); bytes *= 4) {
+    for (size_t bytes = 8; bytes <= ((size_t)256 << 20); bytes *= (size_t)factor) {
       struct coll_args a;
       memset(&a, 0, sizeof(a));
       a.comm = comm;
