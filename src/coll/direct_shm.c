@@ -170,14 +170,18 @@ static uint32_t bcast_chunks(size_t bytes) { return (uint32_t)((bytes + BCAST_CH
 /* Larger than a large buffer: the root streams the payload through a ring
  * of chunks (BCAST_RING_BYTES: both large buffers and the space after
  * them), overwriting a chunk once every reader acknowledged it or was left
- * behind (wait_acks). Up to 8 MiB (8 turns of the ring): a call long enough
- * to span several of the scheduler's slices meets a reader descheduled now
- * and then. Beside a CPU hog, 4 and 8 ranks on 2 CPUs, streamed 32 MiB took
- * 1.3-1.6x as long as single copy while the root waited for every reader
- * (readers at their own pace; 8 MiB: 0.6-0.8x as long), though 1.15-1.6x
- * faster on a quiet machine; leaving laggards behind brought it to single
- * copy's time there, not below (docs/ARCHITECTURE.md). */
-#define BCAST_STREAM_MAX ((size_t)8 << 20)
+ * behind (wait_acks), at every size. It stopped at 8 MiB until leaving
+ * laggards behind existed (a call spanning several of the scheduler's slices
+ * meets a reader descheduled now and then; beside a CPU hog, while the root
+ * waited for every reader, streamed 32 MiB took 1.3-1.6x as long as single
+ * copy). Since then, bound, medians of 5 interleaved rounds, ms at 8 / 32 /
+ * 128 MiB, streamed against single copy (Open MPI): 4 ranks on 2 CPUs 1.52 /
+ * 6.75 / 27.6 against 1.62 / 10.8 / 42.5 (3.38 / 14.0 / 53.0), with a hog
+ * 2.89 / 12.3 / 49.3 against 2.76 / 16.4 / 61.1 (4.98 / 18.2 / 74.7); 8
+ * ranks 3.52 / 16.3 / 72.0 against 4.09 / 21.9 / 87.5 (4.51 / 21.2 / 95.1),
+ * with a hog 5.10 / 22.0 / 79.8 against 5.41 / 24.9 / 100 (4.76 / 26.9 /
+ * 103); 8 ranks at 16 MiB 6.38 against 11.4 (11.6) (docs/BENCHMARKS.md,
+ * thirty-seventh session). */
 /* The ring was the two large buffers (512 KiB) until 8 ranks on 2 CPUs,
  * broadcast of 8 MiB, measured 5.0 ms (median of 5 interleaved rounds,
  * rounds 2.4-5.7) against 3.1 ms (2.6-3.8) with a ring of 1 MiB and 3.3 ms
@@ -187,7 +191,7 @@ static uint32_t bcast_chunks(size_t bytes) { return (uint32_t)((bytes + BCAST_CH
  * faulted in by the first streamed broadcast, not at setup. */
 #define BCAST_RING_BYTES ((size_t)1 << 20)
 static int bcast_stream(size_t bytes, int nranks) {
-  return bytes > direct_max_bytes() && bytes <= BCAST_STREAM_MAX && nranks <= ACK_RANKS;
+  return bytes > direct_max_bytes() && nranks <= ACK_RANKS;
 }
 _Static_assert(256 * 1024 % BCAST_CHUNK == 0 && BCAST_RING_BYTES % BCAST_CHUNK == 0, "the ring holds whole chunks");
 

@@ -816,13 +816,14 @@ static int rank_bcast_split(int rank, int nranks, const ncclUniqueId* ids, int n
   return 0;
 }
 
-/* A streamed broadcast (NCCL_ALGO=Direct, 256 KiB-8 MiB) whose root goes on
+/* A streamed broadcast (NCCL_ALGO=Direct, above 256 KiB) whose root goes on
  * without a reader that is a whole ring behind (direct_shm.c, wait_acks):
  * 3 ranks; rank 2 is stopped (SIGSTOP) while it waits in the call, for
  * 150 ms, so the root leaves it behind and it must read what the ring no
  * longer holds from the root's buffer (counted: comm->bcast_left on the
  * root, comm->bcast_pulled on rank 2). Roots 0 and 1, in and out of place,
- * two sizes; every value checked on every rank. */
+ * two sizes (24 MiB and 3 MiB, neither a whole number of chunks); every
+ * value checked on every rank. */
 static int rank_bcast_left(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
   (void)nids;
   (void)arg;
@@ -830,7 +831,7 @@ static int rank_bcast_left(int rank, int nranks, const ncclUniqueId* ids, int ni
   ncclComm_t comm;
   MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
   MP_CHECK(comm->cma, "single copy (cross-memory attach) does not work here: nothing to test");
-  size_t counts[] = {(size_t)2 << 20, ((size_t)3 << 18) + 5};
+  size_t counts[] = {((size_t)6 << 20) + 3, ((size_t)3 << 18) + 5};
   float* send = malloc(counts[0] * sizeof(float));
   float* recv = malloc(counts[0] * sizeof(float));
   MP_CHECK(send && recv, "out of memory");
