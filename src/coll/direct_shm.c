@@ -195,6 +195,14 @@ static uint32_t bcast_chunks(size_t bytes) { return (uint32_t)((bytes + BCAST_CH
  * 2-8 MiB: within the rounds' spread. The part past the large buffers is
  * faulted in by the first streamed broadcast, not at setup. */
 #define BCAST_RING_BYTES ((size_t)1 << 20)
+/* A streamed broadcast's root waits at most this long for a reader that is
+ * a whole ring behind (a reader the scheduler has set aside, or one that
+ * came late); then, where single copy works (comm->cma), it goes on without
+ * that reader, which finds the chunk it wanted overwritten (`claim`) and
+ * reads the rest straight from the root's buffer; the root waits for it
+ * only at the end, while its buffer must stay. */
+#define BCAST_LAG_NS 200000
+
 static int bcast_stream(const struct ncclComm* comm, size_t bytes) {
   return bytes > direct_max_bytes() && comm->nranks <= ACK_RANKS && (comm->cma || bytes <= BCAST_STREAM_NOLEAVE_MAX);
 }
@@ -571,17 +579,22 @@ static ncclResult_t direct_begin(struct ncclComm* comm, size_t bytes, int writes
     if ((int32_t)(need - d->big_used[b]) > 0) d->big_used[b] = need;
   d->wrote = 0;
   d->where = bytes <= INLINE_BYTES ? 0 : bytes <= SMALL_BYTES ? 1 : bytes <= d->cap ? 2 : 3;
+  /* big_used[] records the calls in which this rank wrote its own large
+   * buffers (a rank that only reads leaves them as they were): a streamed
+   * allgather's next root then waits only for the readers of its own last
+   * stream, not for the readers of the root before it. */
   if (d->where == 3) {
-    /* Only a streamed broadcast is larger than a buffer (eligible()): it
-     * takes both, once no peer can still read either. */
+    /* Only a streamed broadcast (or an allgather's streamed blocks) is larger
+     * than a buffer (eligible()): it takes both, once no peer can still read
+     * either. */
     for (int b = 0; b < 2; b++) {
       if ((int32_t)(d->big_used[b] - need) > 0) need = d->big_used[b];
-      d->big_used[b] = seq;
+      if (writes) d->big_used[b] = seq;
     }
   } else if (d->where == 2) {
     d->big = (int)(d->nbig++ & 1);
     if ((int32_t)(d->big_used[d->big] - need) > 0) need = d->big_used[d->big];
-    d->big_used[d->big] = seq;
+    if (writes) d->big_used[d->big] = seq;
   }
   if (writes && !(d->last_symmetric && (int32_t)(seq - 2 - need) >= 0))
     NCCLCHECK(wait_peers(comm, d->peer_done, offsetof(struct mb_ctrl, done), offsetof(struct mb_ctrl, done_waiters),
@@ -766,12 +779,32 @@ static size_t posted_bytes(const struct coll_args* a) {
   return all ? b * (size_t)a->comm->nranks : b;
 }
 
-/* One host, and this rank's part fits its mailbox. */
+/* One host, and this rank's part fits its mailbox; or a broadcast, or an
+ * allgather where ranks outnumber CPUs, streamed (stream_allgather). With a
+ * CPU for every rank the ring moves as many copies with every rank busy at
+ * once, and the streams' acknowledgements and the ends of the n broadcasts
+ * cost more: 2 ranks on 2 CPUs, medians of 7 interleaved rounds, us at 1 / 2
+ * / 4 MiB gathered, the ring 87 / 124 / 228 against 107 / 160 / 267
+ * streamed (Open MPI 120 / 189 / 393). */
 static int eligible(const struct coll_args* a) {
   const struct ncclComm* comm = a->comm;
   size_t b = posted_bytes(a);
-  if (a->kind == COLL_BROADCAST && bcast_stream(comm, b)) b = 0;
+  if ((a->kind == COLL_BROADCAST || (a->kind == COLL_ALLGATHER && comm->oversub > 1.0)) && bcast_stream(comm, b)) b = 0;
   return coll_shm_only(comm) && comm->nranks > 1 && b <= direct_max_bytes();
+}
+
+/* A broadcast of `bytes` (estimate(), below, says why). */
+static double bcast_estimate(const struct ncclComm* comm, double bytes, const struct tune_cost* c) {
+  int n = comm->nranks;
+  double rate = c->resident ? c->link.bw * 4.0 / 3.0 : c->link.bw;
+  double cpus = COLLIE_MAX(1.0, comm->cpus_per_rank * n), copies, chunks = 0;
+  if (bcast_chunked((size_t)bytes)) {
+    chunks = ceil(bytes / (double)BCAST_CHUNK);
+    copies = (double)BCAST_CHUNK / bytes + ceil(n / COLLIE_MIN((double)n, cpus));
+  } else {
+    copies = 1.0 + ceil((n - 1) / COLLIE_MIN((double)(n - 1), cpus));
+  }
+  return 0.7 * c->link.alpha_us + chunks * 0.25 * c->local.alpha_us + copies * bytes / (rate * comm->oversub);
 }
 
 /* One exchange of flags; every rank copies in once and reads n (n+1 copies),
@@ -806,17 +839,10 @@ static double estimate(const struct coll_args* a, const struct tune_cost* c) {
      * MiB streamed: 2.5-6% slower). Counting n+1 copies at the shared rate
      * had 8 ranks on 2 CPUs at 128 KiB estimated at 240 us: the ring (37-44
      * us) was chosen where this measures 18-28 (Open MPI 27-48). */
-    const struct ncclComm* comm = a->comm;
-    double cpus = COLLIE_MAX(1.0, comm->cpus_per_rank * n), copies, chunks = 0;
-    if (!c->resident) rate = c->link.bw;
-    if (bcast_chunked((size_t)bytes)) {
-      chunks = ceil(bytes / (double)BCAST_CHUNK);
-      copies = (double)BCAST_CHUNK / bytes + ceil(n / COLLIE_MIN((double)n, cpus));
-    } else {
-      copies = 1.0 + ceil((n - 1) / COLLIE_MIN((double)(n - 1), cpus));
-    }
-    return 0.7 * c->link.alpha_us + chunks * 0.25 * c->local.alpha_us + copies * bytes / (rate * comm->oversub);
+    return bcast_estimate(a->comm, bytes, c);
   }
+  /* Blocks larger than a buffer: n streamed broadcasts in a row. */
+  if (a->kind == COLL_ALLGATHER && bytes > (double)direct_max_bytes()) return n * bcast_estimate(a->comm, bytes, c);
   /* A payload that fits the small buffers is prefetched for the next call
    * (direct_end): with a CPU per rank it moves at several times the copy
    * rate, and the one-shot beats the ring and the pairwise batch up to 4 KiB
@@ -896,9 +922,56 @@ static ncclResult_t direct_reducescatter(struct coll_args* a) {
   return ncclSuccess;
 }
 
+static ncclResult_t bcast_root_chunks(struct ncclComm* comm, char* mine, const char* src, size_t bytes, int64_t lag_ns);
+static ncclResult_t bcast_read_chunks(struct ncclComm* comm, int root, char* dst, const char* src, size_t bytes);
+
+/* An allgather of blocks larger than a mailbox buffer: n streamed
+ * broadcasts, rank 0's block first, each through its root's ring (as
+ * direct_broadcast); each rank copies its own block into place at the end,
+ * where nobody waits for it. Every reader copies each block once, out of a
+ * ring that stays in the host's cache, where single copy (the CMA row) has
+ * every rank pull n-1 whole blocks through the kernel at its slower rate
+ * (3.9 GB/s here against 7.5 for a streaming copy). A root leaves a reader
+ * behind after ALLGATHER_LAG_NS, not BCAST_LAG_NS: here a late reader is
+ * usually still reading the root before (a broadcast's readers have nothing
+ * else to do), and once left it holds its root up at the end of the block
+ * and so comes late to the next root as well. 8 ranks on 2 CPUs, bound,
+ * medians of 5 interleaved rounds, ms at 16 / 32 / 64 / 128 / 256 MiB
+ * gathered, lag 200 us / 500 us / 2 ms against single copy (Open MPI):
+ * 9.47 / 20.3 / 41.1 / 106 / 168, 8.34 / 17.4 / 40.9 / 76.2 / 168, 10.5 /
+ * 17.3 / 34.9 / 72.8 / 149 against 11.6 / 23.0 / 47.8 / 105 / 218 (13.8 /
+ * 29.0 / 59.0 / 109 / 212); beside a busy process 16.6 / 28.7 / 60.3 / 115 /
+ * 242, 13.9 / 33.7 / 55.0 / 113 / 207, 15.3 / 36.7 / 72.2 / 136 / 254
+ * against 14.7 / 29.5 / 59.5 / 119 / 230 (16.6 / 31.0 / 58.4 / 124 / 252)
+ * (docs/BENCHMARKS.md, thirty-eighth session). */
+#define ALLGATHER_LAG_NS 500000
+static ncclResult_t stream_allgather(struct coll_args* a) {
+  struct ncclComm* comm = a->comm;
+  struct direct_state* d;
+  size_t bytes = a->count * dtype_size(a->dt);
+  for (int r = 0; r < comm->nranks; r++) {
+    char* mine;
+    char* dst = (char*)a->recvbuff + (size_t)r * bytes;
+    NCCLCHECK(direct_begin(comm, bytes, comm->rank == r, &mine));
+    d = comm->direct;
+    if (comm->rank == r) {
+      NCCLCHECK(bcast_root_chunks(comm, mine, a->sendbuff, bytes, ALLGATHER_LAG_NS));
+    } else {
+      NCCLCHECK(direct_exchange(comm, r, 0));
+      NCCLCHECK(bcast_read_chunks(comm, r, dst, peer_data(d, r, bytes), bytes));
+    }
+    d->last_symmetric = 0;
+    direct_end(comm);
+  }
+  char* own = (char*)a->recvbuff + (size_t)comm->rank * bytes;
+  if (own != a->sendbuff) memcpy(own, a->sendbuff, bytes);
+  return ncclSuccess;
+}
+
 static ncclResult_t direct_allgather(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
+  if (bytes > direct_max_bytes()) return stream_allgather(a);
   NCCLCHECK(direct_post(comm, a->sendbuff, bytes));
   NCCLCHECK(direct_exchange(comm, -1, 1));
   for (int i = 0; i < comm->nranks; i++) {
@@ -1034,18 +1107,10 @@ static ncclResult_t direct_scatter(struct coll_args* a) {
   return ncclSuccess;
 }
 
-/* A streamed broadcast's root waits at most this long for a reader that is
- * a whole ring behind (a reader the scheduler has set aside, or one that
- * came late); then, where single copy works (comm->cma), it goes on without
- * that reader, which finds the chunk it wanted overwritten (`claim`) and
- * reads the rest straight from the root's buffer; the root waits for it
- * only at the end, while its buffer must stay. */
-#define BCAST_LAG_NS 200000
-
 /* Until every reader the root has not left behind has acknowledged stream
  * count `need`; a reader still short of it after BCAST_LAG_NS is left
  * behind (left[]), where `may_leave`. */
-static ncclResult_t wait_acks(struct ncclComm* comm, uint32_t need, int may_leave) {
+static ncclResult_t wait_acks(struct ncclComm* comm, uint32_t need, int may_leave, int64_t lag_ns) {
   struct direct_state* d = comm->direct;
   int me = comm->rank;
   if (!may_leave)
@@ -1054,7 +1119,7 @@ static ncclResult_t wait_acks(struct ncclComm* comm, uint32_t need, int may_leav
   for (int i = 0; i < d->n; i++) {
     if (i == me || d->left[i] || (int32_t)(d->peer_ack[i] - need) >= 0) continue;
     int reached;
-    NCCLCHECK(wait_seq_for(comm, &d->ctrl[i]->ack[me], &d->ctrl[i]->ack_waiters, need, i, BCAST_LAG_NS, &reached));
+    NCCLCHECK(wait_seq_for(comm, &d->ctrl[i]->ack[me], &d->ctrl[i]->ack_waiters, need, i, lag_ns, &reached));
     if (reached) {
       d->peer_ack[i] = need;
     } else {
@@ -1073,7 +1138,8 @@ static ncclResult_t wait_acks(struct ncclComm* comm, uint32_t need, int may_leav
  * that reader behind (wait_acks): then `claim` tells readers which chunk is
  * being overwritten, and the root waits at the end until every reader it
  * left has read the rest from its buffer. */
-static ncclResult_t bcast_root_chunks(struct ncclComm* comm, char* mine, const char* src, size_t bytes) {
+static ncclResult_t bcast_root_chunks(struct ncclComm* comm, char* mine, const char* src, size_t bytes,
+                                      int64_t lag_ns) {
   struct direct_state* d = comm->direct;
   int me = comm->rank;
   unsigned slot = d->seq % NSLOTS;
@@ -1093,7 +1159,7 @@ static ncclResult_t bcast_root_chunks(struct ncclComm* comm, char* mine, const c
   }
   for (size_t off = 0, j = 0; off < bytes; off += BCAST_CHUNK, j++) {
     if (j >= ring) {
-      NCCLCHECK(wait_acks(comm, first + (uint32_t)(j - ring) + 1, may_leave));
+      NCCLCHECK(wait_acks(comm, first + (uint32_t)(j - ring) + 1, may_leave, lag_ns));
       /* Before the first store into the place: a full barrier, so no reader
        * can see the new bytes without also seeing the claim. */
       if (may_leave) __atomic_store_n(&ctrl->claim, first + (uint32_t)j + 1, __ATOMIC_SEQ_CST);
@@ -1165,7 +1231,7 @@ static ncclResult_t direct_broadcast(struct coll_args* a) {
   NCCLCHECK(direct_begin(comm, bytes, comm->rank == a->root, &mine));
   if (comm->rank == a->root) {
     if (bcast_chunked(bytes)) {
-      NCCLCHECK(bcast_root_chunks(comm, mine, a->sendbuff, bytes));
+      NCCLCHECK(bcast_root_chunks(comm, mine, a->sendbuff, bytes, BCAST_LAG_NS));
     } else {
       memcpy(mine, a->sendbuff, bytes);
       comm->direct->wrote = bytes;

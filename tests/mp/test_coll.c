@@ -823,44 +823,61 @@ static int rank_bcast_split(int rank, int nranks, const ncclUniqueId* ids, int n
  * longer holds from the root's buffer (counted: comm->bcast_left on the
  * root, comm->bcast_pulled on rank 2). Roots 0 and 1, in and out of place,
  * two sizes (24 MiB and 3 MiB, neither a whole number of chunks); every
- * value checked on every rank. */
+ * value checked on every rank. With *arg 1 the same for the streamed
+ * allgather (blocks of 4 MiB + 12 B and 3 MiB + 20 B, each a broadcast
+ * of its rank's): rank 2 is stopped while it reads rank 0's or rank 1's. */
 static int rank_bcast_left(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
   (void)nids;
-  (void)arg;
+  int gather = *(const int*)arg;
   MP_CHECK(nranks == 3, "runs on 3 ranks");
   ncclComm_t comm;
   MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
   MP_CHECK(comm->cma, "single copy (cross-memory attach) does not work here: nothing to test");
-  size_t counts[] = {((size_t)6 << 20) + 3, ((size_t)3 << 18) + 5};
-  float* send = malloc(counts[0] * sizeof(float));
-  float* recv = malloc(counts[0] * sizeof(float));
+  size_t counts[2][2] = {{((size_t)6 << 20) + 3, ((size_t)3 << 18) + 5}, {((size_t)1 << 20) + 3, ((size_t)3 << 18) + 5}};
+  size_t cap = counts[gather][0] * (gather ? (size_t)nranks : 1);
+  float* send = malloc(cap * sizeof(float));
+  float* recv = malloc(cap * sizeof(float));
   MP_CHECK(send && recv, "out of memory");
   const int stopped = 2;
+#define LEFT_VAL(r, i) ((float)(((i) * 13 + (size_t)(r) * 7 + (size_t)it) % 1000))
   for (int it = 0; it < 10; it++) {
     /* Rounds 0-1 plain (everything set up), then the stopped ones. */
     int root = it % 2, inplace = (it / 2) % 2, stop = it >= 2;
-    size_t count = counts[(it / 4) % 2];
+    size_t count = counts[gather][(it / 4) % 2];
+    size_t total = gather ? count * (size_t)nranks : count;
     float* out = inplace ? send : recv;
-    for (size_t i = 0; i < count; i++) {
-      send[i] = rank == root ? (float)((i * 13 + (size_t)it) % 1000) : -1.0f;
+    float* in = gather && inplace ? send + (size_t)rank * count : send;
+    for (size_t i = 0; i < total; i++) {
+      send[i] = -1.0f;
       if (!inplace) recv[i] = -2.0f;
     }
+    if (gather)
+      for (size_t i = 0; i < count; i++) in[i] = LEFT_VAL(rank, i);
+    else if (rank == root)
+      for (size_t i = 0; i < count; i++) in[i] = LEFT_VAL(0, i);
     if (stop && rank == stopped) mp_arrive(it);
     if (stop && rank == root) {
-      /* Rank 2 is inside its broadcast 30 ms after it said it was about to call it. */
+      /* Rank 2 is inside its call 30 ms after it said it was about to make it. */
       struct cont_arg ca;
       pthread_t th;
       if (stop_inside_call(comm, stopped, it, &ca, &th)) return 1;
-      ncclResult_t r = ncclBroadcast(send, out, count, ncclFloat, root, comm, NULL);
+      ncclResult_t r = gather ? ncclAllGather(in, out, count, ncclFloat, comm, NULL)
+                              : ncclBroadcast(send, out, count, ncclFloat, root, comm, NULL);
       pthread_join(th, NULL);
       MP_NCCL(r);
+    } else if (gather) {
+      MP_NCCL(ncclAllGather(in, out, count, ncclFloat, comm, NULL));
     } else {
       MP_NCCL(ncclBroadcast(send, out, count, ncclFloat, root, comm, NULL));
     }
-    for (size_t i = 0; i < count; i++)
-      MP_CHECK(out[i] == (float)((i * 13 + (size_t)it) % 1000), "round %d (root %d, %s, %zu floats): element %zu is %g",
-               it, root, inplace ? "in place" : "out of place", count, i, (double)out[i]);
+    for (size_t i = 0; i < total; i++) {
+      size_t r = gather ? i / count : 0, e = gather ? i % count : i;
+      MP_CHECK(out[i] == LEFT_VAL(r, e), "round %d (%s %d, %s, %zu floats): element %zu is %g, want %g", it,
+               gather ? "allgather, stopped while reading root" : "broadcast, root", root,
+               inplace ? "in place" : "out of place", count, i, (double)out[i], (double)LEFT_VAL(r, e));
+    }
   }
+#undef LEFT_VAL
   fprintf(stderr, "rank %d: readers left behind %llu, broadcasts finished from the root's buffer %llu\n", rank,
           (unsigned long long)comm->bcast_left, (unsigned long long)comm->bcast_pulled);
   if (rank == 0 || rank == 1) MP_CHECK(comm->bcast_left > 0, "rank %d never went on without the stopped reader", rank);
@@ -969,9 +986,11 @@ int main(int argc, char** argv) {
     fprintf(stderr, "%s single-copy broadcast split between root and reader, 2 ranks\n", rc ? "FAILED" : "passed");
     return rc;
   }
-  if (argc > 1 && strcmp(argv[1], "bcastleft") == 0) {
-    int rc = mp_run(3, rank_bcast_left, NULL, 300);
-    fprintf(stderr, "%s streamed broadcast with a stopped reader, 3 ranks\n", rc ? "FAILED" : "passed");
+  if (argc > 1 && (strcmp(argv[1], "bcastleft") == 0 || strcmp(argv[1], "gatherleft") == 0)) {
+    int gather = strcmp(argv[1], "gatherleft") == 0;
+    int rc = mp_run(3, rank_bcast_left, &gather, 300);
+    fprintf(stderr, "%s streamed %s with a stopped reader, 3 ranks\n", rc ? "FAILED" : "passed",
+            gather ? "allgather" : "broadcast");
     return rc;
   }
   if (argc > 1 && strcmp(argv[1], "burst") == 0) {
