@@ -922,51 +922,7 @@ static ncclResult_t direct_reducescatter(struct coll_args* a) {
   return ncclSuccess;
 }
 
-static ncclResult_t bcast_root_chunks(struct ncclComm* comm, char* mine, const char* src, size_t bytes, int64_t lag_ns);
-static ncclResult_t bcast_read_chunks(struct ncclComm* comm, int root, char* dst, const char* src, size_t bytes);
-
-/* An allgather of blocks larger than a mailbox buffer: n streamed
- * broadcasts, rank 0's block first, each through its root's ring (as
- * direct_broadcast); each rank copies its own block into place at the end,
- * where nobody waits for it. Every reader copies each block once, out of a
- * ring that stays in the host's cache, where single copy (the CMA row) has
- * every rank pull n-1 whole blocks through the kernel at its slower rate
- * (3.9 GB/s here against 7.5 for a streaming copy). A root leaves a reader
- * behind after ALLGATHER_LAG_NS, not BCAST_LAG_NS: here a late reader is
- * usually still reading the root before (a broadcast's readers have nothing
- * else to do), and once left it holds its root up at the end of the block
- * and so comes late to the next root as well. 8 ranks on 2 CPUs, bound,
- * medians of 5 interleaved rounds, ms at 16 / 32 / 64 / 128 / 256 MiB
- * gathered, lag 200 us / 500 us / 2 ms against single copy (Open MPI):
- * 9.47 / 20.3 / 41.1 / 106 / 168, 8.34 / 17.4 / 40.9 / 76.2 / 168, 10.5 /
- * 17.3 / 34.9 / 72.8 / 149 against 11.6 / 23.0 / 47.8 / 105 / 218 (13.8 /
- * 29.0 / 59.0 / 109 / 212); beside a busy process 16.6 / 28.7 / 60.3 / 115 /
- * 242, 13.9 / 33.7 / 55.0 / 113 / 207, 15.3 / 36.7 / 72.2 / 136 / 254
- * against 14.7 / 29.5 / 59.5 / 119 / 230 (16.6 / 31.0 / 58.4 / 124 / 252)
- * (docs/BENCHMARKS.md, thirty-eighth session). */
-#define ALLGATHER_LAG_NS 500000
-static ncclResult_t stream_allgather(struct coll_args* a) {
-  struct ncclComm* comm = a->comm;
-  struct direct_state* d;
-  size_t bytes = a->count * dtype_size(a->dt);
-  for (int r = 0; r < comm->nranks; r++) {
-    char* mine;
-    char* dst = (char*)a->recvbuff + (size_t)r * bytes;
-    NCCLCHECK(direct_begin(comm, bytes, comm->rank == r, &mine));
-    d = comm->direct;
-    if (comm->rank == r) {
-      NCCLCHECK(bcast_root_chunks(comm, mine, a->sendbuff, bytes, ALLGATHER_LAG_NS));
-    } else {
-      NCCLCHECK(direct_exchange(comm, r, 0));
-      NCCLCHECK(bcast_read_chunks(comm, r, dst, peer_data(d, r, bytes), bytes));
-    }
-    d->last_symmetric = 0;
-    direct_end(comm);
-  }
-  char* own = (char*)a->recvbuff + (size_t)comm->rank * bytes;
-  if (own != a->sendbuff) memcpy(own, a->sendbuff, bytes);
-  return ncclSuccess;
-}
+static ncclResult_t stream_allgather(struct coll_args* a);
 
 static ncclResult_t direct_allgather(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
@@ -1108,8 +1064,8 @@ static ncclResult_t direct_scatter(struct coll_args* a) {
 }
 
 /* Until every reader the root has not left behind has acknowledged stream
- * count `need`; a reader still short of it after BCAST_LAG_NS is left
- * behind (left[]), where `may_leave`. */
+ * count `need`; a reader still short of it after lag_ns (BCAST_LAG_NS,
+ * ALLGATHER_LAG_NS) is left behind (left[]), where `may_leave`. */
 static ncclResult_t wait_acks(struct ncclComm* comm, uint32_t need, int may_leave, int64_t lag_ns) {
   struct direct_state* d = comm->direct;
   int me = comm->rank;
@@ -1221,6 +1177,47 @@ static ncclResult_t bcast_read_chunks(struct ncclComm* comm, int root, char* dst
     }
     if (streamed) publish(&me->ack[root], &me->ack_waiters, want);
   }
+  return ncclSuccess;
+}
+
+/* An allgather of blocks larger than a mailbox buffer: n streamed
+ * broadcasts, rank 0's block first, each through its root's ring (as
+ * direct_broadcast); each rank copies its own block into place at the end,
+ * where nobody waits for it. Every reader copies each block once, out of a
+ * ring that stays in the host's cache, where single copy (the CMA row) has
+ * every rank pull n-1 whole blocks through the kernel at its slower rate
+ * (3.9 GB/s here against 7.5 for a streaming copy). A root leaves a reader
+ * behind after ALLGATHER_LAG_NS, not BCAST_LAG_NS: here a late reader is
+ * usually still reading the root before (a broadcast's readers have nothing
+ * else to do), and once left it holds its root up at the end of the block
+ * and so comes late to the next root as well. 8 ranks on 2 CPUs, bound,
+ * medians of 5 interleaved rounds, ms at 16 / 32 / 64 / 128 / 256 MiB
+ * gathered, lag 200 us / 500 us / 2 ms against single copy (Open MPI):
+ * 9.47 / 20.3 / 41.1 / 106 / 168, 8.34 / 17.4 / 40.9 / 76.2 / 168, 10.5 /
+ * 17.3 / 34.9 / 72.8 / 149 against 11.6 / 23.0 / 47.8 / 105 / 218 (13.8 /
+ * 29.0 / 59.0 / 109 / 212); beside a busy process 16.6 / 28.7 / 60.3 / 115 /
+ * 242, 13.9 / 33.7 / 55.0 / 113 / 207, 15.3 / 36.7 / 72.2 / 136 / 254
+ * against 14.7 / 29.5 / 59.5 / 119 / 230 (16.6 / 31.0 / 58.4 / 124 / 252)
+ * (docs/BENCHMARKS.md, thirty-eighth session). */
+#define ALLGATHER_LAG_NS 500000
+static ncclResult_t stream_allgather(struct coll_args* a) {
+  struct ncclComm* comm = a->comm;
+  size_t bytes = a->count * dtype_size(a->dt);
+  for (int r = 0; r < comm->nranks; r++) {
+    char* mine;
+    char* dst = (char*)a->recvbuff + (size_t)r * bytes;
+    NCCLCHECK(direct_begin(comm, bytes, comm->rank == r, &mine));
+    if (comm->rank == r) {
+      NCCLCHECK(bcast_root_chunks(comm, mine, a->sendbuff, bytes, ALLGATHER_LAG_NS));
+    } else {
+      NCCLCHECK(direct_exchange(comm, r, 0));
+      NCCLCHECK(bcast_read_chunks(comm, r, dst, peer_data(comm->direct, r, bytes), bytes));
+    }
+    comm->direct->last_symmetric = 0;
+    direct_end(comm);
+  }
+  char* own = (char*)a->recvbuff + (size_t)comm->rank * bytes;
+  if (own != a->sendbuff) memcpy(own, a->sendbuff, bytes);
   return ncclSuccess;
 }
 
