@@ -4,9 +4,9 @@
  *   bind RANK LOCAL_RANK LOCAL_SIZE MAIN_CPUS HELPER_CPUS
  * with the CPU lists the kernel reports for the main and the helper thread,
  * so the test sees that a thread started before init was bound too. With
- * BIND_PROBE_SLEEP_MS set, every rank calls a one-element allreduce, rank 0
- * sleeps that long, every rank calls another (the others wait for rank 0
- * in it) and
+ * BIND_PROBE_SLEEP_MS set, every rank calls a one-element allreduce (then,
+ * with BIND_PROBE_GO set, waits for that file to exist), rank 0 sleeps that
+ * long, every rank calls another (the others wait for rank 0 in it) and
  * prints the same with "after"; after ncclCommDestroy it prints "destroyed"
  * (a held placement, src/graph/bind.c, ends in either). */
 #ifndef _GNU_SOURCE
@@ -100,6 +100,17 @@ int main(void) {
      * waits are not the collectives'); rank 0 sleeps before the second. */
     float one = 1.0f, sum = 0.0f;
     ncclResult_t r = ncclAllReduce(&one, &sum, 1, ncclFloat, ncclSum, comm, NULL);
+    /* BIND_PROBE_GO: every rank first waits (sleeping, outside the
+     * library) until that file exists, so the test can start something
+     * beside the ranks before the waits that end a held placement begin. */
+    const char* go = getenv("BIND_PROBE_GO");
+    for (int i = 0; go != NULL && access(go, F_OK) != 0; i++) {
+      if (i == 12000) {
+        fprintf(stderr, "bind_probe: %s did not appear within 60 s\n", go);
+        return 1;
+      }
+      usleep(5000);
+    }
     if (rank == 0) usleep((useconds_t)atoi(s) * 1000);
     if (r == ncclSuccess) r = ncclAllReduce(&one, &sum, 1, ncclFloat, ncclSum, comm, NULL);
     if (r != ncclSuccess || sum != (float)info.local_size ||

@@ -269,19 +269,38 @@ if [ "$ncores" -ge 2 ]; then
             -eq $((ncores + 1)) ]
     ok $? "COLLIE_BIND=hold beside a busy process on CPU ${cpus[0]} at init: nobody held"
 
-    # The busy process starts after init (once the probe lines are out), while
-    # rank 0 sleeps: when the hold ends the ranks are moved off its CPU first
-    # (the INFO line names it), then given their whole masks.
+    # The busy process starts after init (once the probe lines are out) and
+    # before the waits that end the hold (the ranks wait for $tmp/go first:
+    # started later, it came after the hold had ended, 20-40 ms after init on
+    # a faster machine): when the hold ends the ranks are moved off its CPU
+    # first (the INFO line names it), then given their whole masks.
     n=$((ncores + 1))
-    run -n "$n" --bind-to none -x COLLIE_BIND=hold -x BIND_PROBE_SLEEP_MS=1000 -x NCCL_DEBUG=INFO \
-        -x NCCL_DEBUG_SUBSYS=INIT "$PROBE" &
+    run -n "$n" --bind-to none -x COLLIE_BIND=hold -x BIND_PROBE_SLEEP_MS=1000 -x BIND_PROBE_GO="$tmp/go" \
+        -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT "$PROBE" &
     job=$!
-    for _ in $(seq 1000); do
-        [ "$(grep -c '^bind ' "$tmp/out" 2>/dev/null)" -ge "$n" ] && break
-        sleep 0.01
+    # Polled without forking: the shell's own reads, and a read that times
+    # out on a FIFO nobody writes as the 50 ms sleep. The loop this replaces
+    # forked grep and sleep every 10 ms; on 2 CPUs under load that kept this
+    # shell on a CPU 1-3.4 ms of every 20 ms (/proc/PID/schedstat), close to
+    # the 5 ms at which a rank counts a process as busy at init and refuses
+    # the hold (COLLIE_BIND=hold, foreign_busy_cpus), as a rank once did here.
+    mkfifo "$tmp/nap"
+    exec {nap}<>"$tmp/nap"
+    count_probe_lines() {
+        local line
+        probe_lines=0
+        [ -f "$tmp/out" ] || return 0
+        while IFS= read -r line; do [[ $line == "bind "* ]] && probe_lines=$((probe_lines + 1)); done <"$tmp/out"
+    }
+    for _ in {1..200}; do
+        count_probe_lines
+        [ "$probe_lines" -ge "$n" ] && break
+        read -r -t 0.05 -u "$nap" _ || true
     done
+    exec {nap}>&-
     taskset -c "${cpus[0]}" sh -c 'while :; do :; done' &
     hog=$!
+    : >"$tmp/go"
     wait "$job"
     rc=$?
     kill "$hog"
