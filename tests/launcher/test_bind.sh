@@ -283,7 +283,8 @@ if [ "$ncores" -ge 2 ]; then
     # forked grep and sleep every 10 ms; on 2 CPUs under load that kept this
     # shell on a CPU 1-3.4 ms of every 20 ms (/proc/PID/schedstat), close to
     # the 5 ms at which a rank counts a process as busy at init and refuses
-    # the hold (COLLIE_BIND=hold, foreign_busy_cpus), as a rank once did here.
+    # the hold (COLLIE_BIND=hold, foreign_busy_cpus): the likely cause of one
+    # failure here where a rank named CPU 0 busy at init.
     mkfifo "$tmp/nap"
     exec {nap}<>"$tmp/nap"
     count_probe_lines() {
