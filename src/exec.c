@@ -66,7 +66,7 @@ static ncclResult_t exec_coll(struct coll_args* a) {
   /* In place, the result overwrites lines this rank has just read: they
    * are in cache, and ordinary stores there cost no extra read (2 ranks,
    * 32 MiB: non-temporal stores made it 1.3x slower). */
-  a->out_far = p.out_far && !coll_in_place(a);
+  a->out_far = coll_in_place(a) ? 0 : p.out_far;
   log_call(a, a->op_id ? 0 : a->comm->opcount++, &p);
   /* An alltoall whose buffers overlap (in place: NCCL takes sendbuff ==
    * recvbuff, and nccl-tests checks it): block j must leave before block j

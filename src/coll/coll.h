@@ -104,9 +104,15 @@ struct plan {
   int nch;
   size_t chunk;
   /* The host's ranks' buffers do not fit its cache together: a reduction's
-   * result goes out to memory, written with non-temporal stores (prims.h). */
+   * result goes out to memory, written with non-temporal stores (prims.h).
+   * OUT_FAR_* bits (graph/tuning.c). */
   int out_far;
 };
+/* plan.out_far: results and copies into the caller's buffer are streamed... */
+#define OUT_FAR_STREAM 1
+/* ...also by a reduction step that fills the next send slot in the same pass
+ * (prim_recv_reduce_copy; else plain stores there and a copy into the slot). */
+#define OUT_FAR_FUSE 2
 
 /* The row may split its data over several channels (graph/channels.c). */
 #define ALGO_F_CHANNELS 0x1u

@@ -79,7 +79,7 @@ static ncclResult_t run_instead(struct coll_args* a, struct mapped_state* m) {
   }
   const struct plan* p = &m->other.p;
   a->chunk = p->chunk;
-  a->out_far = p->out_far && !coll_in_place(a);
+  a->out_far = coll_in_place(a) ? 0 : p->out_far;
   return p->algo->run(a, p);
 }
 

@@ -443,14 +443,15 @@ ncclResult_t prim_recv_reduce_copy(struct prim_link* r, struct prim_link* s, con
   NCCLCHECK(prim_recv_slot(r, bytes, &in));
   if (r->out_far && count && dst != local && dst != in) {
     /* The result goes to memory: stream it there; a shared-memory send slot
-     * (read again at once) takes it from the same pass. A transport that
+     * (read again at once) takes it from the same pass where this machine
+     * runs that pass faster (OUT_FAR_FUSE, graph/tuning.c). A transport that
      * sends from the caller's memory (send_commit_ext) reads dst, so it
      * keeps the plain path. */
     if (!s) {
       red_reduce_out(op, dst, NULL, in, local, count, avg_n);
       return prim_recv_release(r);
     }
-    if (!s->c->ops->send_commit_ext) {
+    if (!s->c->ops->send_commit_ext && (r->out_far & OUT_FAR_FUSE)) {
       void* out;
       NCCLCHECK(prim_send_slot(s, &out));
       red_reduce_out(op, dst, out, in, local, count, avg_n);

@@ -43,8 +43,9 @@ ncclResult_t prim_recv_reduce_send(struct prim_link* r, struct prim_link* s, con
                                    const void* local, size_t count);
 /* dst = recv OP pre(local); with `s` also sends dst on. With r->out_far and
  * dst distinct from local, dst is written with non-temporal stores
- * (red_reduce_out), and a slot of `s` (shared memory) gets the result too;
- * prim_recv and prim_recv_copy_send then copy into dst the same way. */
+ * (red_reduce_out), and with OUT_FAR_FUSE a slot of `s` (shared memory) gets
+ * the result in the same pass (without it, plain stores and a copy into the
+ * slot); prim_recv and prim_recv_copy_send copy into dst the same way. */
 ncclResult_t prim_recv_reduce_copy(struct prim_link* r, struct prim_link* s, const struct red_op* op,
                                    const void* local, void* dst, size_t count, int avg_n);
 

@@ -28,7 +28,7 @@ ncclResult_t ring_allreduce_view(struct coll_args* a, const struct ring_view* v,
   prim_begin(&l[1], rc, coll_token(a, a->count * esz));
   /* The hierarchical algorithm's leaders run this in place on the receive
    * buffer of an out-of-place call: ordinary stores there (exec.c). */
-  l[1].out_far = a->out_far && sendbuff != recvbuff;
+  l[1].out_far = sendbuff != recvbuff ? a->out_far : 0;
   struct prim_link *s = &l[0], *rv = &l[1];
 
   size_t seg = (a->count + (size_t)n - 1) / (size_t)n;

@@ -9,7 +9,7 @@
 
 #include "../core.h"
 
-#define TUNE_TABLE_VERSION 3
+#define TUNE_TABLE_VERSION 4
 
 /* Where a table came from. */
 enum { TUNE_SRC_BUILTIN, TUNE_SRC_CACHE, TUNE_SRC_CALIBRATED };
@@ -29,9 +29,12 @@ struct tune_table {
   double cma_call_us;      /* one process_vm_readv of a few bytes: the system call and its pinning (measured) */
   double near_bytes;       /* one core's private (L2) cache (sysconf) */
   double cache_bytes;      /* a host's calls whose data fit in this count as cache-resident (sysconf) */
+  double fuse_gain;        /* a ring's reduction step into a buffer beyond the cache that also fills the next send
+                            * slot: the rate of one pass with non-temporal stores to the buffer (red_reduce_out)
+                            * over a reduction with plain stores and then a copy into the slot (measured) */
   int source;              /* TUNE_SRC_* */
   int measured;            /* bit per measured field: 1 copy_cache_bw, 2 copy_stream_bw, 4 cma_bw, 8 cache_bytes,
-                            * 16 cma_cache_bw, 32 cma_near_bw, 64 cma_call_us, 128 near_bytes */
+                            * 16 cma_cache_bw, 32 cma_near_bw, 64 cma_call_us, 128 near_bytes, 256 fuse_gain */
 };
 
 enum { TUNE_LOAD_OK, TUNE_LOAD_MISSING, TUNE_LOAD_BAD, TUNE_LOAD_OFF };

@@ -100,7 +100,8 @@ static ncclResult_t tuning_masks(struct ncclComm* comm) {
   s = param_str(P_COLLIE_STREAM_STORES);
   if (strcmp(s, "auto") == 0) comm->stream_stores = -1;
   else if (strcmp(s, "0") == 0 || strcmp(s, "1") == 0) comm->stream_stores = s[0] - '0';
-  else return err_set(ncclInvalidArgument, "COLLIE_STREAM_STORES=\"%s\": expected auto, 0 or 1", s);
+  else if (strcmp(s, "split") == 0) comm->stream_stores = 2;
+  else return err_set(ncclInvalidArgument, "COLLIE_STREAM_STORES=\"%s\": expected auto, 0, 1 or split", s);
   return ncclSuccess;
 }
 
@@ -308,11 +309,19 @@ static size_t plan_chunk(const struct coll_args* a) {
  * allreduce out of place 1.25x faster at 32 MiB, 1.22x at 128, 1.16x at
  * 256; reduce-scatter 1.11x at 32 and 128; reduce 1.17x at 128; 4 ranks
  * allreduce 1.10x at 32, 1.17x at 128. At 8 MiB at 2 ranks (buffers that
- * still half fit) even, so not there. In place never (exec.c). */
+ * still half fit) even, so not there. In place never (exec.c).
+ * The step that reduces into the caller's buffer and fills the next send
+ * slot in the same pass (OUT_FAR_FUSE) only where this machine's table says
+ * that pass beats plain stores and a copy (fuse_gain, graph/calib.c): a
+ * Zen 5 guest ran 2-rank allreduces of 32-256 MiB 1.2-1.35x faster without
+ * it, while its reduce-scatter and broadcast still gained from the streamed
+ * copies and reductions that fill no slot. */
 static int out_far(const struct coll_args* a) {
   const struct ncclComm* comm = a->comm;
-  if (comm->stream_stores >= 0) return comm->stream_stores;
-  return (double)a->count * (double)dtype_size(a->dt) * comm->max_local > comm->tune.cache_bytes;
+  if (comm->stream_stores >= 0)
+    return comm->stream_stores == 0 ? 0 : OUT_FAR_STREAM | (comm->stream_stores == 1 ? OUT_FAR_FUSE : 0);
+  if ((double)a->count * (double)dtype_size(a->dt) * comm->max_local <= comm->tune.cache_bytes) return 0;
+  return OUT_FAR_STREAM | (comm->tune.fuse_gain > 1.0 ? OUT_FAR_FUSE : 0);
 }
 
 ncclResult_t tuning_plan(const struct coll_args* a, struct plan* p) {
@@ -425,11 +434,16 @@ ncclResult_t tuning_report(FILE* f, int nranks, int factor) {
     fprintf(f, "single copy: from %zu KiB per message (COLLIE_CMA=auto, if the probe at init succeeds)\n",
             comm->cma_min_bytes >> 10);
   if (comm->stream_stores >= 0)
-    fprintf(f, "non-temporal result stores: %s (COLLIE_STREAM_STORES=%d)\n", comm->stream_stores ? "always" : "never",
-            comm->stream_stores);
+    fprintf(f, "non-temporal result stores: %s (COLLIE_STREAM_STORES=%s)\n",
+            comm->stream_stores == 0   ? "never"
+            : comm->stream_stores == 1 ? "always, also in a ring step that fills a send slot"
+                                       : "always, but not in a ring step that fills a send slot",
+            comm->stream_stores == 2 ? "split" : comm->stream_stores ? "1" : "0");
   else
     fprintf(f, "non-temporal result stores: above %.0f KiB per rank (COLLIE_STREAM_STORES=auto: the %d ranks' "
-            "receive buffers beyond the cache)\n", t->cache_bytes / nranks / 1024, nranks);
+            "receive buffers beyond the cache); %s a ring step that also fills a send slot (that pass at %.2fx of "
+            "plain stores and a copy, %s)\n", t->cache_bytes / nranks / 1024, nranks,
+            t->fuse_gain > 1.0 ? "also in" : "not in", t->fuse_gain, t->measured & 256 ? "measured" : "built-in");
   fprintf(f, "choices at %d ranks on one host (%d CPUs), float32, sum; bytes per rank:\n", nranks, ncpu);
   fprintf(f, "%-14s %12s %-10s %-8s %8s %10s %14s\n", "collective", "bytes", "algorithm", "protocol", "channels",
           "chunk", "predicted_us");

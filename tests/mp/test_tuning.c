@@ -154,9 +154,12 @@ static int test_cache(const char* base) {
   tune_table_local(&t, 1, 1);
   MP_CHECK(t.source == TUNE_SRC_CALIBRATED, "source %d", t.source);
   MP_CHECK(t.copy_cache_bw > 0 && t.copy_stream_bw > 0 && t.cma_bw > 0 && t.cma_cache_bw > 0 &&
-               t.cma_near_bw > 0 && t.cma_call_us > 0 && t.cache_bytes > 0 && t.near_bytes > 0, "non-positive rate");
+               t.cma_near_bw > 0 && t.cma_call_us > 0 && t.cache_bytes > 0 && t.near_bytes > 0 && t.fuse_gain > 0,
+           "non-positive rate");
+  MP_CHECK(t.measured & 256, "the fused reduction step was not measured (measured %d)", t.measured);
   MP_CHECK(tune_cache_load(&u) == TUNE_LOAD_OK && u.copy_stream_bw == t.copy_stream_bw &&
-               u.cma_near_bw == t.cma_near_bw && u.cma_call_us == t.cma_call_us && u.near_bytes == t.near_bytes,
+               u.cma_near_bw == t.cma_near_bw && u.cma_call_us == t.cma_call_us && u.near_bytes == t.near_bytes &&
+               u.fuse_gain == t.fuse_gain,
            "stored table not loaded");
   tune_table_local(&u, 1, 1);
   MP_CHECK(u.source == TUNE_SRC_CACHE, "second look did not use the cache (source %d)", u.source);
@@ -375,6 +378,62 @@ static int plan_chunk_of(int nhosts, int kind, size_t count, size_t* slot) {
   return (int)p.chunk;
 }
 
+/* The plan's out_far bits for an allreduce of `bytes` a rank at 2 ranks of one
+ * host (16 MiB of cache), with this fused-step gain in the table and this
+ * COLLIE_STREAM_STORES (-1 auto, 0, 1, 2 split). */
+static int plan_far_of(size_t bytes, double fuse_gain, int stream_stores) {
+  struct ncclComm comm;
+  memset(&comm, 0, sizeof(comm));
+  comm.nranks = 2;
+  comm.nhosts = comm.nleaders = 1;
+  comm.local_size = comm.nlocal = comm.max_local = 2;
+  comm.algo_mask = comm.proto_mask = ~0;
+  comm.min_ch = comm.max_ch = 1;
+  comm.oversub = comm.cpus_per_rank = 1.0;
+  comm.stream_stores = stream_stores;
+  tune_table_builtin(&comm.tune);
+  comm.tune.cache_bytes = (double)(16 << 20);
+  comm.tune.fuse_gain = fuse_gain;
+  struct coll_args a;
+  memset(&a, 0, sizeof(a));
+  a.comm = &comm;
+  a.kind = COLL_ALLREDUCE;
+  a.count = bytes / 4;
+  a.dt = ncclFloat32;
+  struct plan p;
+  if (tuning_plan(&a, &p) != ncclSuccess) return -1;
+  return p.out_far;
+}
+
+/* Streamed results beyond the cache; the ring's step that also fills a send
+ * slot streams in the same pass only where the table measured that pass
+ * faster, or where COLLIE_STREAM_STORES says so. */
+static int test_far(void) {
+  static const struct {
+    size_t bytes;
+    double gain;
+    int stores, want;
+    const char* what;
+  } cases[] = {
+      {(size_t)64 << 20, 1.2, -1, OUT_FAR_STREAM | OUT_FAR_FUSE, "auto, beyond the cache, the one pass faster"},
+      {(size_t)64 << 20, 0.7, -1, OUT_FAR_STREAM, "auto, beyond the cache, the one pass slower"},
+      {(size_t)4 << 20, 1.2, -1, 0, "auto, in cache"},
+      {(size_t)4 << 20, 0.7, 1, OUT_FAR_STREAM | OUT_FAR_FUSE, "1, in cache, the one pass slower"},
+      {(size_t)64 << 20, 1.2, 2, OUT_FAR_STREAM, "split, the one pass faster"},
+      {(size_t)64 << 20, 1.2, 0, 0, "0, beyond the cache"},
+  };
+  int bad = 0;
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    int got = plan_far_of(cases[i].bytes, cases[i].gain, cases[i].stores);
+    if (got != cases[i].want) {
+      fprintf(stderr, "FAILED tuning far: %s: out_far %d, expected %d\n", cases[i].what, got, cases[i].want);
+      bad = 1;
+    }
+  }
+  if (!bad) fprintf(stderr, "passed tuning far: streamed results and the fused ring step as the table says\n");
+  return bad;
+}
+
 static int test_chunk(void) {
   int bad = 0;
   size_t slot = 0;
@@ -430,12 +489,14 @@ int main(int argc, char** argv) {
     rc = test_oversub();
   } else if (argc > 1 && strcmp(argv[1], "chunk") == 0) {
     rc = test_chunk();
+  } else if (argc > 1 && strcmp(argv[1], "far") == 0) {
+    rc = test_far();
   } else if (argc > 2 && strcmp(argv[1], "agree") == 0) {
     int n = atoi(argv[2]);
     rc = mp_run(n, rank_agree, base, 300);
     fprintf(stderr, "%s tuning agreement, %d ranks\n", rc ? "FAILED" : "passed", n);
   } else {
-    fprintf(stderr, "usage: test_tuning cache | oversub | chunk | agree NRANKS\n");
+    fprintf(stderr, "usage: test_tuning cache | oversub | chunk | far | agree NRANKS\n");
     rc = 2;
   }
   char cmd[600];
