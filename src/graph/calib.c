@@ -89,29 +89,24 @@ static int plausible(double bw) { return isfinite(bw) && bw >= 100.0 && bw <= 1.
  * (red_reduce_out); else plain stores to dst, then the slot copied from it.
  * Single-threaded: on a Zen 5 guest the fused pass ran at 0.6-0.7x of the
  * other here and 0.75-0.8x in 2-rank allreduces of 32-256 MiB; on the Sapphire
- * Rapids guest where it was written, 1.16-1.25x in those allreduces. Best of
- * `reps`, bytes/us; 0 if not measured. */
-static double reduce_step_rate(char* local, char* dst, size_t bytes, char* in, char* out, size_t chunk, int fused,
-                               int reps) {
+ * Rapids guest where it was written, 1.16-1.25x in those allreduces. One
+ * pass (the caller keeps the best), bytes/us; 0 if not measured. */
+static double reduce_step_rate(char* local, char* dst, size_t bytes, char* in, char* out, size_t chunk, int fused) {
   struct red_op op;
   if (red_op_init(&op, ncclSum, ncclFloat32) != 0) return 0;
   size_t count = chunk / sizeof(float);
-  double best = 0;
-  for (int i = 0; i < reps; i++) {
-    double t0 = now_us();
-    for (size_t off = 0; off + chunk <= bytes; off += chunk) {
-      if (fused) {
-        red_reduce_out(&op, dst + off, out, in, local + off, count, 0);
-      } else {
-        red_reduce(&op, dst + off, in, local + off, count);
-        memcpy(out, dst + off, chunk);
-      }
+  double t0 = now_us();
+  for (size_t off = 0; off + chunk <= bytes; off += chunk) {
+    if (fused) {
+      red_reduce_out(&op, dst + off, out, in, local + off, count, 0);
+    } else {
+      red_reduce(&op, dst + off, in, local + off, count);
+      memcpy(out, dst + off, chunk);
     }
-    __asm__ volatile("" : : "r"(dst), "r"(out) : "memory");
-    double dt = now_us() - t0;
-    if (dt > 0 && (best == 0 || dt < best)) best = dt;
   }
-  return best > 0 ? (double)(bytes - bytes % chunk) / best : 0;
+  __asm__ volatile("" : : "r"(dst), "r"(out) : "memory");
+  double dt = now_us() - t0;
+  return dt > 0 ? (double)(bytes - bytes % chunk) / dt : 0;
 }
 
 void tune_calibrate(struct tune_table* t) {
@@ -173,8 +168,8 @@ void tune_calibrate(struct tune_table* t) {
     if (slots != MAP_FAILED) {
       double fused = 0, plain = 0;
       for (int i = 0; i < 3; i++) {
-        double f = reduce_step_rate(src, dst, big, slots, slots + chunk, chunk, 1, 1);
-        double p = reduce_step_rate(src, dst, big, slots, slots + chunk, chunk, 0, 1);
+        double f = reduce_step_rate(src, dst, big, slots, slots + chunk, chunk, 1);
+        double p = reduce_step_rate(src, dst, big, slots, slots + chunk, chunk, 0);
         fused = f > fused ? f : fused;
         plain = p > plain ? p : plain;
       }

@@ -354,17 +354,24 @@ static int test_oversub(void) {
  * last-level cache, whose chain steps by 32 KiB (a copy on one side, a
  * reduction on the other: 128 KiB at 2 ranks 8.9 us against 11.1-11.9 in
  * whole slots). */
+/* A 2-rank communicator as far as the tuner sees one: on one host or two,
+ * a CPU a rank, the built-in table with 16 MiB of cache (fixed: the checks
+ * do not depend on this machine), COLLIE_STREAM_STORES=0 until set. */
+static void two_rank_comm(struct ncclComm* comm, int nhosts) {
+  memset(comm, 0, sizeof(*comm));
+  comm->nranks = 2;
+  comm->nhosts = comm->nleaders = nhosts;
+  comm->local_size = comm->nlocal = comm->max_local = nhosts == 1 ? 2 : 1;
+  comm->algo_mask = comm->proto_mask = ~0;
+  comm->min_ch = comm->max_ch = 1;
+  comm->oversub = comm->cpus_per_rank = 1.0;
+  tune_table_builtin(&comm->tune);
+  comm->tune.cache_bytes = (double)(16 << 20);
+}
+
 static int plan_chunk_of(int nhosts, int kind, size_t count, size_t* slot) {
   struct ncclComm comm;
-  memset(&comm, 0, sizeof(comm));
-  comm.nranks = 2;
-  comm.nhosts = comm.nleaders = nhosts;
-  comm.local_size = comm.nlocal = comm.max_local = nhosts == 1 ? 2 : 1;
-  comm.algo_mask = comm.proto_mask = ~0;
-  comm.min_ch = comm.max_ch = 1;
-  comm.oversub = comm.cpus_per_rank = 1.0;
-  tune_table_builtin(&comm.tune);
-  comm.tune.cache_bytes = (double)(16 << 20); /* fixed: the checks below do not depend on this machine */
+  two_rank_comm(&comm, nhosts);
   struct coll_args a;
   memset(&a, 0, sizeof(a));
   a.comm = &comm;
@@ -383,16 +390,8 @@ static int plan_chunk_of(int nhosts, int kind, size_t count, size_t* slot) {
  * COLLIE_STREAM_STORES (-1 auto, 0, 1, 2 split). */
 static int plan_far_of(size_t bytes, double fuse_gain, int stream_stores) {
   struct ncclComm comm;
-  memset(&comm, 0, sizeof(comm));
-  comm.nranks = 2;
-  comm.nhosts = comm.nleaders = 1;
-  comm.local_size = comm.nlocal = comm.max_local = 2;
-  comm.algo_mask = comm.proto_mask = ~0;
-  comm.min_ch = comm.max_ch = 1;
-  comm.oversub = comm.cpus_per_rank = 1.0;
+  two_rank_comm(&comm, 1);
   comm.stream_stores = stream_stores;
-  tune_table_builtin(&comm.tune);
-  comm.tune.cache_bytes = (double)(16 << 20);
   comm.tune.fuse_gain = fuse_gain;
   struct coll_args a;
   memset(&a, 0, sizeof(a));
