@@ -344,16 +344,6 @@ static int test_oversub(void) {
   return bad;
 }
 
-/* The plan's chunk (graph/tuning.c plan_chunk, transport_chunk_bytes): a
- * communicator across hosts has 512 KiB socket slots by default; the
- * collectives where every rank sends and receives at once or reduces step by
- * 128 KiB (2 ranks over loopback TCP, allreduce 2 MiB: 488 us against 734 in
- * whole slots), one-way streams by whole slots; with NCCL_BUFFSIZE set,
- * every collective steps by the slot the user chose. On one host the slot
- * is 128 KiB and every collective steps by it but a reduce that fits the
- * last-level cache, whose chain steps by 32 KiB (a copy on one side, a
- * reduction on the other: 128 KiB at 2 ranks 8.9 us against 11.1-11.9 in
- * whole slots). */
 /* A 2-rank communicator as far as the tuner sees one: on one host or two,
  * a CPU a rank, the built-in table with 16 MiB of cache (fixed: the checks
  * do not depend on this machine), COLLIE_STREAM_STORES=0 until set. */
@@ -369,6 +359,16 @@ static void two_rank_comm(struct ncclComm* comm, int nhosts) {
   comm->tune.cache_bytes = (double)(16 << 20);
 }
 
+/* The plan's chunk (graph/tuning.c plan_chunk, transport_chunk_bytes): a
+ * communicator across hosts has 512 KiB socket slots by default; the
+ * collectives where every rank sends and receives at once or reduces step by
+ * 128 KiB (2 ranks over loopback TCP, allreduce 2 MiB: 488 us against 734 in
+ * whole slots), one-way streams by whole slots; with NCCL_BUFFSIZE set,
+ * every collective steps by the slot the user chose. On one host the slot
+ * is 128 KiB and every collective steps by it but a reduce that fits the
+ * last-level cache, whose chain steps by 32 KiB (a copy on one side, a
+ * reduction on the other: 128 KiB at 2 ranks 8.9 us against 11.1-11.9 in
+ * whole slots). */
 static int plan_chunk_of(int nhosts, int kind, size_t count, size_t* slot) {
   struct ncclComm comm;
   two_rank_comm(&comm, nhosts);
