@@ -329,10 +329,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     /* Several connectors may be pending: sleep briefly on one of them. */
     int releasing = blocked_op && cma_awaiting_release(blocked_op);
     if (blocked && health_peer_left(comm, blocked->peer)) {
-      if (releasing ? blocked->ops->unreleased(blocked) != 0 : !prim_conn_ready(blocked)) {
-        res = comm_left_error(comm, blocked->peer);
-        break;
-      }
+      if ((res = prim_left_wait(blocked, releasing)) != ncclSuccess) break;
       continue;
     }
     if (nblocked > 1 && sleep_any(comm, sleep_on, nblocked)) continue;

@@ -131,6 +131,25 @@ static int wait_done(struct conn* c, int released) {
  * wakes it. */
 static ncclResult_t wait_round2(struct conn* c, struct conn* also, int released, int it, int64_t* deadline,
                                 int64_t* t0);
+
+ncclResult_t prim_left_wait(struct conn* c, int released) {
+  /* Look once more: what it wrote before leaving is visible by now. On a
+   * transport that moves bytes by progress (a net plugin), what it sent last
+   * may still be on its way when its goodbye arrives, which comes over
+   * another connection (a 2-rank sweep over the test plugin failed in its
+   * last allgather once in about 50 runs; a 3-rank one-shot allreduce after
+   * a shrink, in p2p_run, once in about 30 runs of netplugin.kill_setup_10
+   * beside a CPU hog): keep progressing a little while before calling it
+   * gone. */
+  if (wait_done(c, released)) return ncclSuccess;
+  int64_t end = time_ns() + LEFT_DRAIN_NS;
+  while ((conn_caps(c) & TRANSPORT_CAP_PROGRESS) && !c->ops->peer_failed(c) && time_ns() < end &&
+         transport_progress(c->comm, c->channel) == ncclSuccess) {
+    if (wait_done(c, released)) return ncclSuccess;
+    sched_yield();
+  }
+  return comm_left_error(c->comm, c->peer);
+}
 static ncclResult_t wait_round(struct conn* c, int released, int it, int64_t* deadline, int64_t* t0) {
   return wait_round2(c, NULL, released, it, deadline, t0);
 }
@@ -198,21 +217,7 @@ static ncclResult_t wait_round2(struct conn* c, struct conn* also, int released,
     return ncclSuccess;
   }
   NCCLCHECK(prim_sleep_checks(comm, c->peer, deadline, 1));
-  if (health_peer_left(comm, c->peer)) {
-    /* Look once more: what it wrote before leaving is visible by now. On a
-     * transport that moves bytes by progress (a net plugin), what it sent
-     * last may still be on its way when its goodbye arrives (a 2-rank sweep
-     * over the test plugin failed in its last allgather once in about 50
-     * runs): keep progressing a little while before calling it gone. */
-    if (wait_done(c, released)) return ncclSuccess;
-    int64_t end = time_ns() + LEFT_DRAIN_NS;
-    while ((conn_caps(c) & TRANSPORT_CAP_PROGRESS) && !c->ops->peer_failed(c) && time_ns() < end &&
-           transport_progress(comm, c->channel) == ncclSuccess) {
-      if (wait_done(c, released)) return ncclSuccess;
-      sched_yield();
-    }
-    return comm_left_error(comm, c->peer);
-  }
+  if (health_peer_left(comm, c->peer)) return prim_left_wait(c, released);
   if (released) c->ops->wait_released(c, 100);
   else if (!also || !wait_both(c, also, 100)) c->ops->wait(c, 100);
   return ncclSuccess;

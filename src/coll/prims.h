@@ -33,6 +33,12 @@ ncclResult_t prim_recv_release(struct prim_link* l);
  * receiver has released every slot committed so far (after which it reads
  * nothing more of this rank's memory for them). */
 ncclResult_t prim_send_drain(struct prim_link* l);
+/* The peer of c left the communicator on purpose (health_peer_left) while
+ * this rank waits on c for a slot (released 0) or for every committed slot
+ * to come back (released 1): ncclSuccess once that is there (a
+ * progress-driven connector is progressed a short while for what the peer
+ * sent before it left), else the "left while this rank waited" error. */
+ncclResult_t prim_left_wait(struct conn* c, int released);
 
 /* Composite steps over one chunk of `bytes` bytes (count elements for reductions). */
 ncclResult_t prim_send(struct prim_link* s, const void* src, size_t bytes);
