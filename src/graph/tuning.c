@@ -284,17 +284,26 @@ static int choose(const struct coll_args* a, const struct tune_table* tab, doubl
 
 /* Collectives where every rank sends and receives at once, or reduces what
  * comes, step by the pipeline step (transport_chunk_bytes); the others by
- * whole slots: broadcast (a one-way stream: larger steps measured faster)
- * and the point-to-point rows (alltoall, gather, scatter), whose batches
- * step by the slot for every message. */
+ * whole slots: broadcast (a one-way stream: larger steps measured faster),
+ * a reduce of 2 ranks (the same stream, reduced at its end) and the
+ * point-to-point rows (alltoall, gather, scatter), whose batches step by the
+ * slot for every message. */
 static size_t plan_chunk(const struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t slot = transport_chunk_bytes(comm);
   switch (a->kind) {
     case COLL_REDUCE:
-      return coll_shm_only(comm) && (double)a->count * (double)dtype_size(a->dt) <= comm->tune.cache_bytes
-                 ? COLLIE_MIN(comm->pipe_bytes, REDUCE_SHM_STEP_BYTES)
-                 : comm->pipe_bytes;
+      if (coll_shm_only(comm) && (double)a->count * (double)dtype_size(a->dt) <= comm->tune.cache_bytes)
+        return COLLIE_MIN(comm->pipe_bytes, REDUCE_SHM_STEP_BYTES);
+      /* Two ranks: one hop, a one-way stream as a broadcast is; no chain to
+       * fill, so whole slots cost fewer steps. Over loopback TCP (bound, 5
+       * interleaved rounds, medians) 512 KiB steps against 128 KiB: 512 KiB
+       * 118 against 146 us, 2 MiB 427/649, 8 MiB 2505/3046, 32 MiB
+       * 10999/13296, 128 MiB 49454/53048; beside a CPU hog, unbound, even or
+       * ahead to 32 MiB, 128 MiB 65/61 ms in rounds of 49-73. At 4 ranks the
+       * chain's fill costs more than the steps save (512 KiB 603 against 353
+       * us, 32 MiB 38.0 against 33.6 ms): the pipeline step stays there. */
+      return comm->nranks == 2 ? slot : comm->pipe_bytes;
     case COLL_ALLREDUCE:
     case COLL_REDUCESCATTER:
     case COLL_ALLGATHER: return comm->pipe_bytes;
