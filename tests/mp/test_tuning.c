@@ -363,15 +363,18 @@ static void two_rank_comm(struct ncclComm* comm, int nhosts) {
  * communicator across hosts has 512 KiB socket slots by default; the
  * collectives where every rank sends and receives at once or reduces step by
  * 128 KiB (2 ranks over loopback TCP, allreduce 2 MiB: 488 us against 734 in
- * whole slots), one-way streams by whole slots; with NCCL_BUFFSIZE set,
+ * whole slots), one-way streams by whole slots, and so does a reduce of 2
+ * ranks (one hop: 2 MiB over TCP 427 us against 649 in 128 KiB steps; at 4
+ * ranks the chain fills sooner in 128 KiB steps); with NCCL_BUFFSIZE set,
  * every collective steps by the slot the user chose. On one host the slot
  * is 128 KiB and every collective steps by it but a reduce that fits the
  * last-level cache, whose chain steps by 32 KiB (a copy on one side, a
  * reduction on the other: 128 KiB at 2 ranks 8.9 us against 11.1-11.9 in
  * whole slots). */
-static int plan_chunk_of(int nhosts, int kind, size_t count, size_t* slot) {
+static int plan_chunk_of_n(int nranks, int nhosts, int kind, size_t count, size_t* slot) {
   struct ncclComm comm;
   two_rank_comm(&comm, nhosts);
+  comm.nranks = nranks;
   struct coll_args a;
   memset(&a, 0, sizeof(a));
   a.comm = &comm;
@@ -383,6 +386,10 @@ static int plan_chunk_of(int nhosts, int kind, size_t count, size_t* slot) {
   if (tuning_plan(&a, &p) != ncclSuccess) return -1;
   *slot = comm.slot_bytes;
   return (int)p.chunk;
+}
+
+static int plan_chunk_of(int nhosts, int kind, size_t count, size_t* slot) {
+  return plan_chunk_of_n(2, nhosts, kind, count, slot);
 }
 
 /* The plan's out_far bits for an allreduce of `bytes` a rank at 2 ranks of one
@@ -440,10 +447,20 @@ static int test_chunk(void) {
   unsetenv("NCCL_BUFFSIZE");
   static const struct {
     int kind, pipe;
-  } rows[] = {{COLL_ALLREDUCE, 1}, {COLL_REDUCE, 1},   {COLL_REDUCESCATTER, 1}, {COLL_ALLGATHER, 1},
+  } rows[] = {{COLL_ALLREDUCE, 1}, {COLL_REDUCE, 0},   {COLL_REDUCESCATTER, 1}, {COLL_ALLGATHER, 1},
               {COLL_BROADCAST, 0}, {COLL_ALLTOALL, 0}, {COLL_GATHER, 0},        {COLL_SCATTER, 0}};
+  /* A reduce of 4 ranks between 4 hosts: a chain to fill, 128 KiB steps. */
+  for (int k = 0; k < 2; k++) {
+    size_t count = k == 0 ? (size_t)512 << 10 : big;
+    int across4 = plan_chunk_of_n(4, 4, COLL_REDUCE, count, &slot);
+    if (slot != (size_t)512 << 10 || across4 != 128 << 10) {
+      fprintf(stderr, "FAILED reduce of %zu B at 4 ranks across hosts: chunk %d, slot %zu (expected 131072, slot 524288)\n",
+              count * sizeof(float), across4, slot);
+      bad = 1;
+    }
+  }
   for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
-    /* 2 MiB: a reduce that would fit the cache still steps by 128 KiB between hosts. */
+    /* 2 MiB: a reduce of 2 ranks that would fit the cache steps by whole slots between hosts. */
     int across = plan_chunk_of(2, rows[i].kind, (size_t)512 << 10, &slot);
     size_t want = rows[i].pipe ? (size_t)128 << 10 : slot;
     if (slot != (size_t)512 << 10 || across != (int)want) {
@@ -474,7 +491,7 @@ static int test_chunk(void) {
     }
   }
   unsetenv("NCCL_BUFFSIZE");
-  if (!bad) fprintf(stderr, "passed tuning chunk: 128 KiB steps for two-way collectives over large socket slots\n");
+  if (!bad) fprintf(stderr, "passed tuning chunk: 128 KiB steps for two-way collectives and chains over large socket slots\n");
   return bad;
 }
 
