@@ -73,6 +73,7 @@ struct ncclComm {
   int shm_disable; /* NCCL_SHM_DISABLE, read at init */
   int cma;            /* single copy (process_vm_readv) works between every pair of ranks (transport/cma.c) */
   size_t cma_min_bytes; /* messages at least this big use it: 1 with COLLIE_CMA=1, the tuner's threshold with auto */
+  size_t cma_min_stream; /* the same in an alltoall or scatter whose buffers leave the cache (p2p_cma) */
   int64_t timeout_s; /* COLLIE_TIMEOUT, read at init; 0: none */
   int stream_stores; /* COLLIE_STREAM_STORES: -1 auto (the tuner's out_far), 0 never, 1 always, 2 split */
   /* Ring orders (graph/rings.c): position -> rank and back, this host's ring,

@@ -115,7 +115,6 @@ static void tuning_ch_bounds(struct ncclComm* comm) {
   if (comm->max_ch < comm->min_ch) comm->max_ch = comm->min_ch;
 }
 
-static void cma_p2p_threshold(struct ncclComm* comm);
 
 ncclResult_t tuning_init(struct ncclComm* comm) {
   NCCLCHECK(tuning_masks(comm));
@@ -138,7 +137,7 @@ ncclResult_t tuning_init(struct ncclComm* comm) {
     if (comm->peers[i].local_size > comm->max_local) comm->max_local = comm->peers[i].local_size;
   }
   NCCLCHECK(tuning_agree(comm));
-  if (comm->cma && comm->cma_min_bytes == SIZE_MAX) cma_p2p_threshold(comm); /* auto: left to the tuner */
+  if (comm->cma && comm->cma_min_bytes == SIZE_MAX) tuning_cma_thresholds(comm); /* auto: left to the tuner */
   if (log_enabled(LOG_INFO, LOG_TUNING | LOG_ENV)) {
     char list[128] = "";
     for (int i = 0; i < ALGO_NNAMES; i++)
@@ -189,27 +188,42 @@ static struct tune_cost cost_for(const struct ncclComm* comm, const struct tune_
  * on 2 CPUs (4 ranks: single copy lost at 8 KiB messages, even at 32 KiB,
  * 1.7x faster at 128 KiB; 8 ranks: lost 16% at 64 KiB, won 1.2-1.5x from
  * 256 KiB). Every rank computes it from the same table and host figures, so
- * all choose alike. */
-static void cma_p2p_threshold(struct ncclComm* comm) {
+ * all choose alike.
+ *
+ * cma_min_bytes judges a message by its own size, as if it were the call's
+ * only data (a lone send). An alltoall or a scatter moves n messages
+ * at once: when its buffers together leave the cache the copies run at the
+ * streaming rates however small each message is, and there single copy's
+ * one pass beats the FIFO's two from a much smaller message
+ * (cma_min_stream, used by p2p_cma). On a Zen 3 guest whose calibration put
+ * single copy in cache under half the memcpy rate, cma_min_bytes came to 8
+ * MiB at 2 ranks and 4 MiB at 4: alltoall at 4 ranks, 2 MiB a rank (512 KiB
+ * messages), took 1091 us by the FIFO against 723 by single copy, 8 ranks 2
+ * MiB 2947 against 2486, 2 ranks 8 MiB 1974 against 1737 (medians of 5,
+ * docs/BENCHMARKS.md). */
+void tuning_cma_thresholds(struct ncclComm* comm) {
   const struct tune_table* t = &comm->tune;
-  size_t min = SIZE_MAX;
+  size_t min = SIZE_MAX, stream = SIZE_MAX;
+  struct tune_cost far = cost_for(comm, t, 1e15); /* beyond any cache */
   for (size_t bytes = (size_t)4 << 10; bytes <= ((size_t)256 << 20); bytes *= 2) {
     struct tune_cost c = cost_for(comm, t, (double)bytes);
     double fifo = 2.0 * (double)bytes / c.link.bw;
     double single = tune_cma_handshake_us(&c) + (double)bytes / tune_cma_bw(&c, 2.0 * (double)bytes);
-    if (single < fifo) {
-      min = bytes;
-      break;
-    }
+    if (single < fifo && min == SIZE_MAX) min = bytes;
+    fifo = 2.0 * (double)bytes / far.link.bw;
+    single = tune_cma_handshake_us(&far) + (double)bytes / far.cma_bw;
+    if (single < fifo && stream == SIZE_MAX) stream = bytes;
   }
   comm->cma_min_bytes = min;
-  if (min == SIZE_MAX)
+  comm->cma_min_stream = COLLIE_MIN(stream, min);
+  if (min == SIZE_MAX && stream == SIZE_MAX)
     INFO(LOG_INIT | LOG_SHM | LOG_TUNING, "single copy (cross-memory attach): works between this host's %d ranks, "
          "but the FIFO is faster at every size under the tuning table (COLLIE_CMA=auto)", comm->nranks);
   else
     INFO(LOG_INIT | LOG_SHM | LOG_TUNING, "single copy (cross-memory attach) between this host's %d ranks: for "
-         "point-to-point messages and the single-copy broadcast and allgather rows from %zu KiB (COLLIE_CMA=auto; "
-         "COLLIE_CMA=1: every size)", comm->nranks, min >> 10);
+         "point-to-point messages and the single-copy broadcast and allgather rows from %zu KiB, in an alltoall or "
+         "scatter whose buffers leave the cache from %zu KiB (COLLIE_CMA=auto; COLLIE_CMA=1: every size)",
+         comm->nranks, min == SIZE_MAX ? 0 : min >> 10, comm->cma_min_stream >> 10);
 }
 
 /* Channels for a row that can split: more only pay when each rank has CPUs
@@ -401,14 +415,14 @@ ncclResult_t tuning_report(FILE* f, int nranks, int factor) {
     goto out;
   }
   comm->cma = nranks > 1 && !comm->shm_disable && (cma == CMA_ON || (cma == CMA_AUTO && nranks <= CMA_AUTO_MAX_RANKS));
-  comm->cma_min_bytes = cma == CMA_ON ? 1 : SIZE_MAX;
+  comm->cma_min_bytes = comm->cma_min_stream = cma == CMA_ON ? 1 : SIZE_MAX;
   cpu_set_t set;
   int ncpu = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
   if (ncpu < 1) ncpu = 1;
   comm->oversub = nranks > ncpu ? (double)nranks / ncpu : 1.0;
   comm->cpus_per_rank = (double)ncpu / nranks;
   tune_table_local(&comm->tune, 1, 0);
-  if (comm->cma && cma == CMA_AUTO) cma_p2p_threshold(comm);
+  if (comm->cma && cma == CMA_AUTO) tuning_cma_thresholds(comm);
   const struct tune_table* t = &comm->tune;
   char path[4352] = "(no cache directory)";
   tune_cache_path(path, sizeof(path));
@@ -438,10 +452,14 @@ ncclResult_t tuning_report(FILE* f, int nranks, int factor) {
   fprintf(f, "  %-18s %12.2f GB/s built-in\n", "socket rate", t->net_bw / 1e3);
   if (!comm->cma) fprintf(f, "single copy: off\n");
   else if (cma == CMA_ON) fprintf(f, "single copy: every message (COLLIE_CMA=1)\n");
-  else if (comm->cma_min_bytes == SIZE_MAX) fprintf(f, "single copy: none (the FIFO is faster at every size)\n");
+  else if (comm->cma_min_stream == SIZE_MAX) fprintf(f, "single copy: none (the FIFO is faster at every size)\n");
+  else if (comm->cma_min_bytes == SIZE_MAX)
+    fprintf(f, "single copy: only in an alltoall or scatter whose buffers leave the cache, from %zu KiB per "
+            "message (COLLIE_CMA=auto, if the probe at init succeeds)\n", comm->cma_min_stream >> 10);
   else
-    fprintf(f, "single copy: from %zu KiB per message (COLLIE_CMA=auto, if the probe at init succeeds)\n",
-            comm->cma_min_bytes >> 10);
+    fprintf(f, "single copy: from %zu KiB per message; in an alltoall or scatter whose buffers leave the "
+            "cache from %zu KiB (COLLIE_CMA=auto, if the probe at init succeeds)\n",
+            comm->cma_min_bytes >> 10, comm->cma_min_stream >> 10);
   if (comm->stream_stores >= 0)
     fprintf(f, "non-temporal result stores: %s (COLLIE_STREAM_STORES=%s)\n",
             comm->stream_stores == 0   ? "never"

@@ -74,7 +74,7 @@ int cma_mode(void) {
 
 ncclResult_t transport_cma_init(struct ncclComm* comm) {
   comm->cma = 0;
-  comm->cma_min_bytes = CMA_MIN_BYTES_AUTO;
+  comm->cma_min_bytes = comm->cma_min_stream = CMA_MIN_BYTES_AUTO;
   int mode = cma_mode();
   if (mode < 0)
     return err_set(ncclInvalidArgument, "COLLIE_CMA=\"%s\": expected auto, 0 or 1", param_str(P_COLLIE_CMA));
@@ -133,7 +133,7 @@ ncclResult_t transport_cma_init(struct ncclComm* comm) {
   }
   comm->cma = 1;
   if (forced) {
-    comm->cma_min_bytes = 1;
+    comm->cma_min_bytes = comm->cma_min_stream = 1;
     INFO(LOG_INIT | LOG_SHM, "single copy (cross-memory attach) between this host's %d ranks: on for every message", n);
   }
   /* auto: the tuner sets the threshold (CMA_MIN_BYTES_AUTO until then) once

@@ -661,15 +661,43 @@ static int rank_cmaauto(int rank, int nranks, const ncclUniqueId* ids, int nids,
   MP_NCCL(ncclAllReduce(&mine, &hi, 1, ncclUint64, ncclMax, comm, NULL));
   MP_CHECK(lo == hi, "rank %d: thresholds differ across ranks (%llu .. %llu)", rank, (unsigned long long)lo,
            (unsigned long long)hi);
+  /* The threshold of an alltoall or scatter whose buffers leave the
+   * cache: never above the lone message's, agreed, and what p2p_cma applies
+   * (a call of n messages of that size judged by its whole footprint; a lone
+   * message of it, or a call that fits, by the lone threshold). */
+  size_t ts = comm->cma_min_stream;
+  MP_CHECK(comm->cma ? ts <= th && (ts == SIZE_MAX || (ts >= ((size_t)4 << 10) && (ts & (ts - 1)) == 0))
+                     : ts == SIZE_MAX,
+           "rank %d: streaming single-copy threshold %zu (lone messages %zu, single copy %s)", rank, ts, th,
+           comm->cma ? "on" : "off");
+  mine = lo = hi = ts;
+  MP_NCCL(ncclAllReduce(&mine, &lo, 1, ncclUint64, ncclMin, comm, NULL));
+  MP_NCCL(ncclAllReduce(&mine, &hi, 1, ncclUint64, ncclMax, comm, NULL));
+  MP_CHECK(lo == hi, "rank %d: streaming thresholds differ across ranks (%llu .. %llu)", rank, (unsigned long long)lo,
+           (unsigned long long)hi);
+  if (comm->cma && ts != SIZE_MAX) {
+    size_t huge = (size_t)comm->tune.cache_bytes; /* 3 x this x the local ranks: beyond the cache */
+    MP_CHECK(p2p_cma(comm, ts, huge) && !p2p_cma(comm, ts / 2, huge) && (th == SIZE_MAX || p2p_cma(comm, th, 0)) &&
+                 (ts == th || (!p2p_cma(comm, ts, 0) && !p2p_cma(comm, ts, 1))), /* 1: a call that fits */
+             "rank %d: p2p_cma disagrees with the thresholds %zu (streaming) and %zu", rank, ts, th);
+  }
   if (rank == 0)
-    printf("single copy %s, threshold %s%zu KiB\n", comm->cma ? "on" : "off", th == SIZE_MAX ? "none: " : "",
-           th == SIZE_MAX ? 0 : th >> 10);
+    printf("single copy %s, threshold %s%zu KiB, %s%zu KiB where the call's buffers leave the cache\n",
+           comm->cma ? "on" : "off", th == SIZE_MAX ? "none: " : "", th == SIZE_MAX ? 0 : th >> 10,
+           ts == SIZE_MAX ? "none: " : "", ts == SIZE_MAX ? 0 : ts >> 10);
   /* Messages below, at and above the threshold (or 64 KiB-1 MiB when off). */
   size_t base = comm->cma && th != SIZE_MAX ? th : (size_t)64 << 10;
-  size_t sizes[] = {base / 2 - 4, base, base * 2 + 4};
+  size_t sizes[] = {base / 2 - 4, base, base * 2 + 4, 0};
+  int nsizes = 3;
+  /* And an alltoall whose buffers leave the cache, of messages from the
+   * streaming threshold on that a lone message would move by the FIFO. */
+  if (comm->cma && ts < th) {
+    size_t m = (size_t)(comm->tune.cache_bytes / (3.0 * nranks * comm->max_local)) + 64;
+    sizes[nsizes++] = (m < ts ? ts : m) & ~(size_t)3;
+  }
   /* The single-copy rows may run from the threshold on (per rank), never
    * below it, and never when single copy is off or has no threshold. */
-  for (int si = 0; si < 3; si++)
+  for (int si = 0; si < 3; si++) /* (the rows judge a call by its own messages) */
     for (int i = 0; i < algo_table_len; i++) {
       const struct algo* al = algo_table[i];
       if (al->name != ALGO_CMA) continue;
@@ -684,7 +712,7 @@ static int rank_cmaauto(int rank, int nranks, const ncclUniqueId* ids, int nids,
       MP_CHECK(al->eligible(&a) == want, "rank %d: single-copy %s row of %zu bytes %s (threshold %zu)", rank,
                coll_name(al->coll), sizes[si], want ? "not eligible" : "eligible", th);
     }
-  for (int si = 0; si < 3; si++) {
+  for (int si = 0; si < nsizes; si++) {
     size_t per = sizes[si] / sizeof(float);
     float* sb = malloc(per * (size_t)nranks * sizeof(float));
     float* rb = malloc(per * (size_t)nranks * sizeof(float));

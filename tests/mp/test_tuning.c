@@ -225,7 +225,7 @@ static int pick_cma(int nranks, int kind, size_t bytes, int cma) {
   comm.algo_mask = comm.proto_mask = ~0;
   comm.min_ch = comm.max_ch = 1;
   comm.cma = cma;
-  comm.cma_min_bytes = nranks > 2 ? (size_t)128 << 10 : (size_t)16 << 10;
+  comm.cma_min_bytes = comm.cma_min_stream = nranks > 2 ? (size_t)128 << 10 : (size_t)16 << 10;
   comm.oversub = nranks > 2 ? nranks / 2.0 : 1.0;
   comm.cpus_per_rank = 2.0 / nranks;
   tune_table_builtin(&comm.tune);
