@@ -19,7 +19,7 @@
  * uses single copy for point-to-point messages (alltoall, gather, scatter,
  * send/recv) from the size where the tuner's cost model, with this machine's
  * calibrated copy and single-copy rates, has one copy plus a handshake
- * beating the FIFO's two copies (graph/tuning.c, cma_p2p_threshold); until
+ * beating the FIFO's two copies (graph/tuning.c, tuning_cma_thresholds); until
  * then for none. The single-copy broadcast and allgather rows are weighed by
  * the tuner from the same size on. An earlier development machine
  * measured the FIFO as fast or faster everywhere (cache-resident slots at ~20
