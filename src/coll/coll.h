@@ -203,10 +203,11 @@ struct p2p_op {
   int is_send;
   char* buf;
   size_t bytes;
-  /* An alltoall or a scatter: the bytes of the whole call a rank (n
-   * messages), the same on every rank; 0 for a send or receive of the user's,
-   * whose peer cannot know what else this rank's group moves. */
-  size_t call_bytes;
+  /* An alltoall or a scatter: the bytes its send, slot and receive buffers
+   * take on the most crowded host, the same on every rank; 0 for a send or
+   * receive of the user's, whose peer cannot know what else this rank's
+   * group moves. */
+  size_t footprint;
   uint64_t token;
   int cma; /* single copy: a descriptor slot; the receiver reads from the sender's buffer */
   int devmem; /* send: buf is device memory only the NIC reads (GPUDirect RDMA: send_commit_dev) */
@@ -284,14 +285,15 @@ double coll_estimate_us(const struct coll_args* a);
 int tuning_choose(const struct coll_args* a, const struct tune_table* t, double* est_us);
 /* COLLIE_CMA=auto: sets comm->cma_min_bytes and cma_min_stream from the agreed table (graph/tuning.c). */
 void tuning_cma_thresholds(struct ncclComm* comm);
-/* Whether a point-to-point message of `bytes` in a call of `call_bytes` a
- * rank (p2p_op) goes by single copy on a connector that can: from
- * cma_min_bytes, or from cma_min_stream once the call's buffers (send, the
- * FIFO's slots and receive, on every rank of the most crowded host) exceed
- * the cache. Depends only on what both ends know alike. */
-static inline int p2p_cma(const struct ncclComm* comm, size_t bytes, size_t call_bytes) {
+/* Whether a point-to-point message of `bytes` in a call whose buffers take
+ * `footprint` bytes of the host (p2p_op) goes by single copy on a connector
+ * that can: from cma_min_bytes, or from cma_min_stream once the footprint
+ * exceeds the cache, counted oversub times where ranks take turns on a CPU
+ * (a slot waits for its reader while the CPU's other ranks run through
+ * their own buffers). Depends only on what both ends know alike. */
+static inline int p2p_cma(const struct ncclComm* comm, size_t bytes, size_t footprint) {
   size_t min = comm->cma_min_bytes;
-  if (call_bytes && 3.0 * (double)call_bytes * comm->max_local > comm->tune.cache_bytes) min = comm->cma_min_stream;
+  if (footprint && (double)footprint * comm->oversub > comm->tune.cache_bytes) min = comm->cma_min_stream;
   return bytes > 0 && bytes >= min;
 }
 /* collie-info --tuning: the table and every collective's choice per size

@@ -663,8 +663,8 @@ static int rank_cmaauto(int rank, int nranks, const ncclUniqueId* ids, int nids,
            (unsigned long long)hi);
   /* The threshold of an alltoall or scatter whose buffers leave the
    * cache: never above the lone message's, agreed, and what p2p_cma applies
-   * (a call of n messages of that size judged by its whole footprint; a lone
-   * message of it, or a call that fits, by the lone threshold). */
+   * (a message of that size in a call whose footprint exceeds the cache; a
+   * lone message of it, or one in a call that fits, by the lone threshold). */
   size_t ts = comm->cma_min_stream;
   MP_CHECK(comm->cma ? ts <= th && (ts == SIZE_MAX || (ts >= ((size_t)4 << 10) && (ts & (ts - 1)) == 0))
                      : ts == SIZE_MAX,
@@ -676,10 +676,15 @@ static int rank_cmaauto(int rank, int nranks, const ncclUniqueId* ids, int nids,
   MP_CHECK(lo == hi, "rank %d: streaming thresholds differ across ranks (%llu .. %llu)", rank, (unsigned long long)lo,
            (unsigned long long)hi);
   if (comm->cma && ts != SIZE_MAX) {
-    size_t huge = (size_t)comm->tune.cache_bytes; /* 3 x this x the local ranks: beyond the cache */
+    size_t huge = 2 * (size_t)comm->tune.cache_bytes; /* a footprint beyond the cache */
     MP_CHECK(p2p_cma(comm, ts, huge) && !p2p_cma(comm, ts / 2, huge) && (th == SIZE_MAX || p2p_cma(comm, th, 0)) &&
-                 (ts == th || (!p2p_cma(comm, ts, 0) && !p2p_cma(comm, ts, 1))), /* 1: a call that fits */
+                 (ts == th || (!p2p_cma(comm, ts, 0) && !p2p_cma(comm, ts, 1))), /* 1: a footprint that fits */
              "rank %d: p2p_cma disagrees with the thresholds %zu (streaming) and %zu", rank, ts, th);
+    /* Where ranks take turns on a CPU the footprint counts oversub times. */
+    double share = comm->tune.cache_bytes / comm->oversub;
+    MP_CHECK(p2p_cma(comm, ts, (size_t)share + 4096) && (ts == th || !p2p_cma(comm, ts, (size_t)share - 4096)),
+             "rank %d: p2p_cma does not count a footprint %.1f times (cache %.0f bytes, streaming threshold %zu)",
+             rank, comm->oversub, comm->tune.cache_bytes, ts);
   }
   if (rank == 0)
     printf("single copy %s, threshold %s%zu KiB, %s%zu KiB where the call's buffers leave the cache\n",
@@ -692,7 +697,7 @@ static int rank_cmaauto(int rank, int nranks, const ncclUniqueId* ids, int nids,
   /* And an alltoall whose buffers leave the cache, of messages from the
    * streaming threshold on that a lone message would move by the FIFO. */
   if (comm->cma && ts < th) {
-    size_t m = (size_t)(comm->tune.cache_bytes / (3.0 * nranks * comm->max_local)) + 64;
+    size_t m = (size_t)(comm->tune.cache_bytes / (3.0 * nranks * comm->max_local * comm->oversub)) + 64;
     sizes[nsizes++] = (m < ts ? ts : m) & ~(size_t)3;
   }
   /* The single-copy rows may run from the threshold on (per rank), never
