@@ -115,7 +115,6 @@ static void tuning_ch_bounds(struct ncclComm* comm) {
   if (comm->max_ch < comm->min_ch) comm->max_ch = comm->min_ch;
 }
 
-
 ncclResult_t tuning_init(struct ncclComm* comm) {
   NCCLCHECK(tuning_masks(comm));
   int algos = comm->algo_mask;
