@@ -13,6 +13,10 @@
 #include "transport/transport.h"
 
 #define COMM_MAGIC 0x436f6c6c6965436dULL /* "CollieCm" */
+/* Size buckets of the measured single-copy choice (coll/adapt.c): floor(log2(bytes)). */
+#define ADAPT_BUCKETS 40
+/* Every this many calls of a bucket run the path that measured slower, once. */
+#define ADAPT_EXPLORE 16
 
 struct tune_memo {
   int valid;
@@ -81,6 +85,14 @@ struct ncclComm {
   int *ring, *ring_pos, *local_ring, *leader_ring;
   int nlocal, local_pos, nleaders, leader_pos;
   struct tune_memo memo[8]; /* last plan per collective kind, and the call shape it was made for */
+  /* Broadcast [0] and allgather [1] by floor(log2(bytes a rank)): calls
+   * weighed so far, the path of the last one, and this rank's last measured
+   * rate of the tuner's row [0] and of single copy [1], bytes/us (coll/adapt.c). */
+  struct adapt_bucket {
+    uint32_t calls;
+    int last;
+    float rate[2];
+  } adapt[2][ADAPT_BUCKETS];
   int algo_mask;  /* 1 << ALGO_* (names) allowed by NCCL_ALGO / NCCL_PROTO */
   int proto_mask; /* 1 << PROTO_* allowed by NCCL_PROTO */
   uint64_t opcount; /* calls run so far (NCCL_DEBUG_SUBSYS=COLL logs it) */

@@ -62,6 +62,8 @@ static ncclResult_t exec_coll(struct coll_args* a) {
   NCCLCHECK(board_publish(a->comm, coll_token(a, a->comm->op_bytes), a->root));
   struct plan p;
   NCCLCHECK(tuning_plan(a, &p));
+  struct adapt_ticket ticket;
+  NCCLCHECK(adapt_plan(a, &p, &ticket));
   a->chunk = p.chunk;
   /* In place, the result overwrites lines this rank has just read: they
    * are in cache, and ordinary stores there cost no extra read (2 ranks,
@@ -84,7 +86,9 @@ static ncclResult_t exec_coll(struct coll_args* a) {
     free(aside);
     return res;
   }
-  return p.algo->run(a, &p);
+  ncclResult_t res = p.algo->run(a, &p);
+  if (res == ncclSuccess) adapt_done(&ticket);
+  return res;
 }
 
 

@@ -34,9 +34,10 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
   /* Start with the next rank and go around, so ranks do not all read the same peer first. */
   for (int i = 1; i < n; i++) {
     int to = (r + i) % n, from = (r - i + n) % n;
-    ops[k++] = (struct p2p_op){.peer = to, .is_send = 1, .buf = (char*)a->sendbuff, .bytes = bytes, .token = tok};
+    ops[k++] = (struct p2p_op){.peer = to, .is_send = 1, .buf = (char*)a->sendbuff, .bytes = bytes, .token = tok,
+                               .single_copy = 1};
     ops[k++] = (struct p2p_op){.peer = from, .is_send = 0, .buf = (char*)a->recvbuff + (size_t)from * bytes,
-                               .bytes = bytes, .token = tok};
+                               .bytes = bytes, .token = tok, .single_copy = 1};
   }
   /* This rank's own block as a message to itself: the batch copies it when
    * the peers' messages first stop moving (waiting for a descriptor or a

@@ -165,7 +165,7 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
   if (r == a->root) {
     for (int i = 1; i < n; i++)
       ops[k++] = (struct p2p_op){.peer = (r + i) % n, .is_send = 1, .buf = (char*)a->sendbuff, .bytes = bytes,
-                                 .token = tok};
+                                 .token = tok, .single_copy = 1};
     /* Out of place, the root's own copy is a message to itself: the batch
      * makes it while the readers read, not before they can start. */
     if (a->recvbuff != a->sendbuff) {
@@ -173,7 +173,8 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
       ops[k++] = (struct p2p_op){.peer = r, .is_send = 0, .buf = a->recvbuff, .bytes = bytes, .token = tok};
     }
   } else {
-    ops[k++] = (struct p2p_op){.peer = a->root, .is_send = 0, .buf = a->recvbuff, .bytes = bytes, .token = tok};
+    ops[k++] = (struct p2p_op){.peer = a->root, .is_send = 0, .buf = a->recvbuff, .bytes = bytes, .token = tok,
+                               .single_copy = 1};
   }
   ncclResult_t res = p2p_run(comm, ops, k, 0);
   free(ops);

@@ -210,6 +210,9 @@ struct p2p_op {
   size_t footprint;
   uint64_t token;
   int cma; /* single copy: a descriptor slot; the receiver reads from the sender's buffer */
+  /* Set by the single-copy rows (cma_*.c): single copy at any size. Both
+   * ends run the same row, so both decide alike; without it p2p_cma decides. */
+  int single_copy;
   int devmem; /* send: buf is device memory only the NIC reads (GPUDirect RDMA: send_commit_dev) */
   /* progress */
   size_t done;
@@ -296,6 +299,25 @@ static inline int p2p_cma(const struct ncclComm* comm, size_t bytes, size_t foot
   if (footprint && (double)footprint * comm->oversub > comm->tune.cache_bytes) min = comm->cma_min_stream;
   return bytes > 0 && bytes >= min;
 }
+/* Single copy weighed by measurement (adapt.c): for a large broadcast or
+ * allgather on one host, adapt_plan agrees with the other ranks (one
+ * mailbox exchange) on running the tuner's row or the single-copy row, by
+ * the rates the ranks measured for that collective and size lately, and
+ * starts the clock; adapt_done stops it and keeps the rate. */
+struct adapt_ticket {
+  struct adapt_bucket* bucket; /* NULL: not weighed */
+  int use;                     /* 1: the single-copy row runs */
+  size_t bytes;
+  int64_t start_ns;
+};
+int adapt_applies(const struct coll_args* a, const struct plan* p);
+ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket* t);
+void adapt_done(const struct adapt_ticket* t);
+/* The rule, alike on every rank: 1 for single copy at the bucket's call
+ * number `call`, given the rates summed over ranks (bytes/us); *trial is
+ * set where the call runs a path to measure it, not because it is faster. */
+int adapt_pick(uint32_t call, double rate_plan, double rate_cma, int* trial);
+
 /* collie-info --tuning: the table and every collective's choice per size
  * (8 B .. 256 MiB, steps of `factor`) at nranks ranks on this host. */
 ncclResult_t tuning_report(FILE* f, int nranks, int factor);

@@ -244,7 +244,8 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
     op->done = 0;
     op->slots_done = 0;
     /* Both sides decide alike: same caps (agreed at init), same size (or the token differs). */
-    op->cma = (conn_caps(c) & TRANSPORT_CAP_READ_PEER_MEM) && p2p_cma(comm, op->bytes, op->footprint);
+    op->cma = (conn_caps(c) & TRANSPORT_CAP_READ_PEER_MEM) &&
+              ((op->single_copy && op->bytes > 0) || p2p_cma(comm, op->bytes, op->footprint));
     if (op->devmem && (!c->ops->send_commit_dev || op->cma)) {
       res = err_set(ncclInternalError, "rank %d: a send of device memory to rank %d was not staged, but its %s "
                     "connector cannot read device memory", comm->rank, op->peer, conn_transport_name(c));

@@ -31,6 +31,9 @@
  *            tuner computed, never for the single-copy collective rows; then
  *            alltoalls and send/recv pairs around that threshold, checked
  *            (see rank_cmaauto).
+ *   adapt N  one host: large broadcasts and allgathers weighed between the
+ *            tuner's row and single copy by measured rates, alike on every
+ *            rank; every result checked (see rank_adapt).
  *   runahead N one host, NCCL_ALGO=Direct: a broadcast root and reduce
  *            non-roots that wait for nobody run 57 calls ahead of readers
  *            that have stopped calling (the one-shot's 64 slots, less what a
@@ -644,6 +647,70 @@ static int rank_duplex(int rank, int nranks, const ncclUniqueId* ids, int nids, 
   return 0;
 }
 
+/* adapt N: large broadcasts and allgathers where single copy works and the
+ * ranks have a CPU each are weighed by measurement (coll/adapt.c): every
+ * such call counts in its bucket alike on every rank, both paths get
+ * measured, every result is right whichever runs, and the ranks end on the
+ * same choice. Below 512 KiB, with ranks sharing CPUs, with single copy off
+ * or with COLLIE_CMA_ADAPT=0, nothing is weighed. */
+static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  const char* env = getenv("COLLIE_CMA_ADAPT");
+  int on = comm->cma && comm->oversub <= 1.0 && !(env && strcmp(env, "0") == 0);
+  enum { ITERS = 40 };
+  size_t sizes[] = {(size_t)256 << 10, (size_t)512 << 10, ((size_t)1 << 20) + 12};
+  int buckets[] = {18, 19, 20};
+  for (int si = 0; si < 3; si++) {
+    size_t per = sizes[si] / sizeof(float);
+    float* sb = malloc(per * sizeof(float));
+    float* rb = malloc(per * (size_t)nranks * sizeof(float));
+    MP_CHECK(sb && rb, "out of memory");
+    for (int it = 0; it < ITERS; it++) {
+      for (size_t i = 0; i < per; i++) sb[i] = val(it, rank, 0, i);
+      int root = it % nranks;
+      memset(rb, 0, per * (size_t)nranks * sizeof(float));
+      if (it % 2 == 0) {
+        MP_NCCL(ncclBroadcast(sb, rb, per, ncclFloat, root, comm, NULL));
+      } else {
+        if (rank == root) memcpy(rb, sb, per * sizeof(float));
+        MP_NCCL(ncclBroadcast(rb, rb, per, ncclFloat, root, comm, NULL));
+      }
+      for (size_t i = 0; i < per; i += 61)
+        MP_CHECK(rb[i] == val(it, root, 0, i), "rank %d: broadcast %d of %zu bytes from rank %d, element %zu is %g",
+                 rank, it, sizes[si], root, i, rb[i]);
+      memset(rb, 0, per * (size_t)nranks * sizeof(float));
+      MP_NCCL(ncclAllGather(sb, rb, per, ncclFloat, comm, NULL));
+      for (int p = 0; p < nranks; p++)
+        for (size_t i = 0; i < per; i += 61)
+          MP_CHECK(rb[(size_t)p * per + i] == val(it, p, 0, i), "rank %d: allgather %d of %zu bytes a rank, element "
+                   "%zu from rank %d is %g", rank, it, sizes[si], i, p, rb[(size_t)p * per + i]);
+    }
+    free(sb);
+    free(rb);
+    for (int k = 0; k < 2; k++) {
+      const struct adapt_bucket* b = &comm->adapt[k][buckets[si]];
+      int weighed = on && sizes[si] >= ((size_t)512 << 10);
+      MP_CHECK(b->calls == (weighed ? ITERS : 0u), "rank %d: %s of %zu bytes: %u calls weighed, expected %d", rank,
+               k ? "allgather" : "broadcast", sizes[si], b->calls, weighed ? ITERS : 0);
+      if (!weighed) continue;
+      MP_CHECK(b->rate[0] > 0 && b->rate[1] > 0, "rank %d: %s of %zu bytes: rates %g / %g, both paths not measured",
+               rank, k ? "allgather" : "broadcast", sizes[si], b->rate[0], b->rate[1]);
+      int64_t last = b->last, lo = last, hi = last;
+      MP_NCCL(ncclAllReduce(&last, &lo, 1, ncclInt64, ncclMin, comm, NULL));
+      MP_NCCL(ncclAllReduce(&last, &hi, 1, ncclInt64, ncclMax, comm, NULL));
+      MP_CHECK(lo == hi, "rank %d: %s of %zu bytes: the ranks ended on different paths", rank,
+               k ? "allgather" : "broadcast", sizes[si]);
+    }
+  }
+  if (rank == 0) printf("weighed by measurement: %s (single copy %s, %.1f ranks a CPU)\n", on ? "yes" : "no",
+                        comm->cma ? "works" : "off", comm->oversub);
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
 static int rank_cmaauto(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
   (void)nids;
   (void)arg;
@@ -836,7 +903,7 @@ static int rank_helpers(int rank, int nranks, const ncclUniqueId* ids, int nids,
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s zero|a2a|paired|delack|helpers|localcc|duplex|cmaauto|runahead|spread NRANKS\n", argv[0]);
+    fprintf(stderr, "usage: %s zero|a2a|paired|delack|helpers|localcc|duplex|cmaauto|adapt|runahead|spread NRANKS\n", argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
@@ -845,7 +912,7 @@ int main(int argc, char** argv) {
   int delack = strcmp(argv[1], "delack") == 0, helpers = strcmp(argv[1], "helpers") == 0;
   int localcc = strcmp(argv[1], "localcc") == 0, duplex = strcmp(argv[1], "duplex") == 0;
   int cmaauto = strcmp(argv[1], "cmaauto") == 0, runahead = strcmp(argv[1], "runahead") == 0;
-  int spread = strcmp(argv[1], "spread") == 0;
+  int spread = strcmp(argv[1], "spread") == 0, adapt = strcmp(argv[1], "adapt") == 0;
   if (spread) {
     /* Two CPUs for more ranks than that; not beside the suite's hogs (moves
      * wait for a machine where only the ranks want a CPU). */
@@ -897,7 +964,7 @@ int main(int argc, char** argv) {
       return 77;
     }
   }
-  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : helpers ? rank_helpers : localcc ? rank_localcc : duplex ? rank_duplex : cmaauto ? rank_cmaauto : runahead ? rank_runahead : spread ? rank_spread : rank_a2a, NULL, 600);
+  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : helpers ? rank_helpers : localcc ? rank_localcc : duplex ? rank_duplex : cmaauto ? rank_cmaauto : adapt ? rank_adapt : runahead ? rank_runahead : spread ? rank_spread : rank_a2a, NULL, 600);
   if (spread && rc == 0 && __atomic_load_n(&mp_counters[SPREAD_UNJUDGED], __ATOMIC_ACQUIRE) > 0) {
     printf("SKIPPED: spread: in each of 50 attempts another task wanted a CPU (nothing to judge)\n");
     return 77;

@@ -1,0 +1,123 @@
+/* Single copy weighed by measurement: a large broadcast or allgather between
+ * the ranks of one host runs either the tuner's row (the FIFO: two copies,
+ * each slot written by one CPU and read by another) or the single-copy row
+ * (each reader pulls straight from the sender's buffer), whichever this
+ * communicator has measured faster for that collective and size lately.
+ *
+ * Why measured and not modelled: the FIFO's speed depends on how far apart
+ * the ranks' CPUs are, and on a virtual machine that changes while the job
+ * runs. On the development VM (2 vCPUs, AMD EPYC family 25) a cache line
+ * went back and forth between the two CPUs in about 70 ns most of the time
+ * and in about 330 ns for stretches of 5-15 s (the host had moved a vCPU
+ * away from the other's cache); in those stretches the FIFO allgather of 32
+ * MiB took 15-17 ms instead of 4-5, Open MPI's FIFO as long, while single
+ * copy (collie's and Open MPI's) stayed at 4.5-6 ms: the bytes it reads
+ * were not written by the other CPU a moment before. Outside them the FIFO
+ * was 5-15% faster than single copy. A one-off calibration sees one of the
+ * two states; this follows them.
+ *
+ * How: every rank times each such call from the moment all ranks are in it
+ * (a one-slot exchange through the direct mailboxes, which also carries each
+ * rank's last measured rates for that bucket) to its return, and keeps the
+ * rate of the path it ran. All ranks sum the same posted rates in rank
+ * order and count the bucket's calls alike, so they all pick the same row.
+ * The first calls of a bucket try both (the tuner's row first, which also
+ * takes the first-touch page faults, then single copy, then the tuner's row
+ * again); then single copy runs where it measured clearly faster, the
+ * tuner's row otherwise, and now and then one call runs the other to see
+ * whether that changed (adapt_pick). */
+#include <string.h>
+
+#include "coll.h"
+#include "../param.h"
+
+/* Per rank, from here on (below it one exchange is a visible part of the
+ * call: about a microsecond at 2 ranks against 40 us for 512 KiB). */
+#define ADAPT_MIN_BYTES ((size_t)512 << 10)
+#define ADAPT_MAX_RANKS 64
+
+/* Single copy only where it measured clearly faster: outside the slow
+ * stretches the two differ by 5-20% and one call's time by as much, inside
+ * them by 3-4x. */
+#define ADAPT_MARGIN 1.3
+
+int adapt_pick(uint32_t call, double rate_plan, double rate_cma, int* trial) {
+  *trial = call < 3;
+  if (call < 3) return call == 1;
+  int best = rate_cma > ADAPT_MARGIN * rate_plan;
+  /* On the tuner's row every call measures it, so a slow stretch shows at
+   * once; single copy's rate changes little, so it is tried seldom. On
+   * single copy, the tuner's row is tried every ADAPT_EXPLORE calls to see
+   * the stretch end. */
+  uint32_t period = best ? ADAPT_EXPLORE : 4 * ADAPT_EXPLORE;
+  *trial = call % period == 0;
+  return *trial ? !best : best;
+}
+
+static int kind_index(int kind) { return kind == COLL_BROADCAST ? 0 : kind == COLL_ALLGATHER ? 1 : -1; }
+
+static int bucket_of(size_t bytes) {
+  int b = 0;
+  while (b < ADAPT_BUCKETS - 1 && ((size_t)2 << b) <= bytes) b++;
+  return b; /* floor(log2(bytes)) */
+}
+
+static const struct algo* cma_row(int kind) {
+  for (int i = 0; i < algo_table_len; i++)
+    if (algo_table[i]->coll == kind && algo_table[i]->name == ALGO_CMA) return algo_table[i];
+  return NULL;
+}
+
+int adapt_applies(const struct coll_args* a, const struct plan* p) {
+  const struct ncclComm* comm = a->comm;
+  size_t bytes = a->count * dtype_size(a->dt);
+  if (kind_index(a->kind) < 0 || bytes < ADAPT_MIN_BYTES || p->algo->name == ALGO_CMA) return 0;
+  if (!comm->cma || !coll_shm_only(comm) || comm->nranks < 2 || comm->nranks > ADAPT_MAX_RANKS) return 0;
+  /* Ranks that take turns on a CPU do not copy at once, and every exchange
+   * waits for all of them to run: the model's choice stands there. */
+  if (comm->oversub > 1.0) return 0;
+  /* NCCL_ALGO without CMA: the user's choice. */
+  if (!(comm->algo_mask & (1 << ALGO_CMA)) || !cma_row(a->kind)) return 0;
+  return param_int(P_COLLIE_CMA_ADAPT, 0, 1) != 0;
+}
+
+ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket* t) {
+  t->bucket = NULL;
+  if (!adapt_applies(a, p)) return ncclSuccess;
+  struct ncclComm* comm = a->comm;
+  size_t bytes = a->count * dtype_size(a->dt);
+  struct adapt_bucket* b = &comm->adapt[kind_index(a->kind)][bucket_of(bytes)];
+  float mine[2] = {b->rate[0], b->rate[1]}, all[2 * ADAPT_MAX_RANKS];
+  NCCLCHECK(direct_shm_share(comm, mine, sizeof(mine), all));
+  double sum[2] = {0, 0};
+  for (int r = 0; r < comm->nranks; r++) {
+    sum[0] += all[2 * r];
+    sum[1] += all[2 * r + 1];
+  }
+  int trial;
+  int use = adapt_pick(b->calls, sum[0], sum[1], &trial);
+  if (!trial && use != b->last && comm->rank == 0)
+    INFO(LOG_TUNING, "%s of %zu bytes a rank: now %s (measured %.2f GB/s against %.2f, summed over ranks)",
+         coll_name(a->kind), bytes, use ? "single copy" : algo_name(p->algo->name), sum[use] / 1e3,
+         sum[!use] / 1e3);
+  if (!trial) b->last = use;
+  b->calls++;
+  if (use) {
+    p->algo = cma_row(a->kind);
+    for (int i = 0; i < algo_table_len; i++)
+      if (algo_table[i] == p->algo) p->index = i;
+    p->nch = 1;
+  }
+  t->bucket = b;
+  t->use = use;
+  t->bytes = bytes;
+  t->start_ns = time_ns();
+  return ncclSuccess;
+}
+
+void adapt_done(const struct adapt_ticket* t) {
+  if (!t->bucket) return;
+  int64_t ns = time_ns() - t->start_ns;
+  if (ns < 1) ns = 1;
+  t->bucket->rate[t->use] = (float)((double)t->bytes / ((double)ns / 1e3)); /* bytes per us */
+}
