@@ -32,8 +32,10 @@
 #include "../param.h"
 
 /* Per rank, from here on (below it one exchange is a visible part of the
- * call: about a microsecond at 2 ranks against 40 us for 512 KiB). */
-#define ADAPT_MIN_BYTES ((size_t)512 << 10)
+ * call: about a microsecond at 2 ranks against 20-25 us for an allgather of
+ * 256 KiB a rank; in a slow stretch that took 130-175 us by the FIFO, 37-43
+ * by single copy, Open MPI 32-36). */
+#define ADAPT_MIN_BYTES ((size_t)256 << 10)
 #define ADAPT_MAX_RANKS 64
 
 /* Single copy only where it measured clearly faster: outside the slow

@@ -651,7 +651,7 @@ static int rank_duplex(int rank, int nranks, const ncclUniqueId* ids, int nids, 
  * ranks have a CPU each are weighed by measurement (coll/adapt.c): every
  * such call counts in its bucket alike on every rank, both paths get
  * measured, every result is right whichever runs, and the ranks end on the
- * same choice. Below 512 KiB, with ranks sharing CPUs, with single copy off
+ * same choice. Below 256 KiB a rank, with ranks sharing CPUs, with single copy off
  * or with COLLIE_CMA_ADAPT=0, nothing is weighed. */
 static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
   (void)nids;
@@ -661,8 +661,8 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
   const char* env = getenv("COLLIE_CMA_ADAPT");
   int on = comm->cma && comm->oversub <= 1.0 && !(env && strcmp(env, "0") == 0);
   enum { ITERS = 40 };
-  size_t sizes[] = {(size_t)256 << 10, (size_t)512 << 10, ((size_t)1 << 20) + 12};
-  int buckets[] = {18, 19, 20};
+  size_t sizes[] = {(size_t)128 << 10, (size_t)256 << 10, ((size_t)1 << 20) + 12};
+  int buckets[] = {17, 18, 20};
   for (int si = 0; si < 3; si++) {
     size_t per = sizes[si] / sizeof(float);
     float* sb = malloc(per * sizeof(float));
@@ -692,7 +692,7 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
     free(rb);
     for (int k = 0; k < 2; k++) {
       const struct adapt_bucket* b = &comm->adapt[k][buckets[si]];
-      int weighed = on && sizes[si] >= ((size_t)512 << 10);
+      int weighed = on && sizes[si] >= ((size_t)256 << 10);
       MP_CHECK(b->calls == (weighed ? ITERS : 0u), "rank %d: %s of %zu bytes: %u calls weighed, expected %d", rank,
                k ? "allgather" : "broadcast", sizes[si], b->calls, weighed ? ITERS : 0);
       if (!weighed) continue;
