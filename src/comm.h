@@ -15,7 +15,8 @@
 #define COMM_MAGIC 0x436f6c6c6965436dULL /* "CollieCm" */
 /* Size buckets of the measured single-copy choice (coll/adapt.c): floor(log2(bytes)). */
 #define ADAPT_BUCKETS 40
-/* Every this many calls of a bucket run the path that measured slower, once. */
+/* On single copy, every this many calls of a bucket run the tuner's row once
+ * (on the tuner's row, every 4 x this many run single copy once). */
 #define ADAPT_EXPLORE 16
 
 struct tune_memo {
