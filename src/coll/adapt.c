@@ -19,8 +19,9 @@
  * How: every rank times each such call from the moment all ranks are in it
  * (a one-slot exchange through the direct mailboxes, which also carries each
  * rank's last measured rates for that bucket) to its return, and keeps the
- * rate of the path it ran. All ranks sum the same posted rates in rank
- * order and count the bucket's calls alike, so they all pick the same row.
+ * rate of the path it ran. All ranks take the slowest rank's rate of each
+ * path from the same posts and count the bucket's calls alike, so they all
+ * pick the same row.
  * The first calls of a bucket try both (the tuner's row first, which also
  * takes the first-touch page faults, then single copy, then the tuner's row
  * again); then single copy runs where it measured clearly faster, the
@@ -91,17 +92,19 @@ ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket
   struct adapt_bucket* b = &comm->adapt[kind_index(a->kind)][bucket_of(bytes)];
   float mine[2] = {b->rate[0], b->rate[1]}, all[2 * ADAPT_MAX_RANKS];
   NCCLCHECK(direct_shm_share(comm, mine, sizeof(mine), all));
-  double sum[2] = {0, 0};
-  for (int r = 0; r < comm->nranks; r++) {
-    sum[0] += all[2 * r];
-    sum[1] += all[2 * r + 1];
+  /* A path is as fast as its slowest rank: a broadcast root that posts into
+   * its mailbox and returns at once would otherwise make the one-shot look
+   * fast while its readers take the time. */
+  double low[2] = {all[0], all[1]};
+  for (int r = 1; r < comm->nranks; r++) {
+    low[0] = COLLIE_MIN(low[0], (double)all[2 * r]);
+    low[1] = COLLIE_MIN(low[1], (double)all[2 * r + 1]);
   }
   int trial;
-  int use = adapt_pick(b->calls, sum[0], sum[1], &trial);
+  int use = adapt_pick(b->calls, low[0], low[1], &trial);
   if (!trial && use != b->last && comm->rank == 0)
-    INFO(LOG_TUNING, "%s of %zu bytes a rank: now %s (measured %.2f GB/s against %.2f, summed over ranks)",
-         coll_name(a->kind), bytes, use ? "single copy" : algo_name(p->algo->name), sum[use] / 1e3,
-         sum[!use] / 1e3);
+    INFO(LOG_TUNING, "%s of %zu bytes a rank: now %s (measured %.2f GB/s against %.2f, the slowest rank's)",
+         coll_name(a->kind), bytes, use ? "single copy" : algo_name(p->algo->name), low[use] / 1e3, low[!use] / 1e3);
   if (!trial) b->last = use;
   b->calls++;
   if (use) {

@@ -314,7 +314,7 @@ int adapt_applies(const struct coll_args* a, const struct plan* p);
 ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket* t);
 void adapt_done(const struct adapt_ticket* t);
 /* The rule, alike on every rank: 1 for single copy at the bucket's call
- * number `call`, given the rates summed over ranks (bytes/us); *trial is
+ * number `call`, given the slowest rank's rates (bytes/us); *trial is
  * set where the call runs a path to measure it, not because it is faster. */
 int adapt_pick(uint32_t call, double rate_plan, double rate_cma, int* trial);
 
