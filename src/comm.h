@@ -95,6 +95,7 @@ struct ncclComm {
     float rate[2];
   } adapt[2][ADAPT_BUCKETS];
   int algo_mask;  /* 1 << ALGO_* (names) allowed by NCCL_ALGO / NCCL_PROTO */
+  int cma_adapt;  /* COLLIE_CMA_ADAPT, read with the masks (coll/adapt.c) */
   int proto_mask; /* 1 << PROTO_* allowed by NCCL_PROTO */
   uint64_t opcount; /* calls run so far (NCCL_DEBUG_SUBSYS=COLL logs it) */
   double oversub;       /* ranks per CPU on the most crowded host, at least 1 */

@@ -30,7 +30,6 @@
 #include <string.h>
 
 #include "coll.h"
-#include "../param.h"
 
 /* Per rank, from here on (below it one exchange is a visible part of the
  * call: about a microsecond at 2 ranks against 20-25 us for an allgather of
@@ -71,7 +70,7 @@ static const struct algo* cma_row(int kind) {
   return NULL;
 }
 
-int adapt_applies(const struct coll_args* a, const struct plan* p) {
+static int adapt_applies(const struct coll_args* a, const struct plan* p) {
   const struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
   if (kind_index(a->kind) < 0 || bytes < ADAPT_MIN_BYTES || p->algo->name == ALGO_CMA) return 0;
@@ -80,8 +79,7 @@ int adapt_applies(const struct coll_args* a, const struct plan* p) {
    * waits for all of them to run: the model's choice stands there. */
   if (comm->oversub > 1.0) return 0;
   /* NCCL_ALGO without CMA: the user's choice. */
-  if (!(comm->algo_mask & (1 << ALGO_CMA)) || !cma_row(a->kind)) return 0;
-  return param_int(P_COLLIE_CMA_ADAPT, 0, 1) != 0;
+  return comm->cma_adapt && (comm->algo_mask & (1 << ALGO_CMA)) && cma_row(a->kind);
 }
 
 ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket* t) {

@@ -310,7 +310,6 @@ struct adapt_ticket {
   size_t bytes;
   int64_t start_ns;
 };
-int adapt_applies(const struct coll_args* a, const struct plan* p);
 ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket* t);
 void adapt_done(const struct adapt_ticket* t);
 /* The rule, alike on every rank: 1 for single copy at the bucket's call

@@ -96,6 +96,7 @@ static ncclResult_t tuning_masks(struct ncclComm* comm) {
     if (pmask & (1 << algo_table[i]->proto)) with_proto |= 1 << algo_table[i]->name;
   algos &= with_proto;
   comm->algo_mask = algos;
+  comm->cma_adapt = param_int(P_COLLIE_CMA_ADAPT, 0, 1) != 0;
   comm->proto_mask = pmask;
   s = param_str(P_COLLIE_STREAM_STORES);
   if (strcmp(s, "auto") == 0) comm->stream_stores = -1;
