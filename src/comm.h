@@ -86,14 +86,15 @@ struct ncclComm {
   int *ring, *ring_pos, *local_ring, *leader_ring;
   int nlocal, local_pos, nleaders, leader_pos;
   struct tune_memo memo[8]; /* last plan per collective kind, and the call shape it was made for */
-  /* Broadcast [0] and allgather [1] by floor(log2(bytes a rank)): calls
-   * weighed so far, the path of the last one, and this rank's last measured
-   * rate of the tuner's row [0] and of single copy [1], bytes/us (coll/adapt.c). */
+  /* Broadcast [0], allgather [1] and alltoall [2] by floor(log2(bytes a
+   * rank sends)): calls weighed so far, the path of the last one, and this
+   * rank's last measured rate of the tuner's row [0] and of single copy
+   * [1], bytes/us (coll/adapt.c). */
   struct adapt_bucket {
     uint32_t calls;
     int last;
     float rate[2];
-  } adapt[2][ADAPT_BUCKETS];
+  } adapt[3][ADAPT_BUCKETS];
   int algo_mask;  /* 1 << ALGO_* (names) allowed by NCCL_ALGO / NCCL_PROTO */
   int cma_adapt;  /* COLLIE_CMA_ADAPT, read with the masks (coll/adapt.c) */
   int proto_mask; /* 1 << PROTO_* allowed by NCCL_PROTO */

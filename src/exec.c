@@ -84,6 +84,7 @@ static ncclResult_t exec_coll(struct coll_args* a) {
     ncclResult_t res = p.algo->run(a, &p);
     a->sendbuff = user;
     free(aside);
+    if (res == ncclSuccess) adapt_done(&ticket);
     return res;
   }
   ncclResult_t res = p.algo->run(a, &p);

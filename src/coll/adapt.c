@@ -1,5 +1,5 @@
-/* Single copy weighed by measurement: a large broadcast or allgather between
- * the ranks of one host runs either the tuner's row (the FIFO: two copies,
+/* Single copy weighed by measurement: a large broadcast, allgather or
+ * alltoall between the ranks of one host runs either the tuner's row (the FIFO: two copies,
  * each slot written by one CPU and read by another) or the single-copy row
  * (each reader pulls straight from the sender's buffer), whichever this
  * communicator has measured faster for that collective and size lately.
@@ -56,7 +56,16 @@ int adapt_pick(uint32_t call, double rate_plan, double rate_cma, int* trial) {
   return *trial ? !best : best;
 }
 
-static int kind_index(int kind) { return kind == COLL_BROADCAST ? 0 : kind == COLL_ALLGATHER ? 1 : -1; }
+static int kind_index(int kind) {
+  return kind == COLL_BROADCAST ? 0 : kind == COLL_ALLGATHER ? 1 : kind == COLL_ALLTOALL ? 2 : -1;
+}
+
+/* What a call moves per rank, by which it is bucketed, weighed and timed:
+ * the block of a broadcast or allgather, all that an alltoall rank sends. */
+static size_t weighed_bytes(const struct coll_args* a) {
+  size_t bytes = a->count * dtype_size(a->dt);
+  return a->kind == COLL_ALLTOALL ? bytes * (size_t)a->comm->nranks : bytes;
+}
 
 static int bucket_of(size_t bytes) {
   int b = 0;
@@ -72,11 +81,13 @@ static const struct algo* cma_row(int kind) {
 
 static int adapt_applies(const struct coll_args* a, const struct plan* p) {
   const struct ncclComm* comm = a->comm;
-  size_t bytes = a->count * dtype_size(a->dt);
-  if (kind_index(a->kind) < 0 || bytes < ADAPT_MIN_BYTES || p->algo->name == ALGO_CMA) return 0;
+  if (kind_index(a->kind) < 0 || weighed_bytes(a) < ADAPT_MIN_BYTES || p->algo->name == ALGO_CMA) return 0;
   if (!comm->cma || !coll_shm_only(comm) || comm->nranks < 2 || comm->nranks > ADAPT_MAX_RANKS) return 0;
   /* Ranks that take turns on a CPU do not copy at once, and every exchange
-   * waits for all of them to run: the model's choice stands there. */
+   * waits for all of them to run: the model's choice stands there. (Tried
+   * for alltoall at 4 ranks on 2 CPUs: one call's time, or the time from
+   * one exchange to the next, varied up to 10x from call to call as the
+   * scheduler ran the ranks, and the pick flipped between the paths.) */
   if (comm->oversub > 1.0) return 0;
   /* NCCL_ALGO without CMA: the user's choice. */
   return comm->cma_adapt && (comm->algo_mask & (1 << ALGO_CMA)) && cma_row(a->kind);
@@ -86,7 +97,7 @@ ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket
   t->bucket = NULL;
   if (!adapt_applies(a, p)) return ncclSuccess;
   struct ncclComm* comm = a->comm;
-  size_t bytes = a->count * dtype_size(a->dt);
+  size_t bytes = weighed_bytes(a);
   struct adapt_bucket* b = &comm->adapt[kind_index(a->kind)][bucket_of(bytes)];
   float mine[2] = {b->rate[0], b->rate[1]}, all[2 * ADAPT_MAX_RANKS];
   NCCLCHECK(direct_shm_share(comm, mine, sizeof(mine), all));

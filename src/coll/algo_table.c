@@ -17,7 +17,7 @@ extern const struct algo algo_ring_allgather, algo_direct_shm_allgather, algo_di
 extern const struct algo algo_ring_reducescatter, algo_direct_shm_reducescatter, algo_direct_net_reducescatter;
 extern const struct algo algo_p2p_alltoall, algo_p2p_gather, algo_p2p_scatter, algo_direct_shm_alltoall;
 extern const struct algo algo_direct_shm_gather, algo_direct_shm_scatter, algo_cma_gather;
-extern const struct algo algo_cma_broadcast, algo_cma_allgather;
+extern const struct algo algo_cma_broadcast, algo_cma_allgather, algo_cma_alltoall;
 
 /* Per collective, the first row must always be eligible: it is the fallback
  * when nothing the user allows fits a call. */
@@ -28,7 +28,8 @@ const struct algo* const algo_table[] = {
     &algo_ring_reduce,        &algo_direct_shm_reduce,        &algo_direct_net_reduce,      &algo_cma_reduce,
     &algo_ring_allgather,     &algo_direct_shm_allgather,     &algo_direct_net_allgather,   &algo_cma_allgather,
     &algo_ring_reducescatter, &algo_direct_shm_reducescatter, &algo_direct_net_reducescatter,
-    &algo_p2p_alltoall,       &algo_direct_shm_alltoall,      &algo_p2p_gather,             &algo_direct_shm_gather,
+    &algo_p2p_alltoall,       &algo_direct_shm_alltoall,      &algo_cma_alltoall,
+    &algo_p2p_gather,         &algo_direct_shm_gather,
     &algo_cma_gather,
     &algo_p2p_scatter,        &algo_direct_shm_scatter,
 };

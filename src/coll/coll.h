@@ -221,6 +221,9 @@ struct p2p_op {
 };
 /* p2p_only: plain send/receive groups (not a collective: no call-board check). */
 ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_only);
+/* Alltoall as one batch of messages (p2p.c), every one by single copy
+ * where single_copy is set (the single-copy row, cma_alltoall.c). */
+ncclResult_t p2p_alltoall(struct coll_args* a, int single_copy);
 /* Messages to self within a batch: the k-th send to this rank pairs with the
  * k-th receive from it. Checks that each has a partner of the same size
  * (ncclInvalidUsage otherwise); with `move`, calls it for every pair that
@@ -299,8 +302,8 @@ static inline int p2p_cma(const struct ncclComm* comm, size_t bytes, size_t foot
   if (footprint && (double)footprint * comm->oversub > comm->tune.cache_bytes) min = comm->cma_min_stream;
   return bytes > 0 && bytes >= min;
 }
-/* Single copy weighed by measurement (adapt.c): for a large broadcast or
- * allgather on one host, adapt_plan agrees with the other ranks (one
+/* Single copy weighed by measurement (adapt.c): for a large broadcast,
+ * allgather or alltoall on one host, adapt_plan agrees with the other ranks (one
  * mailbox exchange) on running the tuner's row or the single-copy row, by
  * the rates the ranks measured for that collective and size lately, and
  * starts the clock; adapt_done stops it and keeps the rate. */
@@ -309,6 +312,7 @@ struct adapt_ticket {
   int use;                     /* 1: the single-copy row runs */
   size_t bytes;
   int64_t start_ns;
+  int fresh; /* one of the bucket's first calls: its time replaces the path's rate */
 };
 ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket* t);
 void adapt_done(const struct adapt_ticket* t);
@@ -316,6 +320,10 @@ void adapt_done(const struct adapt_ticket* t);
  * number `call`, given the slowest rank's rates (bytes/us); *trial is
  * set where the call runs a path to measure it, not because it is faster. */
 int adapt_pick(uint32_t call, double rate_plan, double rate_cma, int* trial);
+/* A path's rate after one more call measured at `sample` (bytes/us): the
+ * mean of the recent calls' times (a moving average of time per byte),
+ * or the sample alone where old is 0 or fresh is set. */
+float adapt_rate(float old, float sample, int fresh);
 
 /* collie-info --tuning: the table and every collective's choice per size
  * (8 B .. 256 MiB, steps of `factor`) at nranks ranks on this host. */

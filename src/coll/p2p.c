@@ -364,7 +364,7 @@ static ncclResult_t run_ops(struct coll_args* a, struct p2p_op* ops, int n, stru
   return res;
 }
 
-static ncclResult_t direct_alltoall(struct coll_args* a) {
+ncclResult_t p2p_alltoall(struct coll_args* a, int single_copy) {
   int n = a->comm->nranks, r = a->comm->rank;
   size_t bytes = a->count * dtype_size(a->dt);
   /* Every rank's send, slots and receive buffers: n messages each. */
@@ -378,10 +378,12 @@ static ncclResult_t direct_alltoall(struct coll_args* a) {
   for (int i = 0; i < n; i++) {
     int p = (r + i) % n;
     ops[k++] = (struct p2p_op){.peer = p, .is_send = 1, .buf = (char*)a->sendbuff + (size_t)p * bytes,
-                               .bytes = bytes, .footprint = fp, .token = coll_token(a, bytes)};
+                               .bytes = bytes, .footprint = fp, .token = coll_token(a, bytes),
+                               .single_copy = single_copy};
     int q = (r - i + n) % n;
     ops[k++] = (struct p2p_op){.peer = q, .is_send = 0, .buf = (char*)a->recvbuff + (size_t)q * bytes,
-                               .bytes = bytes, .footprint = fp, .token = coll_token(a, bytes)};
+                               .bytes = bytes, .footprint = fp, .token = coll_token(a, bytes),
+                               .single_copy = single_copy};
   }
   return run_ops(a, ops, k, stack);
 }
@@ -440,7 +442,7 @@ static double estimate(const struct coll_args* a, const struct tune_cost* c) {
 static ncclResult_t run(struct coll_args* a, const struct plan* p) {
   (void)p;
   switch (a->kind) {
-    case COLL_ALLTOALL: return direct_alltoall(a);
+    case COLL_ALLTOALL: return p2p_alltoall(a, 0);
     case COLL_GATHER: return direct_gather(a);
     case COLL_SCATTER: return direct_scatter(a);
     default: return err_set(ncclInternalError, "point-to-point rows have no %s", coll_name(a->kind));

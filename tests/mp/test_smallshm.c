@@ -31,9 +31,9 @@
  *            tuner computed, never for the single-copy collective rows; then
  *            alltoalls and send/recv pairs around that threshold, checked
  *            (see rank_cmaauto).
- *   adapt N  one host: large broadcasts and allgathers weighed between the
- *            tuner's row and single copy by measured rates, alike on every
- *            rank; every result checked (see rank_adapt).
+ *   adapt N  one host: large broadcasts, allgathers and alltoalls weighed
+ *            between the tuner's row and single copy by measured rates,
+ *            alike on every rank; every result checked (see rank_adapt).
  *   runahead N one host, NCCL_ALGO=Direct: a broadcast root and reduce
  *            non-roots that wait for nobody run 57 calls ahead of readers
  *            that have stopped calling (the one-shot's 64 slots, less what a
@@ -647,7 +647,7 @@ static int rank_duplex(int rank, int nranks, const ncclUniqueId* ids, int nids, 
   return 0;
 }
 
-/* adapt N: large broadcasts and allgathers where single copy works and the
+/* adapt N: large broadcasts, allgathers and alltoalls where single copy works and the
  * ranks have a CPU each are weighed by measurement (coll/adapt.c): every
  * such call counts in its bucket alike on every rank, both paths get
  * measured, every result is right whichever runs, and the ranks end on the
@@ -692,22 +692,35 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
         for (size_t i = 0; i < per; i += 61)
           MP_CHECK(rb[(size_t)p * per + i] == val(it, p, 0, i), "rank %d: allgather %d of %zu bytes a rank, element "
                    "%zu from rank %d is %g", rank, it, sizes[si], i, p, rb[(size_t)p * per + i]);
+      /* An alltoall sending sizes[si] bytes in all (in place every other call). */
+      size_t c = per / (size_t)nranks;
+      float* ab = it % 2 ? rb : sb;
+      for (int q = 0; q < nranks; q++)
+        for (size_t i = 0; i < c; i++) ab[(size_t)q * c + i] = val(it, rank, q + 1, i);
+      if (it % 2 == 0) memset(rb, 0, c * (size_t)nranks * sizeof(float));
+      MP_NCCL(ncclAlltoAll(ab, rb, c, ncclFloat, comm, NULL));
+      for (int q = 0; q < nranks; q++)
+        for (size_t i = 0; i < c; i += 61)
+          MP_CHECK(rb[(size_t)q * c + i] == val(it, q, rank + 1, i), "rank %d: alltoall %d of %zu bytes a rank%s, "
+                   "element %zu from rank %d is %g", rank, it, c * sizeof(float) * (size_t)nranks,
+                   it % 2 ? " in place" : "", i, q, rb[(size_t)q * c + i]);
     }
     free(sb);
     free(rb);
-    for (int k = 0; k < 2; k++) {
+    static const char* const kinds[] = {"broadcast", "allgather", "alltoall"};
+    for (int k = 0; k < 3; k++) {
       const struct adapt_bucket* b = &comm->adapt[k][buckets[si]];
       int weighed = on && sizes[si] >= ((size_t)256 << 10);
       MP_CHECK(b->calls == (weighed ? ITERS : 0u), "rank %d: %s of %zu bytes: %u calls weighed, expected %d", rank,
-               k ? "allgather" : "broadcast", sizes[si], b->calls, weighed ? ITERS : 0);
+               kinds[k], sizes[si], b->calls, weighed ? ITERS : 0);
       if (!weighed) continue;
       MP_CHECK(b->rate[0] > 0 && b->rate[1] > 0, "rank %d: %s of %zu bytes: rates %g / %g, both paths not measured",
-               rank, k ? "allgather" : "broadcast", sizes[si], b->rate[0], b->rate[1]);
+               rank, kinds[k], sizes[si], b->rate[0], b->rate[1]);
       int64_t last = b->last, lo = last, hi = last;
       MP_NCCL(ncclAllReduce(&last, &lo, 1, ncclInt64, ncclMin, comm, NULL));
       MP_NCCL(ncclAllReduce(&last, &hi, 1, ncclInt64, ncclMax, comm, NULL));
       MP_CHECK(lo == hi, "rank %d: %s of %zu bytes: the ranks ended on different paths", rank,
-               k ? "allgather" : "broadcast", sizes[si]);
+               kinds[k], sizes[si]);
     }
   }
   if (rank == 0) printf("weighed by measurement: %s (single copy %s, %.1f ranks a CPU)\n", on ? "yes" : "no",
