@@ -13,10 +13,12 @@
 #include "transport/transport.h"
 
 #define COMM_MAGIC 0x436f6c6c6965436dULL /* "CollieCm" */
-/* Size buckets of the measured single-copy choice (coll/adapt.c): floor(log2(bytes)). */
+/* Size buckets of the measured choice (coll/adapt.c): floor(log2(bytes)),
+ * for each of ADAPT_KINDS collectives. */
 #define ADAPT_BUCKETS 40
-/* On single copy, every this many calls of a bucket run the tuner's row once
- * (on the tuner's row, every 4 x this many run single copy once). */
+#define ADAPT_KINDS 6
+/* On the alternative, every this many calls of a bucket run the tuner's row
+ * once (on the tuner's row, every 4 x this many run the alternative once). */
 #define ADAPT_EXPLORE 16
 
 struct tune_memo {
@@ -81,20 +83,22 @@ struct ncclComm {
   size_t cma_min_stream; /* the same in an alltoall or scatter whose buffers leave the cache (p2p_cma) */
   int64_t timeout_s; /* COLLIE_TIMEOUT, read at init; 0: none */
   int stream_stores; /* COLLIE_STREAM_STORES: -1 auto (the tuner's out_far), 0 never, 1 always, 2 split */
+  int slot_stream;   /* COLLIE_SLOT_STREAM: -1 auto (weighed, coll/adapt.c), 0 never, 1 always */
+  int slot_far;      /* the running call fills shared-memory slots with non-temporal stores (prim_link.slot_far) */
   /* Ring orders (graph/rings.c): position -> rank and back, this host's ring,
    * and the ring of host leaders. */
   int *ring, *ring_pos, *local_ring, *leader_ring;
   int nlocal, local_pos, nleaders, leader_pos;
   struct tune_memo memo[8]; /* last plan per collective kind, and the call shape it was made for */
-  /* Broadcast [0], allgather [1] and alltoall [2] by floor(log2(bytes a
-   * rank sends)): calls weighed so far, the path of the last one, and this
-   * rank's last measured rate of the tuner's row [0] and of single copy
-   * [1], bytes/us (coll/adapt.c). */
+  /* Broadcast [0], allgather [1], alltoall [2], allreduce [3], reduce [4]
+   * and reduce-scatter [5] by floor(log2(bytes a rank sends)): calls weighed
+   * so far, the path of the last one, and this rank's last measured rate of
+   * the tuner's row [0] and of its alternative [1], bytes/us (coll/adapt.c). */
   struct adapt_bucket {
     uint32_t calls;
     int last;
     float rate[2];
-  } adapt[3][ADAPT_BUCKETS];
+  } adapt[ADAPT_KINDS][ADAPT_BUCKETS];
   int algo_mask;  /* 1 << ALGO_* (names) allowed by NCCL_ALGO / NCCL_PROTO */
   int cma_adapt;  /* COLLIE_CMA_ADAPT, read with the masks (coll/adapt.c) */
   int proto_mask; /* 1 << PROTO_* allowed by NCCL_PROTO */

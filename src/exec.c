@@ -63,6 +63,7 @@ static ncclResult_t exec_coll(struct coll_args* a) {
   struct plan p;
   NCCLCHECK(tuning_plan(a, &p));
   struct adapt_ticket ticket;
+  a->comm->slot_far = a->comm->slot_stream == 1;
   NCCLCHECK(adapt_plan(a, &p, &ticket));
   a->chunk = p.chunk;
   /* In place, the result overwrites lines this rank has just read: they
@@ -85,10 +86,12 @@ static ncclResult_t exec_coll(struct coll_args* a) {
     a->sendbuff = user;
     free(aside);
     if (res == ncclSuccess) adapt_done(&ticket);
+    a->comm->slot_far = a->comm->slot_stream == 1;
     return res;
   }
   ncclResult_t res = p.algo->run(a, &p);
   if (res == ncclSuccess) adapt_done(&ticket);
+  a->comm->slot_far = a->comm->slot_stream == 1; /* adapt_plan may have set it for this call */
   return res;
 }
 

@@ -1,8 +1,12 @@
-/* Single copy weighed by measurement: a large broadcast, allgather or
- * alltoall between the ranks of one host runs either the tuner's row (the FIFO: two copies,
- * each slot written by one CPU and read by another) or the single-copy row
- * (each reader pulls straight from the sender's buffer), whichever this
- * communicator has measured faster for that collective and size lately.
+/* Paths weighed by measurement. A large broadcast, allgather or alltoall
+ * between the ranks of one host runs either the tuner's row (the FIFO: two
+ * copies, each slot written by one CPU and read by another) or the
+ * single-copy row (each reader pulls straight from the sender's buffer); a
+ * large allreduce, reduce or reduce-scatter (and a broadcast, allgather or
+ * alltoall where single copy is not weighed) runs the tuner's row with
+ * ordinary or with non-temporal stores into the slots it fills
+ * (COLLIE_SLOT_STREAM). Each takes whichever this communicator has measured
+ * faster for that collective and size lately.
  *
  * Why measured and not modelled: the FIFO's speed depends on how far apart
  * the ranks' CPUs are, and on a virtual machine that changes while the job
@@ -13,20 +17,23 @@
  * MiB took 15-17 ms instead of 4-5, Open MPI's FIFO as long, while single
  * copy (collie's and Open MPI's) stayed at 4.5-6 ms: the bytes it reads
  * were not written by the other CPU a moment before. Outside them the FIFO
- * was 5-15% faster than single copy. A one-off calibration sees one of the
- * two states; this follows them.
+ * was 5-15% faster than single copy. Slots filled with non-temporal stores
+ * reach the reader from memory, not from the writer's cache: in a stretch a
+ * 2-rank allreduce of 2 MiB took 180 us so against 1000 with ordinary
+ * stores, outside them 250 against 155. A one-off calibration sees one of
+ * the two states; this follows them.
  *
  * How: every rank times each such call from the moment all ranks are in it
  * (a one-slot exchange through the direct mailboxes, which also carries each
  * rank's last measured rates for that bucket) to its return, and keeps the
  * rate of the path it ran. All ranks take the slowest rank's rate of each
  * path from the same posts and count the bucket's calls alike, so they all
- * pick the same row.
+ * pick the same path.
  * The first calls of a bucket try both (the tuner's row first, which also
- * takes the first-touch page faults, then single copy, then the tuner's row
- * again); then single copy runs where it measured clearly faster, the
- * tuner's row otherwise, and now and then one call runs the other to see
- * whether that changed (adapt_pick). */
+ * takes the first-touch page faults, then the alternative, then the tuner's
+ * row again); then the alternative runs where it measured clearly faster,
+ * the tuner's row otherwise, and now and then one call runs the other to
+ * see whether that changed (adapt_pick). */
 #include <string.h>
 
 #include "coll.h"
@@ -43,10 +50,10 @@
  * them by 3-4x. */
 #define ADAPT_MARGIN 1.3
 
-int adapt_pick(uint32_t call, double rate_plan, double rate_cma, int* trial) {
+int adapt_pick(uint32_t call, double rate_plan, double rate_alt, int* trial) {
   *trial = call < 3;
   if (call < 3) return call == 1;
-  int best = rate_cma > ADAPT_MARGIN * rate_plan;
+  int best = rate_alt > ADAPT_MARGIN * rate_plan;
   /* On the tuner's row every call measures it, so a slow stretch shows at
    * once; single copy's rate changes little, so it is tried seldom. On
    * single copy, the tuner's row is tried every ADAPT_EXPLORE calls to see
@@ -57,14 +64,23 @@ int adapt_pick(uint32_t call, double rate_plan, double rate_cma, int* trial) {
 }
 
 static int kind_index(int kind) {
-  return kind == COLL_BROADCAST ? 0 : kind == COLL_ALLGATHER ? 1 : kind == COLL_ALLTOALL ? 2 : -1;
+  switch (kind) {
+    case COLL_BROADCAST: return 0;
+    case COLL_ALLGATHER: return 1;
+    case COLL_ALLTOALL: return 2;
+    case COLL_ALLREDUCE: return 3;
+    case COLL_REDUCE: return 4;
+    case COLL_REDUCESCATTER: return 5;
+    default: return -1;
+  }
 }
 
 /* What a call moves per rank, by which it is bucketed, weighed and timed:
- * the block of a broadcast or allgather, all that an alltoall rank sends. */
+ * the block of a broadcast or allgather, the buffer of an allreduce or
+ * reduce, all that an alltoall or reduce-scatter rank sends. */
 static size_t weighed_bytes(const struct coll_args* a) {
   size_t bytes = a->count * dtype_size(a->dt);
-  return a->kind == COLL_ALLTOALL ? bytes * (size_t)a->comm->nranks : bytes;
+  return a->kind == COLL_ALLTOALL || a->kind == COLL_REDUCESCATTER ? bytes * (size_t)a->comm->nranks : bytes;
 }
 
 static int bucket_of(size_t bytes) {
@@ -79,23 +95,35 @@ static const struct algo* cma_row(int kind) {
   return NULL;
 }
 
-static int adapt_applies(const struct coll_args* a, const struct plan* p) {
+/* The alternative to the tuner's row for this call: ALT_CMA, the
+ * single-copy row; ALT_SLOTS, the same row with non-temporal stores into the
+ * slots; ALT_NONE, not weighed. */
+enum { ALT_NONE, ALT_CMA, ALT_SLOTS };
+
+static int adapt_alt(const struct coll_args* a, const struct plan* p) {
   const struct ncclComm* comm = a->comm;
-  if (kind_index(a->kind) < 0 || weighed_bytes(a) < ADAPT_MIN_BYTES || p->algo->name == ALGO_CMA) return 0;
-  if (!comm->cma || !coll_shm_only(comm) || comm->nranks < 2 || comm->nranks > ADAPT_MAX_RANKS) return 0;
+  if (kind_index(a->kind) < 0 || weighed_bytes(a) < ADAPT_MIN_BYTES || p->algo->name == ALGO_CMA) return ALT_NONE;
+  if (!coll_shm_only(comm) || comm->nranks < 2 || comm->nranks > ADAPT_MAX_RANKS) return ALT_NONE;
   /* Ranks that take turns on a CPU do not copy at once, and every exchange
    * waits for all of them to run: the model's choice stands there. (Tried
    * for alltoall at 4 ranks on 2 CPUs: one call's time, or the time from
    * one exchange to the next, varied up to 10x from call to call as the
    * scheduler ran the ranks, and the pick flipped between the paths.) */
-  if (comm->oversub > 1.0) return 0;
-  /* NCCL_ALGO without CMA: the user's choice. */
-  return comm->cma_adapt && (comm->algo_mask & (1 << ALGO_CMA)) && cma_row(a->kind);
+  if (comm->oversub > 1.0) return ALT_NONE;
+  /* Single copy where it works and NCCL_ALGO allows it (COLLIE_CMA_ADAPT). */
+  if (kind_index(a->kind) <= 2 && comm->cma && comm->cma_adapt && (comm->algo_mask & (1 << ALGO_CMA)) &&
+      cma_row(a->kind))
+    return ALT_CMA;
+  /* Else the slots' stores (COLLIE_SLOT_STREAM=auto), where the row fills
+   * slots at all: the one-shot rows copy through their own mailboxes. */
+  if (comm->slot_stream < 0 && p->algo->name != ALGO_DIRECT) return ALT_SLOTS;
+  return ALT_NONE;
 }
 
 ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket* t) {
   t->bucket = NULL;
-  if (!adapt_applies(a, p)) return ncclSuccess;
+  int alt = adapt_alt(a, p);
+  if (alt == ALT_NONE) return ncclSuccess;
   struct ncclComm* comm = a->comm;
   size_t bytes = weighed_bytes(a);
   struct adapt_bucket* b = &comm->adapt[kind_index(a->kind)][bucket_of(bytes)];
@@ -112,11 +140,14 @@ ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket
   int trial;
   int use = adapt_pick(b->calls, low[0], low[1], &trial);
   if (!trial && use != b->last && comm->rank == 0)
-    INFO(LOG_TUNING, "%s of %zu bytes a rank: now %s (measured %.2f GB/s against %.2f, the slowest rank's)",
-         coll_name(a->kind), bytes, use ? "single copy" : algo_name(p->algo->name), low[use] / 1e3, low[!use] / 1e3);
+    INFO(LOG_TUNING, "%s of %zu bytes a rank: now %s%s (measured %.2f GB/s against %.2f, the slowest rank's)",
+         coll_name(a->kind), bytes, use && alt == ALT_CMA ? "single copy" : algo_name(p->algo->name),
+         alt == ALT_SLOTS ? (use ? " with non-temporal slot stores" : " with plain slot stores") : "",
+         low[use] / 1e3, low[!use] / 1e3);
   if (!trial) b->last = use;
   b->calls++;
-  if (use) {
+  if (alt == ALT_SLOTS) comm->slot_far = use;
+  if (use && alt == ALT_CMA) {
     p->algo = cma_row(a->kind);
     for (int i = 0; i < algo_table_len; i++)
       if (algo_table[i] == p->algo) p->index = i;

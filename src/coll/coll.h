@@ -302,28 +302,25 @@ static inline int p2p_cma(const struct ncclComm* comm, size_t bytes, size_t foot
   if (footprint && (double)footprint * comm->oversub > comm->tune.cache_bytes) min = comm->cma_min_stream;
   return bytes > 0 && bytes >= min;
 }
-/* Single copy weighed by measurement (adapt.c): for a large broadcast,
- * allgather or alltoall on one host, adapt_plan agrees with the other ranks (one
- * mailbox exchange) on running the tuner's row or the single-copy row, by
- * the rates the ranks measured for that collective and size lately, and
- * starts the clock; adapt_done stops it and keeps the rate. */
+/* Paths weighed by measurement (adapt.c): for a large collective on one
+ * host, adapt_plan agrees with the other ranks (one mailbox exchange) on
+ * running the tuner's row as it is or its alternative (the single-copy row
+ * for a broadcast, allgather or alltoall; the same row with non-temporal
+ * stores into the FIFO's slots otherwise), by the rates the ranks measured
+ * for that collective and size lately, and starts the clock; adapt_done
+ * stops it and keeps the rate. */
 struct adapt_ticket {
   struct adapt_bucket* bucket; /* NULL: not weighed */
-  int use;                     /* 1: the single-copy row runs */
+  int use;                     /* 1: the alternative runs */
   size_t bytes;
   int64_t start_ns;
-  int fresh; /* one of the bucket's first calls: its time replaces the path's rate */
 };
 ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket* t);
 void adapt_done(const struct adapt_ticket* t);
-/* The rule, alike on every rank: 1 for single copy at the bucket's call
+/* The rule, alike on every rank: 1 for the alternative at the bucket's call
  * number `call`, given the slowest rank's rates (bytes/us); *trial is
  * set where the call runs a path to measure it, not because it is faster. */
-int adapt_pick(uint32_t call, double rate_plan, double rate_cma, int* trial);
-/* A path's rate after one more call measured at `sample` (bytes/us): the
- * mean of the recent calls' times (a moving average of time per byte),
- * or the sample alone where old is 0 or fresh is set. */
-float adapt_rate(float old, float sample, int fresh);
+int adapt_pick(uint32_t call, double rate_plan, double rate_alt, int* trial);
 
 /* collie-info --tuning: the table and every collective's choice per size
  * (8 B .. 256 MiB, steps of `factor`) at nranks ranks on this host. */

@@ -113,7 +113,7 @@ static ncclResult_t step(struct p2p_op* op, size_t slot, int* moved) {
         struct slot_hdr h = {op->link.opseq, op->link.total, (uint32_t)len, 0};
         NCCLCHECK(c->ops->send_commit_ext(c, &h, op->buf + op->done));
       } else {
-        if (len) memcpy(p, op->buf + op->done, len);
+        prim_slot_copy(&op->link, p, op->buf + op->done, len);
         NCCLCHECK(prim_send_commit(&op->link, len));
       }
     } else {

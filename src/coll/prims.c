@@ -27,6 +27,12 @@ void prim_begin(struct prim_link* l, struct conn* c, uint64_t total) {
   l->opseq = c->opseq++;
   l->total = total;
   l->out_far = 0;
+  l->slot_far = c->comm->slot_far && (conn_caps(c) & TRANSPORT_CAP_SHARED_SLOTS);
+}
+
+void prim_slot_copy(const struct prim_link* l, void* slot, const void* src, size_t bytes) {
+  if (l->slot_far && bytes >= PRIM_SLOT_FAR_MIN) red_copy_far(slot, src, bytes);
+  else if (bytes) memcpy(slot, src, bytes);
 }
 
 int64_t prim_deadline(struct ncclComm* comm) {
@@ -290,7 +296,7 @@ static ncclResult_t send_fill(struct prim_link* s, void* slot, const struct red_
     struct slot_hdr h = {s->opseq, s->total, (uint32_t)bytes, 0};
     return s->c->ops->send_commit_ext(s->c, &h, src);
   }
-  if (bytes) memcpy(slot, src, bytes);
+  prim_slot_copy(s, slot, src, bytes);
   return prim_send_commit(s, bytes);
 }
 
@@ -419,7 +425,7 @@ ncclResult_t prim_recv_copy_send(struct prim_link* r, struct prim_link* s, void*
   }
   NCCLCHECK(prim_send_slot(s, &out));
   if (bytes) {
-    memcpy(out, in, bytes);
+    prim_slot_copy(s, out, in, bytes);
     if (dst && dst != in) {
       if (r->out_far) red_copy_far(dst, in, bytes);
       else memcpy(dst, in, bytes);
@@ -436,7 +442,10 @@ ncclResult_t prim_recv_reduce_send(struct prim_link* r, struct prim_link* s, con
   void* out;
   NCCLCHECK(prim_recv_slot(r, bytes, &in));
   NCCLCHECK(prim_send_slot(s, &out));
-  if (count) red_reduce(op, out, in, local, count);
+  if (count) {
+    if (s->slot_far && bytes >= PRIM_SLOT_FAR_MIN) red_reduce_out(op, out, NULL, in, local, count, 1);
+    else red_reduce(op, out, in, local, count);
+  }
   NCCLCHECK(prim_send_commit(s, bytes));
   return prim_recv_release(r);
 }

@@ -17,11 +17,17 @@ struct prim_link {
   uint64_t total;
   int out_far; /* what this receiving side writes to the caller's buffer goes out to memory (the plan's
                   out_far): reductions and copies there use non-temporal stores */
+  int slot_far; /* this sending side fills shared-memory slots with non-temporal stores (the call's
+                   comm->slot_far, set by prim_begin; coll/adapt.c) */
 };
 
 /* Starts an operation on a connector: both sides must call it once per op
  * (out_far 0; an algorithm sets it from coll_args after). */
 void prim_begin(struct prim_link* l, struct conn* c, uint64_t total);
+/* Copies `bytes` from src into an acquired send slot: with non-temporal
+ * stores for a slot_far link (at least PRIM_SLOT_FAR_MIN bytes), else memcpy. */
+#define PRIM_SLOT_FAR_MIN 4096
+void prim_slot_copy(const struct prim_link* l, void* slot, const void* src, size_t bytes);
 
 /* Wait for a free send slot / a filled receive slot (header checked:
  * `bytes` must match exactly). */

@@ -103,6 +103,11 @@ static ncclResult_t tuning_masks(struct ncclComm* comm) {
   else if (strcmp(s, "0") == 0 || strcmp(s, "1") == 0) comm->stream_stores = s[0] - '0';
   else if (strcmp(s, "split") == 0) comm->stream_stores = 2;
   else return err_set(ncclInvalidArgument, "COLLIE_STREAM_STORES=\"%s\": expected auto, 0, 1 or split", s);
+  s = param_str(P_COLLIE_SLOT_STREAM);
+  if (strcmp(s, "auto") == 0) comm->slot_stream = -1;
+  else if (strcmp(s, "0") == 0 || strcmp(s, "1") == 0) comm->slot_stream = s[0] - '0';
+  else return err_set(ncclInvalidArgument, "COLLIE_SLOT_STREAM=\"%s\": expected auto, 0 or 1", s);
+  comm->slot_far = comm->slot_stream == 1;
   return ncclSuccess;
 }
 

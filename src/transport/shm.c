@@ -345,7 +345,7 @@ static int shm_can_connect(struct ncclComm* comm, int peer) {
 
 const struct transport transport_shm = {
     .name = "shm",
-    .caps = 0,
+    .caps = TRANSPORT_CAP_SHARED_SLOTS,
     .can_connect = shm_can_connect,
     .send = {NULL, shm_send_connect, shm_close},
     .recv = {shm_recv_setup, shm_recv_connect, shm_close},

@@ -222,6 +222,10 @@ int sock_duplex(struct conn* c);
 /* Sends can read device memory (GPUDirect RDMA: send_commit_dev), for the
  * buffers dev_send_probe accepts. */
 #define TRANSPORT_CAP_DEVICE_SEND 0x40u
+/* Send slots lie in memory that the peer's CPU reads straight after the
+ * commit (shared memory): worth filling with non-temporal stores where the
+ * two CPUs are far apart (prim_link.slot_far). */
+#define TRANSPORT_CAP_SHARED_SLOTS 0x80u
 
 /* Opaque blobs exchanged through the bootstrap during setup. */
 #define TRANSPORT_INFO_BYTES 256

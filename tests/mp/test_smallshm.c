@@ -31,9 +31,10 @@
  *            tuner computed, never for the single-copy collective rows; then
  *            alltoalls and send/recv pairs around that threshold, checked
  *            (see rank_cmaauto).
- *   adapt N  one host: large broadcasts, allgathers and alltoalls weighed
- *            between the tuner's row and single copy by measured rates,
- *            alike on every rank; every result checked (see rank_adapt).
+ *   adapt N  one host: large collectives weighed between the tuner's row
+ *            and its alternative (single copy, or non-temporal stores into
+ *            the slots) by measured rates, alike on every rank; every result
+ *            checked (see rank_adapt).
  *   runahead N one host, NCCL_ALGO=Direct: a broadcast root and reduce
  *            non-roots that wait for nobody run 57 calls ahead of readers
  *            that have stopped calling (the one-shot's 64 slots, less what a
@@ -647,24 +648,30 @@ static int rank_duplex(int rank, int nranks, const ncclUniqueId* ids, int nids, 
   return 0;
 }
 
-/* adapt N: large broadcasts, allgathers and alltoalls where single copy works and the
- * ranks have a CPU each are weighed by measurement (coll/adapt.c): every
+/* adapt N: large collectives on one host whose ranks have a CPU each are
+ * weighed by measurement (coll/adapt.c): broadcasts, allgathers and
+ * alltoalls between the tuner's row and single copy where single copy works
+ * (COLLIE_CMA_ADAPT), else between plain and non-temporal stores into the
+ * slots where their row fills slots; allreduces, reduces and reduce-scatters
+ * between plain and non-temporal slot stores (COLLIE_SLOT_STREAM=auto). Every
  * such call counts in its bucket alike on every rank, both paths get
  * measured, every result is right whichever runs, and the ranks end on the
- * same choice. Below 256 KiB a rank, with ranks sharing CPUs, with single copy off
- * or with COLLIE_CMA_ADAPT=0, nothing is weighed. */
+ * same choice. Below 256 KiB a rank, with ranks sharing CPUs, or with both
+ * switched off, nothing is weighed. */
 static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
   (void)nids;
   (void)arg;
   ncclComm_t comm;
   MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
   const char* env = getenv("COLLIE_CMA_ADAPT");
-  int on = comm->cma && comm->oversub <= 1.0 && !(env && strcmp(env, "0") == 0);
+  int spread = comm->oversub <= 1.0;
+  int on = comm->cma && spread && !(env && strcmp(env, "0") == 0);
+  int slots = spread && comm->slot_stream < 0;
   /* The suite's 2-rank case must weigh: single copy works on the test
    * machines (coll.cma_* need it) and 2 ranks have a CPU each there. */
   if (getenv("COLLIE_TEST_ADAPT_ON"))
-    MP_CHECK(on, "rank %d: not weighed (single copy %s, %.1f ranks a CPU)", rank, comm->cma ? "works" : "off",
-             comm->oversub);
+    MP_CHECK(on && slots, "rank %d: not weighed (single copy %s, slot stores %d, %.1f ranks a CPU)", rank,
+             comm->cma ? "works" : "off", comm->slot_stream, comm->oversub);
   enum { ITERS = 40 };
   size_t sizes[] = {(size_t)128 << 10, (size_t)256 << 10, ((size_t)1 << 20) + 12};
   int buckets[] = {17, 18, 20};
@@ -704,13 +711,56 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
           MP_CHECK(rb[(size_t)q * c + i] == val(it, q, rank + 1, i), "rank %d: alltoall %d of %zu bytes a rank%s, "
                    "element %zu from rank %d is %g", rank, it, c * sizeof(float) * (size_t)nranks,
                    it % 2 ? " in place" : "", i, q, rb[(size_t)q * c + i]);
+      /* An allreduce (in place every other call), a reduce to a rotating
+       * root and a reduce-scatter of the whole buffer: sums of small
+       * integers, exact in float. */
+      for (size_t i = 0; i < per; i++) sb[i] = val(it, rank, 0, i);
+      float* in = it % 2 ? rb : sb;
+      if (it % 2) memcpy(rb, sb, per * sizeof(float));
+      MP_NCCL(ncclAllReduce(in, rb, per, ncclFloat, ncclSum, comm, NULL));
+      for (size_t i = 0; i < per; i += 61) {
+        float want = 0;
+        for (int q = 0; q < nranks; q++) want += val(it, q, 0, i);
+        MP_CHECK(rb[i] == want, "rank %d: allreduce %d of %zu bytes%s, element %zu is %g, want %g", rank, it,
+                 sizes[si], it % 2 ? " in place" : "", i, rb[i], want);
+      }
+      memset(rb, 0, per * sizeof(float));
+      MP_NCCL(ncclReduce(sb, rb, per, ncclFloat, ncclSum, root, comm, NULL));
+      if (rank == root)
+        for (size_t i = 0; i < per; i += 61) {
+          float want = 0;
+          for (int q = 0; q < nranks; q++) want += val(it, q, 0, i);
+          MP_CHECK(rb[i] == want, "rank %d: reduce %d of %zu bytes, element %zu is %g, want %g", rank, it, sizes[si],
+                   i, rb[i], want);
+        }
+      memset(rb, 0, c * sizeof(float));
+      MP_NCCL(ncclReduceScatter(sb, rb, c, ncclFloat, ncclSum, comm, NULL));
+      for (size_t i = 0; i < c; i += 61) {
+        float want = 0;
+        for (int q = 0; q < nranks; q++) want += val(it, q, 0, (size_t)rank * c + i);
+        MP_CHECK(rb[i] == want, "rank %d: reduce-scatter %d of %zu bytes, element %zu is %g, want %g", rank, it,
+                 sizes[si], i, rb[i], want);
+      }
     }
     free(sb);
     free(rb);
-    static const char* const kinds[] = {"broadcast", "allgather", "alltoall"};
-    for (int k = 0; k < 3; k++) {
+    static const char* const kinds[] = {"broadcast", "allgather", "alltoall", "allreduce", "reduce", "reduce-scatter"};
+    for (int k = 0; k < ADAPT_KINDS; k++) {
       const struct adapt_bucket* b = &comm->adapt[k][buckets[si]];
-      int weighed = on && sizes[si] >= ((size_t)256 << 10);
+      int large = sizes[si] >= ((size_t)256 << 10);
+      /* Broadcast, allgather and alltoall without single copy's weighing
+       * weigh the slots' stores where the tuner's row fills slots (not the
+       * one-shot's mailboxes): every call of the size, or none. */
+      int maybe = k < 3 && !on && slots && large;
+      /* A reduce may take the single-copy row where this machine's
+       * calibration prefers it: not weighed then. */
+      if (k == 4 && comm->cma && slots && large) maybe = 1;
+      int weighed = large && (k < 3 ? on : slots);
+      if (maybe) {
+        MP_CHECK(b->calls == 0 || b->calls == ITERS, "rank %d: %s of %zu bytes: %u calls weighed, expected 0 or %d",
+                 rank, kinds[k], sizes[si], b->calls, ITERS);
+        weighed = b->calls > 0;
+      }
       MP_CHECK(b->calls == (weighed ? ITERS : 0u), "rank %d: %s of %zu bytes: %u calls weighed, expected %d", rank,
                kinds[k], sizes[si], b->calls, weighed ? ITERS : 0);
       if (!weighed) continue;
@@ -723,8 +773,12 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
                kinds[k], sizes[si]);
     }
   }
-  if (rank == 0) printf("weighed by measurement: %s (single copy %s, %.1f ranks a CPU)\n", on ? "yes" : "no",
-                        comm->cma ? "works" : "off", comm->oversub);
+  /* Nothing of a weighed call's choice outlives it. */
+  MP_CHECK(comm->slot_far == (comm->slot_stream == 1), "rank %d: slot stores left at %d after the calls", rank,
+           comm->slot_far);
+  if (rank == 0)
+    printf("weighed by measurement: single copy %s, slot stores %s (single copy %s, %.1f ranks a CPU)\n",
+           on ? "yes" : "no", slots ? "yes" : "no", comm->cma ? "works" : "off", comm->oversub);
   MP_NCCL(ncclCommDestroy(comm));
   return 0;
 }
