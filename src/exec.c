@@ -62,36 +62,33 @@ static ncclResult_t exec_coll(struct coll_args* a) {
   NCCLCHECK(board_publish(a->comm, coll_token(a, a->comm->op_bytes), a->root));
   struct plan p;
   NCCLCHECK(tuning_plan(a, &p));
-  struct adapt_ticket ticket;
-  a->comm->slot_far = a->comm->slot_stream == 1;
-  NCCLCHECK(adapt_plan(a, &p, &ticket));
-  a->chunk = p.chunk;
-  /* In place, the result overwrites lines this rank has just read: they
-   * are in cache, and ordinary stores there cost no extra read (2 ranks,
-   * 32 MiB: non-temporal stores made it 1.3x slower). */
-  a->out_far = coll_in_place(a) ? 0 : p.out_far;
-  log_call(a, a->op_id ? 0 : a->comm->opcount++, &p);
   /* An alltoall whose buffers overlap (in place: NCCL takes sendbuff ==
    * recvbuff, and nccl-tests checks it): block j must leave before block j
    * from rank j lands on it, which no pipelined exchange promises, so the
    * input is copied aside first. */
+  const void* user = a->sendbuff;
+  void* aside = NULL;
   if (a->kind == COLL_ALLTOALL && coll_in_place(a)) {
     size_t all = a->count * dtype_size(a->dt) * (size_t)a->comm->nranks;
-    void* aside = malloc(all);
+    aside = malloc(all);
     if (!aside) return err_set(ncclSystemError, "ncclAlltoAll: out of memory for an in-place copy of %zu bytes", all);
     memcpy(aside, a->sendbuff, all);
-    const void* user = a->sendbuff;
-    a->sendbuff = aside;
-    ncclResult_t res = p.algo->run(a, &p);
-    a->sendbuff = user;
-    free(aside);
-    if (res == ncclSuccess) adapt_done(&ticket);
-    a->comm->slot_far = a->comm->slot_stream == 1;
-    return res;
   }
-  ncclResult_t res = p.algo->run(a, &p);
-  if (res == ncclSuccess) adapt_done(&ticket);
-  a->comm->slot_far = a->comm->slot_stream == 1; /* adapt_plan may have set it for this call */
+  struct adapt_ticket ticket;
+  ncclResult_t res = adapt_plan(a, &p, &ticket);
+  if (res == ncclSuccess) {
+    a->chunk = p.chunk;
+    /* In place, the result overwrites lines this rank has just read: they
+     * are in cache, and ordinary stores there cost no extra read (2 ranks,
+     * 32 MiB: non-temporal stores made it 1.3x slower). */
+    a->out_far = coll_in_place(a) ? 0 : p.out_far;
+    log_call(a, a->op_id ? 0 : a->comm->opcount++, &p);
+    if (aside) a->sendbuff = aside;
+    res = p.algo->run(a, &p);
+    a->sendbuff = user;
+    adapt_done(&ticket, res);
+  }
+  free(aside);
   return res;
 }
 

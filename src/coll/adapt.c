@@ -154,14 +154,19 @@ ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket
     p->nch = 1;
   }
   t->bucket = b;
+  t->comm = comm;
   t->use = use;
   t->bytes = bytes;
   t->start_ns = time_ns();
   return ncclSuccess;
 }
 
-void adapt_done(const struct adapt_ticket* t) {
+void adapt_done(const struct adapt_ticket* t, ncclResult_t res) {
   if (!t->bucket) return;
+  /* The slots' stores were this call's alone (send/recv outside a
+   * collective read comm->slot_far too). */
+  t->comm->slot_far = t->comm->slot_stream == 1;
+  if (res != ncclSuccess) return;
   int64_t ns = time_ns() - t->start_ns;
   if (ns < 1) ns = 1;
   t->bucket->rate[t->use] = (float)((double)t->bytes / ((double)ns / 1e3)); /* bytes per us */

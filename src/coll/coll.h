@@ -308,15 +308,17 @@ static inline int p2p_cma(const struct ncclComm* comm, size_t bytes, size_t foot
  * for a broadcast, allgather or alltoall; the same row with non-temporal
  * stores into the FIFO's slots otherwise), by the rates the ranks measured
  * for that collective and size lately, and starts the clock; adapt_done
- * stops it and keeps the rate. */
+ * stops it, keeps the rate and puts back what the call changed. */
 struct adapt_ticket {
   struct adapt_bucket* bucket; /* NULL: not weighed */
+  struct ncclComm* comm;
   int use;                     /* 1: the alternative runs */
   size_t bytes;
   int64_t start_ns;
 };
 ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket* t);
-void adapt_done(const struct adapt_ticket* t);
+/* res: how the call ended (only a successful call's time is kept). */
+void adapt_done(const struct adapt_ticket* t, ncclResult_t res);
 /* The rule, alike on every rank: 1 for the alternative at the bucket's call
  * number `call`, given the slowest rank's rates (bytes/us); *trial is
  * set where the call runs a path to measure it, not because it is faster. */

@@ -31,7 +31,7 @@ void prim_begin(struct prim_link* l, struct conn* c, uint64_t total) {
 }
 
 void prim_slot_copy(const struct prim_link* l, void* slot, const void* src, size_t bytes) {
-  if (l->slot_far && bytes >= PRIM_SLOT_FAR_MIN) red_copy_far(slot, src, bytes);
+  if (prim_slot_far(l, bytes)) red_copy_far(slot, src, bytes);
   else if (bytes) memcpy(slot, src, bytes);
 }
 
@@ -443,7 +443,7 @@ ncclResult_t prim_recv_reduce_send(struct prim_link* r, struct prim_link* s, con
   NCCLCHECK(prim_recv_slot(r, bytes, &in));
   NCCLCHECK(prim_send_slot(s, &out));
   if (count) {
-    if (s->slot_far && bytes >= PRIM_SLOT_FAR_MIN) red_reduce_out(op, out, NULL, in, local, count, 1);
+    if (prim_slot_far(s, bytes)) red_reduce_out(op, out, NULL, in, local, count, 1);
     else red_reduce(op, out, in, local, count);
   }
   NCCLCHECK(prim_send_commit(s, bytes));

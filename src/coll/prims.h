@@ -24,9 +24,11 @@ struct prim_link {
 /* Starts an operation on a connector: both sides must call it once per op
  * (out_far 0; an algorithm sets it from coll_args after). */
 void prim_begin(struct prim_link* l, struct conn* c, uint64_t total);
-/* Copies `bytes` from src into an acquired send slot: with non-temporal
- * stores for a slot_far link (at least PRIM_SLOT_FAR_MIN bytes), else memcpy. */
-#define PRIM_SLOT_FAR_MIN 4096
+/* Whether `bytes` written into a send slot of l go with non-temporal
+ * stores: a slot_far link, at least 4 KiB (smaller slots stay plain). */
+static inline int prim_slot_far(const struct prim_link* l, size_t bytes) { return l->slot_far && bytes >= 4096; }
+/* Copies `bytes` from src into an acquired send slot (prim_slot_far: with
+ * non-temporal stores, else memcpy). */
 void prim_slot_copy(const struct prim_link* l, void* slot, const void* src, size_t bytes);
 
 /* Wait for a free send slot / a filled receive slot (header checked:

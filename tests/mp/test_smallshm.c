@@ -745,22 +745,22 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
     free(sb);
     free(rb);
     static const char* const kinds[] = {"broadcast", "allgather", "alltoall", "allreduce", "reduce", "reduce-scatter"};
+    static const int kind_of[] = {COLL_BROADCAST, COLL_ALLGATHER, COLL_ALLTOALL, COLL_ALLREDUCE, COLL_REDUCE,
+                                  COLL_REDUCESCATTER};
     for (int k = 0; k < ADAPT_KINDS; k++) {
       const struct adapt_bucket* b = &comm->adapt[k][buckets[si]];
-      int large = sizes[si] >= ((size_t)256 << 10);
-      /* Broadcast, allgather and alltoall without single copy's weighing
-       * weigh the slots' stores where the tuner's row fills slots (not the
-       * one-shot's mailboxes): every call of the size, or none. */
-      int maybe = k < 3 && !on && slots && large;
-      /* A reduce may take the single-copy row where this machine's
-       * calibration prefers it: not weighed then. */
-      if (k == 4 && comm->cma && slots && large) maybe = 1;
-      int weighed = large && (k < 3 ? on : slots);
-      if (maybe) {
-        MP_CHECK(b->calls == 0 || b->calls == ITERS, "rank %d: %s of %zu bytes: %u calls weighed, expected 0 or %d",
-                 rank, kinds[k], sizes[si], b->calls, ITERS);
-        weighed = b->calls > 0;
-      }
+      /* The row the tuner picks for these calls: a single-copy row is not
+       * weighed, and the one-shot's mailboxes are no slots. */
+      size_t count = kind_of[k] == COLL_ALLTOALL || kind_of[k] == COLL_REDUCESCATTER ? per / (size_t)nranks : per;
+      struct coll_args q = {.comm = comm, .kind = kind_of[k], .count = count, .dt = ncclFloat};
+      struct plan p;
+      MP_CHECK(tuning_plan(&q, &p) == ncclSuccess, "rank %d: no plan for the %s of %zu bytes", rank, kinds[k],
+               sizes[si]);
+      int row = p.algo->name;
+      /* Broadcast, allgather and alltoall weigh single copy where it is
+       * weighed, else (as the reductions always do) the slots' stores. */
+      int weighed = sizes[si] >= ((size_t)256 << 10) && row != ALGO_CMA &&
+                    ((k < 3 && on) || (slots && row != ALGO_DIRECT));
       MP_CHECK(b->calls == (weighed ? ITERS : 0u), "rank %d: %s of %zu bytes: %u calls weighed, expected %d", rank,
                kinds[k], sizes[si], b->calls, weighed ? ITERS : 0);
       if (!weighed) continue;
@@ -773,9 +773,22 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
                kinds[k], sizes[si]);
     }
   }
-  /* Nothing of a weighed call's choice outlives it. */
-  MP_CHECK(comm->slot_far == (comm->slot_stream == 1), "rank %d: slot stores left at %d after the calls", rank,
-           comm->slot_far);
+  /* Nothing of a weighed call's choice outlives it: the second call of a
+   * new size always runs the alternative (adapt_pick), here non-temporal
+   * slot stores where they are weighed. */
+  {
+    size_t per = ((size_t)512 << 10) / sizeof(float);
+    float* buf = calloc(per, sizeof(float));
+    MP_CHECK(buf, "out of memory");
+    for (int it = 0; it < 2; it++) {
+      MP_NCCL(ncclAllReduce(buf, buf, per, ncclFloat, ncclSum, comm, NULL));
+      MP_CHECK(comm->slot_far == (comm->slot_stream == 1), "rank %d: slot stores left at %d after allreduce %d",
+               rank, comm->slot_far, it);
+    }
+    MP_CHECK(comm->adapt[3][19].calls == (slots ? 2u : 0u), "rank %d: %u of the 2 allreduces of 512 KiB weighed",
+             rank, comm->adapt[3][19].calls);
+    free(buf);
+  }
   if (rank == 0)
     printf("weighed by measurement: single copy %s, slot stores %s (single copy %s, %.1f ranks a CPU)\n",
            on ? "yes" : "no", slots ? "yes" : "no", comm->cma ? "works" : "off", comm->oversub);
