@@ -205,7 +205,24 @@ static struct tune_cost cost_for(const struct ncclComm* comm, const struct tune_
  * MiB at 2 ranks and 4 MiB at 4: alltoall at 4 ranks, 2 MiB a rank (512 KiB
  * messages), took 1091 us by the FIFO against 723 by single copy, 8 ranks 2
  * MiB 2947 against 2486, 2 ranks 8 MiB 1974 against 1737 (medians of 5,
- * docs/BENCHMARKS.md). */
+ * docs/BENCHMARKS.md).
+ *
+ * Where more ranks take turns on a CPU, the FIFO beyond the cache ran
+ * slower than two streaming copies predict, single copy at its calibrated
+ * rate: a slot's reader waits for a writer that is not running, and the
+ * CPU's other ranks evict the slot before it is read, where a single-copy
+ * reader needs only its own turn. So the FIFO's time there counts oversub/2
+ * times (at least once). On the Zen 4 guest, whose calibration puts single
+ * copy beyond the cache at 4.4 GB/s against memcpy's 10.1 (the model had
+ * the FIFO ahead at every size), alltoall medians of 5 interleaved rounds,
+ * us, FIFO / single copy / Open MPI: 8 ranks on 2 CPUs, two runs, 512 KiB a
+ * rank 364 / 247 / 275, 2 MiB 1877 / 1801 / 1725 and 1120 / 929 / 1282, 8
+ * MiB 8302 / 7645 / 8019 and 5940 / 6237 / 6476, 32 MiB 37115 / 29304 /
+ * 29908 and 31064 / 22800 / 25884. At 4 ranks two runs disagreed (the FIFO
+ * swings with the guest's slow stretches, single copy and Open MPI do not):
+ * 2 MiB 845 / 540 / 599 and 331 / 403 / 508, 32 MiB 19146 / 14045 / 13289
+ * and 11536 / 12443 / 14146, 128 MiB 54724 / 55049 / 50330 and 43726 /
+ * 52600 / 53156; there the factor is 1 and the model decides as before. */
 void tuning_cma_thresholds(struct ncclComm* comm) {
   const struct tune_table* t = &comm->tune;
   size_t min = SIZE_MAX, stream = SIZE_MAX;
@@ -215,7 +232,7 @@ void tuning_cma_thresholds(struct ncclComm* comm) {
     double fifo = 2.0 * (double)bytes / c.link.bw;
     double single = tune_cma_handshake_us(&c) + (double)bytes / tune_cma_bw(&c, 2.0 * (double)bytes);
     if (single < fifo && min == SIZE_MAX) min = bytes;
-    fifo = 2.0 * (double)bytes / far.link.bw;
+    fifo = 2.0 * (double)bytes / far.link.bw * COLLIE_MAX(1.0, comm->oversub / 2.0);
     single = tune_cma_handshake_us(&far) + (double)bytes / far.cma_bw;
     if (single < fifo && stream == SIZE_MAX) stream = bytes;
   }
@@ -224,11 +241,15 @@ void tuning_cma_thresholds(struct ncclComm* comm) {
   if (min == SIZE_MAX && stream == SIZE_MAX)
     INFO(LOG_INIT | LOG_SHM | LOG_TUNING, "single copy (cross-memory attach): works between this host's %d ranks, "
          "but the FIFO is faster at every size under the tuning table (COLLIE_CMA=auto)", comm->nranks);
+  else if (min == SIZE_MAX)
+    INFO(LOG_INIT | LOG_SHM | LOG_TUNING, "single copy (cross-memory attach) between this host's %d ranks: only "
+         "in an alltoall or scatter whose buffers leave the cache, from %zu KiB messages (COLLIE_CMA=auto; "
+         "COLLIE_CMA=1: every size)", comm->nranks, comm->cma_min_stream >> 10);
   else
     INFO(LOG_INIT | LOG_SHM | LOG_TUNING, "single copy (cross-memory attach) between this host's %d ranks: for "
          "point-to-point messages and the single-copy broadcast and allgather rows from %zu KiB, in an alltoall or "
          "scatter whose buffers leave the cache from %zu KiB (COLLIE_CMA=auto; COLLIE_CMA=1: every size)",
-         comm->nranks, min == SIZE_MAX ? 0 : min >> 10, comm->cma_min_stream >> 10);
+         comm->nranks, min >> 10, comm->cma_min_stream >> 10);
 }
 
 /* Channels for a row that can split: more only pay when each rank has CPUs
