@@ -20,6 +20,8 @@
 /* On the alternative, every this many calls of a bucket run the tuner's row
  * once (on the tuner's row, every 4 x this many run the alternative once). */
 #define ADAPT_EXPLORE 16
+/* Below 256 KiB a rank, calls of a bucket that one pick of the path covers. */
+#define ADAPT_WINDOW 16
 
 struct tune_memo {
   int valid;
@@ -98,6 +100,13 @@ struct ncclComm {
     uint32_t calls;
     int last;
     float rate[2];
+    /* Buckets weighed in windows (below 256 KiB, coll/adapt.c): calls of
+     * the current window still to run, its path, and the times (ns) of its
+     * calls so far. */
+    uint32_t left;
+    int cur;
+    uint32_t nwin;
+    uint32_t win_ns[ADAPT_WINDOW];
   } adapt[ADAPT_KINDS][ADAPT_BUCKETS];
   int algo_mask;  /* 1 << ALGO_* (names) allowed by NCCL_ALGO / NCCL_PROTO */
   int cma_adapt;  /* COLLIE_CMA_ADAPT, read with the masks (coll/adapt.c) */

@@ -45,6 +45,25 @@
 #define ADAPT_MIN_BYTES ((size_t)256 << 10)
 #define ADAPT_MAX_RANKS 64
 
+/* From here to ADAPT_MIN_BYTES a rank, the slots' stores are weighed in
+ * windows: the ranks exchange rates and pick a path once every ADAPT_WINDOW
+ * calls of the bucket (all count alike, so all know when without asking),
+ * the path holds for the window, and its rate is that of the window's
+ * median call, timed by each rank from its own entry (a preempted call does
+ * not count; a slow stretch slows them all). An exchange a call
+ * would cost about 1 us of a 4 us reduce of 32 KiB; one a window, a few
+ * percent of one call. Why weigh there at all: in the slow stretches (above)
+ * the FIFO with plain stores took 3-4x as long at 32-128 KiB (2 ranks:
+ * reduce of 32 KiB 17-18 us against 4-5, of 128 KiB 57-74 against 14-20,
+ * alltoall of 32 KiB 11.6-12.8 against 2.8-3.9) while non-temporal slot
+ * stores, in the rounds beside them, stayed at 2.7-5 and 8-20 us; outside the
+ * stretches neither wins everywhere (2 ranks, bound: non-temporal 1.3x slower
+ * for the allreduce of 128 KiB and 1.6x for the allgather, 1.2-1.5x faster
+ * for the broadcast, reduce and alltoall of 32 KiB), so the choice is
+ * measured, not fixed. docs/BENCHMARKS.md. Single copy is not weighed
+ * there: its system call costs more than a small message's copy. */
+#define ADAPT_WINDOW_MIN_BYTES ((size_t)32 << 10)
+
 /* Single copy only where it measured clearly faster: outside the slow
  * stretches the two differ by 5-20% and one call's time by as much, inside
  * them by 3-4x. */
@@ -102,7 +121,8 @@ enum { ALT_NONE, ALT_CMA, ALT_SLOTS };
 
 static int adapt_alt(const struct coll_args* a, const struct plan* p) {
   const struct ncclComm* comm = a->comm;
-  if (kind_index(a->kind) < 0 || weighed_bytes(a) < ADAPT_MIN_BYTES || p->algo->name == ALGO_CMA) return ALT_NONE;
+  size_t bytes = weighed_bytes(a);
+  if (kind_index(a->kind) < 0 || bytes < ADAPT_WINDOW_MIN_BYTES || p->algo->name == ALGO_CMA) return ALT_NONE;
   if (!coll_shm_only(comm) || comm->nranks < 2 || comm->nranks > ADAPT_MAX_RANKS) return ALT_NONE;
   /* Ranks that take turns on a CPU do not copy at once, and every exchange
    * waits for all of them to run: the model's choice stands there. (Tried
@@ -111,8 +131,8 @@ static int adapt_alt(const struct coll_args* a, const struct plan* p) {
    * scheduler ran the ranks, and the pick flipped between the paths.) */
   if (comm->oversub > 1.0) return ALT_NONE;
   /* Single copy where it works and NCCL_ALGO allows it (COLLIE_CMA_ADAPT). */
-  if (kind_index(a->kind) <= 2 && comm->cma && comm->cma_adapt && (comm->algo_mask & (1 << ALGO_CMA)) &&
-      cma_row(a->kind))
+  if (bytes >= ADAPT_MIN_BYTES && kind_index(a->kind) <= 2 && comm->cma && comm->cma_adapt &&
+      (comm->algo_mask & (1 << ALGO_CMA)) && cma_row(a->kind))
     return ALT_CMA;
   /* Else the slots' stores (COLLIE_SLOT_STREAM=auto), where the row fills
    * slots at all: the one-shot rows copy through their own mailboxes. */
@@ -120,13 +140,27 @@ static int adapt_alt(const struct coll_args* a, const struct plan* p) {
   return ALT_NONE;
 }
 
-ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket* t) {
-  t->bucket = NULL;
-  int alt = adapt_alt(a, p);
-  if (alt == ALT_NONE) return ncclSuccess;
-  struct ncclComm* comm = a->comm;
-  size_t bytes = weighed_bytes(a);
-  struct adapt_bucket* b = &comm->adapt[kind_index(a->kind)][bucket_of(bytes)];
+/* The lower median of the window's call times (ns); nwin > 0. */
+static uint32_t window_median(const struct adapt_bucket* b) {
+  uint32_t v[ADAPT_WINDOW];
+  uint32_t n = b->nwin;
+  memcpy(v, b->win_ns, n * sizeof(v[0]));
+  for (uint32_t i = 1; i < n; i++) /* insertion sort: 16 at most */
+    for (uint32_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
+      uint32_t x = v[j];
+      v[j] = v[j - 1];
+      v[j - 1] = x;
+    }
+  return v[(n - 1) / 2];
+}
+
+/* A call that picks the path (every weighed call from ADAPT_MIN_BYTES, the
+ * first of each window below): the ranks swap their rates for the bucket and
+ * all apply adapt_pick to the same figures. *use: 1 for the alternative. */
+static ncclResult_t pick(struct ncclComm* comm, const struct coll_args* a, const struct plan* p, int alt,
+                         struct adapt_bucket* b, size_t bytes, int windowed, int* use) {
+  /* A window's rate is its median call's, known once the window is over. */
+  if (windowed && b->nwin > 0) b->rate[b->cur] = (float)((double)bytes / ((double)window_median(b) / 1e3));
   float mine[2] = {b->rate[0], b->rate[1]}, all[2 * ADAPT_MAX_RANKS];
   NCCLCHECK(direct_shm_share(comm, mine, sizeof(mine), all));
   /* A path is as fast as its slowest rank: a broadcast root that posts into
@@ -138,14 +172,32 @@ ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket
     low[1] = COLLIE_MIN(low[1], (double)all[2 * r + 1]);
   }
   int trial;
-  int use = adapt_pick(b->calls, low[0], low[1], &trial);
-  if (!trial && use != b->last && comm->rank == 0)
-    INFO(LOG_TUNING, "%s of %zu bytes a rank: now %s%s (measured %.2f GB/s against %.2f, the slowest rank's)",
-         coll_name(a->kind), bytes, use && alt == ALT_CMA ? "single copy" : algo_name(p->algo->name),
-         alt == ALT_SLOTS ? (use ? " with non-temporal slot stores" : " with plain slot stores") : "",
-         low[use] / 1e3, low[!use] / 1e3);
-  if (!trial) b->last = use;
+  *use = adapt_pick(b->calls, low[0], low[1], &trial);
+  if (!trial && *use != b->last && comm->rank == 0)
+    INFO(LOG_TUNING, "%s of %zu bytes a rank: now %s%s (measured %.2f GB/s against %.2f, the slowest rank's%s)",
+         coll_name(a->kind), bytes, *use && alt == ALT_CMA ? "single copy" : algo_name(p->algo->name),
+         alt == ALT_SLOTS ? (*use ? " with non-temporal slot stores" : " with plain slot stores") : "",
+         low[*use] / 1e3, low[!*use] / 1e3, windowed ? ", weighed once a window of calls" : "");
+  if (!trial) b->last = *use;
   b->calls++;
+  if (windowed) {
+    b->cur = *use;
+    b->left = ADAPT_WINDOW;
+    b->nwin = 0;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket* t) {
+  t->bucket = NULL;
+  int alt = adapt_alt(a, p);
+  if (alt == ALT_NONE) return ncclSuccess;
+  struct ncclComm* comm = a->comm;
+  size_t bytes = weighed_bytes(a);
+  struct adapt_bucket* b = &comm->adapt[kind_index(a->kind)][bucket_of(bytes)];
+  int windowed = bytes < ADAPT_MIN_BYTES, use = b->cur;
+  if (!windowed || b->left == 0) NCCLCHECK(pick(comm, a, p, alt, b, bytes, windowed, &use));
+  if (windowed) b->left--;
   if (alt == ALT_SLOTS) comm->slot_far = use;
   if (use && alt == ALT_CMA) {
     p->algo = cma_row(a->kind);
@@ -156,6 +208,7 @@ ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket
   t->bucket = b;
   t->comm = comm;
   t->use = use;
+  t->windowed = windowed;
   t->bytes = bytes;
   t->start_ns = time_ns();
   return ncclSuccess;
@@ -169,5 +222,10 @@ void adapt_done(const struct adapt_ticket* t, ncclResult_t res) {
   if (res != ncclSuccess) return;
   int64_t ns = time_ns() - t->start_ns;
   if (ns < 1) ns = 1;
+  if (t->windowed) {
+    struct adapt_bucket* b = t->bucket;
+    if (b->nwin < ADAPT_WINDOW) b->win_ns[b->nwin++] = (uint32_t)COLLIE_MIN(ns, (int64_t)UINT32_MAX);
+    return;
+  }
   t->bucket->rate[t->use] = (float)((double)t->bytes / ((double)ns / 1e3)); /* bytes per us */
 }

@@ -302,8 +302,9 @@ static inline int p2p_cma(const struct ncclComm* comm, size_t bytes, size_t foot
   if (footprint && (double)footprint * comm->oversub > comm->tune.cache_bytes) min = comm->cma_min_stream;
   return bytes > 0 && bytes >= min;
 }
-/* Paths weighed by measurement (adapt.c): for a large collective on one
- * host, adapt_plan agrees with the other ranks (one mailbox exchange) on
+/* Paths weighed by measurement (adapt.c): for a collective of 32 KiB a rank
+ * or more on one host, adapt_plan agrees with the other ranks (one mailbox
+ * exchange; below 256 KiB once a window of ADAPT_WINDOW calls) on
  * running the tuner's row as it is or its alternative (the single-copy row
  * for a broadcast, allgather or alltoall; the same row with non-temporal
  * stores into the FIFO's slots otherwise), by the rates the ranks measured
@@ -313,6 +314,7 @@ struct adapt_ticket {
   struct adapt_bucket* bucket; /* NULL: not weighed */
   struct ncclComm* comm;
   int use;                     /* 1: the alternative runs */
+  int windowed;                /* the bucket is weighed in windows: keep the window's fastest call */
   size_t bytes;
   int64_t start_ns;
 };

@@ -656,8 +656,12 @@ static int rank_duplex(int rank, int nranks, const ncclUniqueId* ids, int nids, 
  * between plain and non-temporal slot stores (COLLIE_SLOT_STREAM=auto). Every
  * such call counts in its bucket alike on every rank, both paths get
  * measured, every result is right whichever runs, and the ranks end on the
- * same choice. Below 256 KiB a rank, with ranks sharing CPUs, or with both
- * switched off, nothing is weighed. */
+ * same choice. From 32 KiB to 256 KiB a rank only the slots' stores are
+ * weighed, one pick for a window of ADAPT_WINDOW calls (no exchange in the
+ * others): 40 calls make 3 picks (the tuner's row, the alternative, the
+ * tuner's row: both measured), and every rank is on the same path in the
+ * window. With ranks sharing CPUs, or with both switched off, nothing is
+ * weighed. */
 static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
   (void)nids;
   (void)arg;
@@ -758,12 +762,25 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
                sizes[si]);
       int row = p.algo->name;
       /* Broadcast, allgather and alltoall weigh single copy where it is
-       * weighed, else (as the reductions always do) the slots' stores. */
-      int weighed = sizes[si] >= ((size_t)256 << 10) && row != ALGO_CMA &&
-                    ((k < 3 && on) || (slots && row != ALGO_DIRECT));
-      MP_CHECK(b->calls == (weighed ? ITERS : 0u), "rank %d: %s of %zu bytes: %u calls weighed, expected %d", rank,
-               kinds[k], sizes[si], b->calls, weighed ? ITERS : 0);
+       * weighed (from 256 KiB), else (as the reductions always do) the
+       * slots' stores. */
+      int large = sizes[si] >= ((size_t)256 << 10);
+      int weighed = row != ALGO_CMA && ((large && k < 3 && on) || (slots && row != ALGO_DIRECT));
+      unsigned picks = !weighed ? 0u : large ? ITERS : (ITERS + ADAPT_WINDOW - 1) / ADAPT_WINDOW;
+      MP_CHECK(b->calls == picks, "rank %d: %s of %zu bytes: %u picks, expected %u", rank, kinds[k], sizes[si],
+               b->calls, picks);
       if (!weighed) continue;
+      if (!large) {
+        /* The window of the last pick: 40 = 2 x 16 + 8 calls, 8 run. */
+        MP_CHECK(b->left == (unsigned)(picks * ADAPT_WINDOW - ITERS) && b->nwin == ITERS % ADAPT_WINDOW,
+                 "rank %d: %s of %zu bytes: window with %u calls left and %u timed", rank, kinds[k], sizes[si],
+                 b->left, b->nwin);
+        int64_t cur = b->cur, clo = cur, chi = cur;
+        MP_NCCL(ncclAllReduce(&cur, &clo, 1, ncclInt64, ncclMin, comm, NULL));
+        MP_NCCL(ncclAllReduce(&cur, &chi, 1, ncclInt64, ncclMax, comm, NULL));
+        MP_CHECK(clo == chi && cur == 0, "rank %d: %s of %zu bytes: the ranks' windows on paths %lld-%lld (the third "
+                 "pick is a trial of the tuner's row)", rank, kinds[k], sizes[si], (long long)clo, (long long)chi);
+      }
       MP_CHECK(b->rate[0] > 0 && b->rate[1] > 0, "rank %d: %s of %zu bytes: rates %g / %g, both paths not measured",
                rank, kinds[k], sizes[si], b->rate[0], b->rate[1]);
       int64_t last = b->last, lo = last, hi = last;
