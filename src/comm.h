@@ -100,9 +100,9 @@ struct ncclComm {
     uint32_t calls;
     int last;
     float rate[2];
-    /* Buckets weighed in windows (below 256 KiB, coll/adapt.c): calls of
-     * the current window still to run, its path, and the times (ns) of its
-     * calls so far. */
+    /* The current window (ADAPT_WINDOW calls below 256 KiB a rank, one
+     * call from there; coll/adapt.c): its calls still to run, its path, and
+     * the times (ns) of its calls so far. */
     uint32_t left;
     int cur;
     uint32_t nwin;

@@ -34,6 +34,7 @@
  * row again); then the alternative runs where it measured clearly faster,
  * the tuner's row otherwise, and now and then one call runs the other to
  * see whether that changed (adapt_pick). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "coll.h"
@@ -140,27 +141,24 @@ static int adapt_alt(const struct coll_args* a, const struct plan* p) {
   return ALT_NONE;
 }
 
-/* The lower median of the window's call times (ns); nwin > 0. */
-static uint32_t window_median(const struct adapt_bucket* b) {
-  uint32_t v[ADAPT_WINDOW];
-  uint32_t n = b->nwin;
-  memcpy(v, b->win_ns, n * sizeof(v[0]));
-  for (uint32_t i = 1; i < n; i++) /* insertion sort: 16 at most */
-    for (uint32_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
-      uint32_t x = v[j];
-      v[j] = v[j - 1];
-      v[j - 1] = x;
-    }
-  return v[(n - 1) / 2];
+static int cmp_u32(const void* x, const void* y) {
+  uint32_t a = *(const uint32_t*)x, b = *(const uint32_t*)y;
+  return a < b ? -1 : a > b;
 }
 
-/* A call that picks the path (every weighed call from ADAPT_MIN_BYTES, the
- * first of each window below): the ranks swap their rates for the bucket and
- * all apply adapt_pick to the same figures. *use: 1 for the alternative. */
+/* Calls one pick covers: every call picks from ADAPT_MIN_BYTES. */
+static uint32_t window_of(size_t bytes) { return bytes < ADAPT_MIN_BYTES ? ADAPT_WINDOW : 1; }
+
+/* The first call of a window (every call from ADAPT_MIN_BYTES): the ranks
+ * swap their rates for the bucket and all apply adapt_pick to the same
+ * figures; the path holds for the window. */
 static ncclResult_t pick(struct ncclComm* comm, const struct coll_args* a, const struct plan* p, int alt,
-                         struct adapt_bucket* b, size_t bytes, int windowed, int* use) {
-  /* A window's rate is its median call's, known once the window is over. */
-  if (windowed && b->nwin > 0) b->rate[b->cur] = (float)((double)bytes / ((double)window_median(b) / 1e3));
+                         struct adapt_bucket* b, size_t bytes) {
+  /* The last window's rate: its (lower) median call's, a window of one its only call's. */
+  if (b->nwin > 0) {
+    qsort(b->win_ns, b->nwin, sizeof(b->win_ns[0]), cmp_u32);
+    b->rate[b->cur] = (float)((double)bytes / ((double)b->win_ns[(b->nwin - 1) / 2] / 1e3)); /* bytes per us */
+  }
   float mine[2] = {b->rate[0], b->rate[1]}, all[2 * ADAPT_MAX_RANKS];
   NCCLCHECK(direct_shm_share(comm, mine, sizeof(mine), all));
   /* A path is as fast as its slowest rank: a broadcast root that posts into
@@ -171,20 +169,18 @@ static ncclResult_t pick(struct ncclComm* comm, const struct coll_args* a, const
     low[0] = COLLIE_MIN(low[0], (double)all[2 * r]);
     low[1] = COLLIE_MIN(low[1], (double)all[2 * r + 1]);
   }
-  int trial;
-  *use = adapt_pick(b->calls, low[0], low[1], &trial);
-  if (!trial && *use != b->last && comm->rank == 0)
+  int trial, use = adapt_pick(b->calls, low[0], low[1], &trial);
+  uint32_t window = window_of(bytes);
+  if (!trial && use != b->last && comm->rank == 0)
     INFO(LOG_TUNING, "%s of %zu bytes a rank: now %s%s (measured %.2f GB/s against %.2f, the slowest rank's%s)",
-         coll_name(a->kind), bytes, *use && alt == ALT_CMA ? "single copy" : algo_name(p->algo->name),
-         alt == ALT_SLOTS ? (*use ? " with non-temporal slot stores" : " with plain slot stores") : "",
-         low[*use] / 1e3, low[!*use] / 1e3, windowed ? ", weighed once a window of calls" : "");
-  if (!trial) b->last = *use;
+         coll_name(a->kind), bytes, use && alt == ALT_CMA ? "single copy" : algo_name(p->algo->name),
+         alt == ALT_SLOTS ? (use ? " with non-temporal slot stores" : " with plain slot stores") : "",
+         low[use] / 1e3, low[!use] / 1e3, window > 1 ? ", weighed once a window of calls" : "");
+  if (!trial) b->last = use;
   b->calls++;
-  if (windowed) {
-    b->cur = *use;
-    b->left = ADAPT_WINDOW;
-    b->nwin = 0;
-  }
+  b->cur = use;
+  b->left = window;
+  b->nwin = 0;
   return ncclSuccess;
 }
 
@@ -195,9 +191,9 @@ ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket
   struct ncclComm* comm = a->comm;
   size_t bytes = weighed_bytes(a);
   struct adapt_bucket* b = &comm->adapt[kind_index(a->kind)][bucket_of(bytes)];
-  int windowed = bytes < ADAPT_MIN_BYTES, use = b->cur;
-  if (!windowed || b->left == 0) NCCLCHECK(pick(comm, a, p, alt, b, bytes, windowed, &use));
-  if (windowed) b->left--;
+  if (b->left == 0) NCCLCHECK(pick(comm, a, p, alt, b, bytes));
+  b->left--;
+  int use = b->cur;
   if (alt == ALT_SLOTS) comm->slot_far = use;
   if (use && alt == ALT_CMA) {
     p->algo = cma_row(a->kind);
@@ -207,9 +203,6 @@ ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket
   }
   t->bucket = b;
   t->comm = comm;
-  t->use = use;
-  t->windowed = windowed;
-  t->bytes = bytes;
   t->start_ns = time_ns();
   return ncclSuccess;
 }
@@ -222,10 +215,6 @@ void adapt_done(const struct adapt_ticket* t, ncclResult_t res) {
   if (res != ncclSuccess) return;
   int64_t ns = time_ns() - t->start_ns;
   if (ns < 1) ns = 1;
-  if (t->windowed) {
-    struct adapt_bucket* b = t->bucket;
-    if (b->nwin < ADAPT_WINDOW) b->win_ns[b->nwin++] = (uint32_t)COLLIE_MIN(ns, (int64_t)UINT32_MAX);
-    return;
-  }
-  t->bucket->rate[t->use] = (float)((double)t->bytes / ((double)ns / 1e3)); /* bytes per us */
+  struct adapt_bucket* b = t->bucket;
+  if (b->nwin < ADAPT_WINDOW) b->win_ns[b->nwin++] = (uint32_t)COLLIE_MIN(ns, (int64_t)UINT32_MAX);
 }

@@ -309,13 +309,11 @@ static inline int p2p_cma(const struct ncclComm* comm, size_t bytes, size_t foot
  * for a broadcast, allgather or alltoall; the same row with non-temporal
  * stores into the FIFO's slots otherwise), by the rates the ranks measured
  * for that collective and size lately, and starts the clock; adapt_done
- * stops it, keeps the rate and puts back what the call changed. */
+ * stops it, keeps the call's time for its window's rate and puts back what
+ * the call changed. */
 struct adapt_ticket {
   struct adapt_bucket* bucket; /* NULL: not weighed */
   struct ncclComm* comm;
-  int use;                     /* 1: the alternative runs */
-  int windowed;                /* the bucket is weighed in windows: keep the window's fastest call */
-  size_t bytes;
   int64_t start_ns;
 };
 ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket* t);

@@ -766,15 +766,16 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
        * slots' stores. */
       int large = sizes[si] >= ((size_t)256 << 10);
       int weighed = row != ALGO_CMA && ((large && k < 3 && on) || (slots && row != ALGO_DIRECT));
-      unsigned picks = !weighed ? 0u : large ? ITERS : (ITERS + ADAPT_WINDOW - 1) / ADAPT_WINDOW;
+      unsigned window = large ? 1u : ADAPT_WINDOW, picks = weighed ? (ITERS + window - 1) / window : 0u;
       MP_CHECK(b->calls == picks, "rank %d: %s of %zu bytes: %u picks, expected %u", rank, kinds[k], sizes[si],
                b->calls, picks);
       if (!weighed) continue;
+      /* The window of the last pick: at 128 KiB 40 = 2 x 16 + 8 calls, 8 run
+       * and 8 left; from 256 KiB a window of the last call alone. */
+      MP_CHECK(b->left == picks * window - ITERS && b->nwin == ITERS - (picks - 1) * window,
+               "rank %d: %s of %zu bytes: window with %u calls left and %u timed", rank, kinds[k], sizes[si],
+               b->left, b->nwin);
       if (!large) {
-        /* The window of the last pick: 40 = 2 x 16 + 8 calls, 8 run. */
-        MP_CHECK(b->left == (unsigned)(picks * ADAPT_WINDOW - ITERS) && b->nwin == ITERS % ADAPT_WINDOW,
-                 "rank %d: %s of %zu bytes: window with %u calls left and %u timed", rank, kinds[k], sizes[si],
-                 b->left, b->nwin);
         int64_t cur = b->cur, clo = cur, chi = cur;
         MP_NCCL(ncclAllReduce(&cur, &clo, 1, ncclInt64, ncclMin, comm, NULL));
         MP_NCCL(ncclAllReduce(&cur, &chi, 1, ncclInt64, ncclMax, comm, NULL));
