@@ -64,7 +64,7 @@ static ncclResult_t run_nonroot(struct coll_args* a, struct conn* sc, uint64_t t
   uint64_t f;
   for (;;) {
     void* slot;
-    NCCLCHECK(prim_send_slot(&l, &slot));
+    NCCLCHECK(prim_send_slot(&l, chunk * esz, &slot)); /* the last chunk may be shorter */
     uint64_t cur = __atomic_load_n(&w[0], __ATOMIC_ACQUIRE);
     do {
       f = claim_front(cur);

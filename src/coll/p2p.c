@@ -62,7 +62,7 @@ static ncclResult_t step_cma(struct p2p_op* op, int* moved) {
   struct conn* c = op->link.c;
   if (op->is_send) {
     if (op->slots_done == 0) {
-      void* p = c->ops->send_slot(c);
+      void* p = c->ops->send_slot(c, sizeof(struct cma_desc));
       if (!p) return ncclSuccess;
       struct cma_desc d = {(uint64_t)(uintptr_t)op->buf, op->bytes};
       memcpy(p, &d, sizeof(d));
@@ -102,7 +102,7 @@ static ncclResult_t step(struct p2p_op* op, size_t slot, int* moved) {
   while (op->slots_done < op->nslots) {
     size_t len = COLLIE_MIN(slot, op->bytes - op->done);
     if (op->is_send) {
-      void* p = c->ops->send_slot(c);
+      void* p = c->ops->send_slot(c, len);
       if (!p) break;
       if (len && op->devmem) {
         /* GPUDirect RDMA: the NIC reads the device buffer; the CPU never does. */

@@ -73,7 +73,7 @@ ncclResult_t prim_sleep_checks(struct ncclComm* comm, int peer, int64_t* deadlin
 
 int prim_conn_ready(struct conn* c) {
   struct slot_hdr h;
-  return c->is_send ? c->ops->send_slot(c) != NULL : c->ops->recv_slot(c, &h) != NULL;
+  return c->is_send ? c->ops->send_slot(c, 0) != NULL : c->ops->recv_slot(c, &h) != NULL;
 }
 
 /* How long a waiter on fds (sockets) keeps polling before it sleeps in poll(). */
@@ -229,10 +229,10 @@ static ncclResult_t wait_round2(struct conn* c, struct conn* also, int released,
   return ncclSuccess;
 }
 
-ncclResult_t prim_send_slot(struct prim_link* l, void** slot) {
+ncclResult_t prim_send_slot(struct prim_link* l, size_t bytes, void** slot) {
   int64_t deadline = 0, t0 = 0;
   for (int it = 0;; it++) {
-    void* p = l->c->ops->send_slot(l->c);
+    void* p = l->c->ops->send_slot(l->c, bytes);
     if (p) {
       *slot = p;
       return ncclSuccess;
@@ -302,13 +302,13 @@ static ncclResult_t send_fill(struct prim_link* s, void* slot, const struct red_
 
 ncclResult_t prim_send(struct prim_link* s, const void* src, size_t bytes) {
   void* slot;
-  NCCLCHECK(prim_send_slot(s, &slot));
+  NCCLCHECK(prim_send_slot(s, bytes, &slot));
   return send_fill(s, slot, NULL, src, bytes);
 }
 
 ncclResult_t prim_send_pre(struct prim_link* s, const struct red_op* op, const void* src, size_t count) {
   void* slot;
-  NCCLCHECK(prim_send_slot(s, &slot));
+  NCCLCHECK(prim_send_slot(s, count * dtype_size(op->dt), &slot));
   return send_fill(s, slot, op, src, count * dtype_size(op->dt));
 }
 
@@ -325,7 +325,7 @@ ncclResult_t prim_recv(struct prim_link* r, void* dst, size_t bytes) {
 
 /* Sends pump item i if a slot is free; *moved says whether it went. */
 static ncclResult_t pump_send(const struct prim_pump* p, const struct pump_item* it, int* moved) {
-  void* slot = p->s->c->ops->send_slot(p->s->c);
+  void* slot = p->s->c->ops->send_slot(p->s->c, it->bytes);
   if (!slot) return ncclSuccess;
   *moved = 1;
   return send_fill(p->s, slot, it->pre ? p->op : NULL, it->src, it->bytes);
@@ -423,7 +423,7 @@ ncclResult_t prim_recv_copy_send(struct prim_link* r, struct prim_link* s, void*
     NCCLCHECK(prim_recv_release(r));
     return prim_send(s, dst, bytes);
   }
-  NCCLCHECK(prim_send_slot(s, &out));
+  NCCLCHECK(prim_send_slot(s, bytes, &out));
   if (bytes) {
     prim_slot_copy(s, out, in, bytes);
     if (dst && dst != in) {
@@ -441,7 +441,7 @@ ncclResult_t prim_recv_reduce_send(struct prim_link* r, struct prim_link* s, con
   const void* in;
   void* out;
   NCCLCHECK(prim_recv_slot(r, bytes, &in));
-  NCCLCHECK(prim_send_slot(s, &out));
+  NCCLCHECK(prim_send_slot(s, bytes, &out));
   if (count) {
     if (prim_slot_far(s, bytes)) red_reduce_out(op, out, NULL, in, local, count, 1);
     else red_reduce(op, out, in, local, count);
@@ -467,7 +467,7 @@ ncclResult_t prim_recv_reduce_copy(struct prim_link* r, struct prim_link* s, con
     }
     if (!s->c->ops->send_commit_ext && (r->out_far & OUT_FAR_FUSE)) {
       void* out;
-      NCCLCHECK(prim_send_slot(s, &out));
+      NCCLCHECK(prim_send_slot(s, bytes, &out));
       red_reduce_out(op, dst, out, in, local, count, avg_n);
       NCCLCHECK(prim_send_commit(s, bytes));
       return prim_recv_release(r);

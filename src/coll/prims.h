@@ -33,7 +33,7 @@ void prim_slot_copy(const struct prim_link* l, void* slot, const void* src, size
 
 /* Wait for a free send slot / a filled receive slot (header checked:
  * `bytes` must match exactly). */
-ncclResult_t prim_send_slot(struct prim_link* l, void** slot);
+ncclResult_t prim_send_slot(struct prim_link* l, size_t bytes, void** slot);
 ncclResult_t prim_send_commit(struct prim_link* l, size_t bytes);
 ncclResult_t prim_recv_slot(struct prim_link* l, size_t bytes, const void** slot);
 ncclResult_t prim_recv_release(struct prim_link* l);

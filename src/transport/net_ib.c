@@ -177,7 +177,8 @@ static ncclResult_t ib_write(struct conn* c, struct ibv_qp* qp, void* src, uint3
   return ib_write_sg(c, qp, &sg, 1, raddr, rkey, imm, imm_val, inl, ((struct ib_conn*)c->priv)->pos);
 }
 
-static void* ib_send_slot(struct conn* c) {
+static void* ib_send_slot(struct conn* c, size_t bytes) {
+  (void)bytes; /* whole slots: a payload starts at the slot's start */
   struct ib_conn* s = c->priv;
   if ((int32_t)((uint32_t)s->ctrl->limit - s->pos) <= 0) return NULL; /* no credit (yet) */
   return ib_slot(c, s->pos) + IB_HDR_BYTES;

@@ -442,7 +442,8 @@ static ncclResult_t sock_progress(struct conn* c) {
   return c->is_send ? sock_progress_send(c) : sock_progress_recv(c);
 }
 
-static void* sock_send_slot(struct conn* c) {
+static void* sock_send_slot(struct conn* c, size_t bytes) {
+  (void)bytes; /* whole slots: a payload starts at the slot's start */
   struct sock_conn* s = c->priv;
   if ((uint32_t)(s->pos - s->done) >= (uint32_t)c->nslots) return NULL;
   return slot_data(c, s->pos);

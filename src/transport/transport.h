@@ -68,8 +68,12 @@ struct conn {
 };
 
 struct conn_ops {
-  /* Sender: a free slot's data area, or NULL if none is free yet. */
-  void* (*send_slot)(struct conn* c);
+  /* Sender: a free slot's data area, or NULL if none is free yet. `bytes`:
+   * the most the caller will commit in it (0: not known, or only asking
+   * whether a slot is free); a transport may place a smaller payload
+   * anywhere in the slot where it fits (shm.c), so the commit must not be
+   * larger. */
+  void* (*send_slot)(struct conn* c, size_t bytes);
   /* Sender: publish the acquired slot. */
   ncclResult_t (*send_commit)(struct conn* c, const struct slot_hdr* h);
   /* Sender, optional (NULL if unsupported): publish the acquired slot with its

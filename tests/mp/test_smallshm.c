@@ -40,6 +40,9 @@
  *            that have stopped calling (the one-shot's 64 slots, less what a
  *            reader may not yet have published, DONE_EVERY - 1); every value
  *            checked when the readers catch up (see rank_runahead).
+ *   rotate 2 one host: payloads sent through a shared-memory connector of
+ *            their own land where COLLIE_SLOT_ROTATE says in their slots,
+ *            and arrive whole (see rank_rotate).
  * Run with NCCL_ALGO=Direct too, so the Direct alltoall row takes every size
  * it can. Uses the fork harness (harness.h). */
 #include <sched.h>
@@ -170,6 +173,84 @@ static int rank_a2a(int rank, int nranks, const ncclUniqueId* ids, int nids, voi
   }
   free(send);
   free(recv);
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
+/* Where shm.c puts a payload of `hint` bytes (the most the sender said it
+ * would commit) of slot position pos: the documented placement. */
+static size_t rotate_place(size_t pos, size_t hint, int nslots, size_t slot_bytes, int rotate) {
+  size_t step = (hint + 4095) & ~(size_t)4095, places = slot_bytes / step;
+  if (!rotate || places < 2) return 0;
+  return (pos / (size_t)nslots % places) * step;
+}
+
+/* Two ranks, a connector pair of their own (the last channel, which no
+ * collective of 2 ranks opens, so its positions start at 0): rank 0 sends
+ * groups of payloads (sizes below and above half a slot, not a multiple of
+ * 4 KiB, and one group that commits less than it asked a slot for), three
+ * laps of every place each; rank 1 checks every byte and that each payload's
+ * address less its expected place is its slot's start: the same for every
+ * lap, and slot_bytes apart from slot to slot. */
+static int rank_rotate(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  MP_CHECK(nranks == 2, "rotate runs on 2 ranks");
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  const char* env = getenv("COLLIE_SLOT_ROTATE");
+  int rotate = !(env && strcmp(env, "0") == 0);
+  int peer = 1 - rank;
+  struct conn *sc, *rc;
+  MP_NCCL(transport_connect_ch(comm, MAX_CHANNELS - 1, &peer, 1, &peer, 1, &sc, &rc));
+  MP_CHECK(sc->tp == &transport_shm && rc->tp == &transport_shm, "rank %d: the connectors are not shared memory", rank);
+  MP_CHECK(sc->opseq == 0 && rc->opseq == 0, "rank %d: the last channel's connectors were used before", rank);
+  int nslots = rc->nslots;
+  size_t sb = rc->slot_bytes;
+  struct prim_link s, r;
+  prim_begin(&s, sc, 77);
+  prim_begin(&r, rc, 77);
+  /* {hint, bytes}: what the sender asks a slot for, what it commits. */
+  size_t groups[][2] = {{32 << 10, 32 << 10}, {sb / 2, sb / 2}, {20000, 20000}, {sb / 2 + 4096, sb / 2 + 4096},
+                        {40 << 10, 30 << 10}, {4096, 4096}, {sb, sb}};
+  char* buf = malloc(sb);
+  MP_CHECK(buf != NULL, "out of memory");
+  size_t pos = 0;
+  const char* base[16] = {0};
+  for (size_t g = 0; g < sizeof(groups) / sizeof(groups[0]); g++) {
+    size_t hint = groups[g][0], bytes = groups[g][1];
+    size_t step = (hint + 4095) & ~(size_t)4095, places = sb / step ? sb / step : 1;
+    size_t msgs = 3 * (size_t)nslots * places;
+    for (size_t k = 0; k < msgs; k++, pos++) {
+      if (rank == 0) {
+        for (size_t i = 0; i < bytes; i++) buf[i] = (char)(pos * 7 + i * 13 + g);
+        void* slot;
+        MP_NCCL(prim_send_slot(&s, hint, &slot));
+        memcpy(slot, buf, bytes);
+        MP_NCCL(prim_send_commit(&s, bytes));
+      } else {
+        const void* p;
+        MP_NCCL(prim_recv_slot(&r, bytes, &p));
+        const char* got = p;
+        for (size_t i = 0; i < bytes; i++)
+          MP_CHECK(got[i] == (char)(pos * 7 + i * 13 + g), "payload %zu (%zu bytes): byte %zu is wrong", pos, bytes, i);
+        const char* start = got - rotate_place(pos, hint, nslots, sb, rotate);
+        int slot = (int)(pos % (size_t)nslots);
+        if (!base[slot]) base[slot] = start;
+        MP_CHECK(start == base[slot],
+                 "payload %zu (%zu bytes, %zu asked for, COLLIE_SLOT_ROTATE=%d) at offset %td from where slot %d "
+                 "held it before less its place",
+                 pos, bytes, hint, rotate, start - base[slot], slot);
+        if (slot > 0 && base[slot - 1])
+          MP_CHECK(base[slot] - base[slot - 1] == (ptrdiff_t)sb, "slots %d and %d are %td bytes apart, not %zu",
+                   slot - 1, slot, base[slot] - base[slot - 1], sb);
+        MP_NCCL(prim_recv_release(&r));
+      }
+    }
+  }
+  free(buf);
+  /* Rank 0 leaves only when rank 1 has everything. */
+  MP_NCCL(ncclAllReduce(&pos, &pos, 1, ncclUint64, ncclMax, comm, NULL));
   MP_NCCL(ncclCommDestroy(comm));
   return 0;
 }
@@ -1006,7 +1087,7 @@ static int rank_helpers(int rank, int nranks, const ncclUniqueId* ids, int nids,
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s zero|a2a|paired|delack|helpers|localcc|duplex|cmaauto|adapt|runahead|spread NRANKS\n", argv[0]);
+    fprintf(stderr, "usage: %s zero|a2a|paired|delack|helpers|localcc|duplex|cmaauto|adapt|runahead|rotate|spread NRANKS\n", argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
@@ -1016,6 +1097,7 @@ int main(int argc, char** argv) {
   int localcc = strcmp(argv[1], "localcc") == 0, duplex = strcmp(argv[1], "duplex") == 0;
   int cmaauto = strcmp(argv[1], "cmaauto") == 0, runahead = strcmp(argv[1], "runahead") == 0;
   int spread = strcmp(argv[1], "spread") == 0, adapt = strcmp(argv[1], "adapt") == 0;
+  int rotate = strcmp(argv[1], "rotate") == 0;
   if (spread) {
     /* Two CPUs for more ranks than that; not beside the suite's hogs (moves
      * wait for a machine where only the ranks want a CPU). */
@@ -1067,7 +1149,7 @@ int main(int argc, char** argv) {
       return 77;
     }
   }
-  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : helpers ? rank_helpers : localcc ? rank_localcc : duplex ? rank_duplex : cmaauto ? rank_cmaauto : adapt ? rank_adapt : runahead ? rank_runahead : spread ? rank_spread : rank_a2a, NULL, 600);
+  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : helpers ? rank_helpers : localcc ? rank_localcc : duplex ? rank_duplex : cmaauto ? rank_cmaauto : adapt ? rank_adapt : runahead ? rank_runahead : rotate ? rank_rotate : spread ? rank_spread : rank_a2a, NULL, 600);
   if (spread && rc == 0 && __atomic_load_n(&mp_counters[SPREAD_UNJUDGED], __ATOMIC_ACQUIRE) > 0) {
     printf("SKIPPED: spread: in each of 50 attempts another task wanted a CPU (nothing to judge)\n");
     return 77;
