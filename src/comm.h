@@ -112,6 +112,7 @@ struct ncclComm {
   int cma_adapt;  /* COLLIE_CMA_ADAPT, read with the masks (coll/adapt.c) */
   int proto_mask; /* 1 << PROTO_* allowed by NCCL_PROTO */
   uint64_t opcount; /* calls run so far (NCCL_DEBUG_SUBSYS=COLL logs it) */
+  int slot_rotate;      /* COLLIE_SLOT_ROTATE: -1 auto, 0, 1 (transport/shm.c) */
   double oversub;       /* ranks per CPU on the most crowded host, at least 1 */
   double cpus_per_rank; /* CPUs per rank on the most crowded host */
   int max_local;        /* ranks on the most crowded host */

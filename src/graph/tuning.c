@@ -108,6 +108,10 @@ static ncclResult_t tuning_masks(struct ncclComm* comm) {
   else if (strcmp(s, "0") == 0 || strcmp(s, "1") == 0) comm->slot_stream = s[0] - '0';
   else return err_set(ncclInvalidArgument, "COLLIE_SLOT_STREAM=\"%s\": expected auto, 0 or 1", s);
   comm->slot_far = comm->slot_stream == 1;
+  s = param_str(P_COLLIE_SLOT_ROTATE);
+  if (strcmp(s, "auto") == 0) comm->slot_rotate = -1;
+  else if (strcmp(s, "0") == 0 || strcmp(s, "1") == 0) comm->slot_rotate = s[0] - '0';
+  else return err_set(ncclInvalidArgument, "COLLIE_SLOT_ROTATE=\"%s\": expected auto, 0 or 1", s);
   return ncclSuccess;
 }
 

@@ -199,7 +199,8 @@ static int rank_rotate(int rank, int nranks, const ncclUniqueId* ids, int nids, 
   ncclComm_t comm;
   MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
   const char* env = getenv("COLLIE_SLOT_ROTATE");
-  int rotate = !(env && strcmp(env, "0") == 0);
+  int rotate = env && strcmp(env, "1") == 0 ? 1 : env && strcmp(env, "0") == 0 ? 0 : comm->oversub <= 1.0;
+  if (rank == 0) fprintf(stderr, "rotate: payloads %s (%.1f ranks a CPU)\n", rotate ? "move" : "stay", comm->oversub);
   int peer = 1 - rank;
   struct conn *sc, *rc;
   MP_NCCL(transport_connect_ch(comm, MAX_CHANNELS - 1, &peer, 1, &peer, 1, &sc, &rc));
