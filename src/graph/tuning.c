@@ -75,6 +75,15 @@ static ncclResult_t tuning_agree(struct ncclComm* comm) {
 }
 
 /* NCCL_ALGO / NCCL_PROTO into comm->algo_mask / proto_mask. */
+/* A setting of auto, 0 or 1: -1, 0 or 1 in *out; anything else is the caller's error. */
+static ncclResult_t param_auto01(enum param_id id, int* out) {
+  const char* s = param_str(id);
+  if (strcmp(s, "auto") == 0) *out = -1;
+  else if (strcmp(s, "0") == 0 || strcmp(s, "1") == 0) *out = s[0] - '0';
+  else return err_set(ncclInvalidArgument, "%s=\"%s\": expected auto, 0 or 1", param_table[id].name, s);
+  return ncclSuccess;
+}
+
 static ncclResult_t tuning_masks(struct ncclComm* comm) {
   int algos = (1 << ALGO_NNAMES) - 1, ignored = 0;
   const char* s = param_str(P_NCCL_ALGO);
@@ -103,16 +112,9 @@ static ncclResult_t tuning_masks(struct ncclComm* comm) {
   else if (strcmp(s, "0") == 0 || strcmp(s, "1") == 0) comm->stream_stores = s[0] - '0';
   else if (strcmp(s, "split") == 0) comm->stream_stores = 2;
   else return err_set(ncclInvalidArgument, "COLLIE_STREAM_STORES=\"%s\": expected auto, 0, 1 or split", s);
-  s = param_str(P_COLLIE_SLOT_STREAM);
-  if (strcmp(s, "auto") == 0) comm->slot_stream = -1;
-  else if (strcmp(s, "0") == 0 || strcmp(s, "1") == 0) comm->slot_stream = s[0] - '0';
-  else return err_set(ncclInvalidArgument, "COLLIE_SLOT_STREAM=\"%s\": expected auto, 0 or 1", s);
+  NCCLCHECK(param_auto01(P_COLLIE_SLOT_STREAM, &comm->slot_stream));
   comm->slot_far = comm->slot_stream == 1;
-  s = param_str(P_COLLIE_SLOT_ROTATE);
-  if (strcmp(s, "auto") == 0) comm->slot_rotate = -1;
-  else if (strcmp(s, "0") == 0 || strcmp(s, "1") == 0) comm->slot_rotate = s[0] - '0';
-  else return err_set(ncclInvalidArgument, "COLLIE_SLOT_ROTATE=\"%s\": expected auto, 0 or 1", s);
-  return ncclSuccess;
+  return param_auto01(P_COLLIE_SLOT_ROTATE, &comm->slot_rotate);
 }
 
 /* Channel bounds: environment first, then the communicator's config. */

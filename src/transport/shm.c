@@ -88,8 +88,7 @@ struct shm_conn {
   struct shm_seg seg; /* receiver: its fd stays open until the sender has mapped it */
   uint32_t pos;
   uint32_t seen;   /* sender: the receiver's head when last read */
-  uint32_t off;    /* sender: where slot pos's payload goes (send_slot), valid while off_pos == pos */
-  uint32_t off_pos;
+  uint32_t off;    /* sender: where slot pos's payload goes (the last sized send_slot; 0 after a commit) */
   int rotate;      /* COLLIE_SLOT_ROTATE */
 };
 
@@ -106,9 +105,10 @@ static size_t ctrl_bytes(void) { return (sizeof(struct shm_ctrl) + 4095) & ~(siz
 #define SHM_PLACE_BYTES ((size_t)4 << 10)
 
 /* Where in its slot the payload of slot pos goes, given at most `bytes`:
- * the next of the slot's places on every lap (see the top). */
+ * the next of the slot's places on every lap (see the top). A payload that
+ * travels in the header's line stays put (no divisions for it). */
 static uint32_t slot_place(const struct conn* c, const struct shm_conn* s, size_t bytes) {
-  if (!s->rotate || bytes == 0) return 0;
+  if (!s->rotate || bytes <= SHM_INLINE) return 0;
   size_t step = (bytes + SHM_PLACE_BYTES - 1) & ~(SHM_PLACE_BYTES - 1);
   size_t places = c->slot_bytes / step;
   if (places < 2) return 0;
@@ -123,10 +123,7 @@ static void* shm_send_slot(struct conn* c, size_t bytes) {
     if ((uint32_t)(s->pos - s->seen) >= (uint32_t)c->nslots) return NULL;
   }
   /* Asking with 0 (is a slot free?) leaves a place chosen for this slot as it is. */
-  if (bytes || s->off_pos != s->pos) {
-    s->off = slot_place(c, s, bytes);
-    s->off_pos = s->pos;
-  }
+  if (bytes) s->off = slot_place(c, s, bytes);
   return s->data + (size_t)(s->pos % (uint32_t)c->nslots) * c->slot_bytes + s->off;
 }
 
@@ -139,7 +136,8 @@ static void wake(uint32_t* word, uint32_t* waiters) {
 static ncclResult_t shm_send_commit(struct conn* c, const struct slot_hdr* h) {
   struct shm_conn* s = c->priv;
   uint32_t i = s->pos % (uint32_t)c->nslots;
-  uint32_t off = s->off_pos == s->pos ? s->off : 0;
+  uint32_t off = s->off;
+  s->off = 0;
   if (h->bytes > c->slot_bytes - off)
     return err_set(ncclInternalError, "shm: %u bytes committed where send_slot was told at most %zu", h->bytes,
                    (size_t)(c->slot_bytes - off));
@@ -335,7 +333,6 @@ static struct shm_conn* shm_alloc(struct conn* c) {
   struct shm_conn* s = calloc(1, sizeof(*s));
   if (!s) return NULL;
   s->seg.fd = -1;
-  s->off_pos = UINT32_MAX;
   /* auto: where every local rank has a CPU of its own. Ranks that take
    * turns on a CPU read and write slots on that CPU, where the lines stay
    * in its cache at the slot starts and the wider footprint only misses

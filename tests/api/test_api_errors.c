@@ -87,6 +87,9 @@ static void test_bad_tuning_env(void** state) {
       {"NCCL_PROTO", "Fast", "NCCL_PROTO"},
       {"COLLIE_STREAM_STORES", "2", "COLLIE_STREAM_STORES"},
       {"COLLIE_STREAM_STORES", "yes", "COLLIE_STREAM_STORES"},
+      {"COLLIE_SLOT_STREAM", "split", "COLLIE_SLOT_STREAM"},
+      {"COLLIE_SLOT_ROTATE", "2", "COLLIE_SLOT_ROTATE"},
+      {"COLLIE_SLOT_ROTATE", "on", "COLLIE_SLOT_ROTATE"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     ncclUniqueId id;
