@@ -229,25 +229,6 @@ static struct tune_cost cost_for(const struct ncclComm* comm, const struct tune_
  * 2 MiB 845 / 540 / 599 and 331 / 403 / 508, 32 MiB 19146 / 14045 / 13289
  * and 11536 / 12443 / 14146, 128 MiB 54724 / 55049 / 50330 and 43726 /
  * 52600 / 53156; there the factor is 1 and the model decides as before. */
-/* Where ranks take turns on a CPU, single copy is taken for large messages
- * of an alltoall or scatter whose buffers leave the cache even where the
- * model has it up to this much slower than the FIFO: a FIFO slot moves only
- * while its writer and its reader both get a turn, a single-copy reader
- * needs only its own, and one more busy process on the machine is enough to
- * make the FIFO the slower by far. 4 ranks on 2 CPUs (the Zen 4 guest:
- * single copy 4.4 GB/s beyond the cache, memcpy 10.1, the model 1.16x
- * slower for single copy), alltoall, medians of 5 interleaved rounds
- * (bench/ab_env.sh alltoall fifo=X=1 cma=COLLIE_CMA=1), ms at 2 / 8 / 32 /
- * 128 MiB a rank, FIFO / single copy / Open MPI: beside a CPU hog, unbound
- * 3.6 / 6.9 / 15.8, 13.4 / 7.8 / 8.0, 30.3 / 18.7 / 19.3, 102 / 76 / 81;
- * bound 3.7 / 7.1 / 15.3, 13.1 / 7.6 / 7.7, 49.5 / 19.5 / 20.7, 207 / 75 /
- * 81; without it (unbound) 0.85 / 0.92, 4.7 / 5.2, 17.5 / 16.4, 66 / 61.
- * Hence from 2 MiB messages (8 MiB a rank at 4 ranks) on: below that,
- * single copy lost beside the hog as well (its descriptors and releases wait
- * for turns too). */
-#define CMA_SHARED_MIN_BYTES ((size_t)2 << 20)
-#define CMA_SHARED_TOLERANCE 1.25
-
 void tuning_cma_thresholds(struct ncclComm* comm) {
   const struct tune_table* t = &comm->tune;
   size_t min = SIZE_MAX, stream = SIZE_MAX;
@@ -259,9 +240,7 @@ void tuning_cma_thresholds(struct ncclComm* comm) {
     if (single < fifo && min == SIZE_MAX) min = bytes;
     fifo = 2.0 * (double)bytes / far.link.bw * COLLIE_MAX(1.0, comm->oversub / 2.0);
     single = tune_cma_handshake_us(&far) + (double)bytes / far.cma_bw;
-    if (stream == SIZE_MAX && (single < fifo || (comm->oversub > 1.0 && bytes >= CMA_SHARED_MIN_BYTES &&
-                                                 single < CMA_SHARED_TOLERANCE * fifo)))
-      stream = bytes;
+    if (single < fifo && stream == SIZE_MAX) stream = bytes;
   }
   comm->cma_min_bytes = min;
   comm->cma_min_stream = COLLIE_MIN(stream, min);
