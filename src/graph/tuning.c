@@ -74,8 +74,8 @@ static ncclResult_t tuning_agree(struct ncclComm* comm) {
   return ncclSuccess;
 }
 
-/* NCCL_ALGO / NCCL_PROTO into comm->algo_mask / proto_mask. */
-/* A setting of auto, 0 or 1: -1, 0 or 1 in *out; anything else is the caller's error. */
+/* A setting of auto, 0 or 1: -1, 0 or 1 in *out; anything else is
+ * ncclInvalidArgument naming the variable. */
 static ncclResult_t param_auto01(enum param_id id, int* out) {
   const char* s = param_str(id);
   if (strcmp(s, "auto") == 0) *out = -1;
@@ -84,6 +84,8 @@ static ncclResult_t param_auto01(enum param_id id, int* out) {
   return ncclSuccess;
 }
 
+/* NCCL_ALGO / NCCL_PROTO into comm->algo_mask / proto_mask, and the
+ * COLLIE_STREAM_STORES / COLLIE_SLOT_STREAM / COLLIE_SLOT_ROTATE settings. */
 static ncclResult_t tuning_masks(struct ncclComm* comm) {
   int algos = (1 << ALGO_NNAMES) - 1, ignored = 0;
   const char* s = param_str(P_NCCL_ALGO);
