@@ -461,17 +461,6 @@ void direct_free(struct ncclComm* comm) {
 /* Local ranks up to which direct_setup faults every mailbox page in. */
 #define PREFAULT_MAX_RANKS 16
 
-/* Maps every page of a shared mapping writable now (MADV_POPULATE_WRITE,
- * Linux 5.14; else one write per page that keeps its contents). */
-static void prefault(void* base, size_t len) {
-#ifdef MADV_POPULATE_WRITE
-  if (madvise(base, len, MADV_POPULATE_WRITE) == 0) return;
-#endif
-  long page = sysconf(_SC_PAGESIZE);
-  for (size_t off = 0; off < len; off += (size_t)(page > 0 ? page : 4096))
-    __atomic_fetch_add((volatile char*)base + off, 0, __ATOMIC_RELAXED);
-}
-
 struct mb_info {
   int32_t pid;
   int32_t fd;
@@ -521,7 +510,7 @@ static ncclResult_t direct_setup(struct ncclComm* comm) {
    * page tables for all of them at hundreds of ranks would cost far more
    * than the faults of the slots actually used. */
   size_t used = MB_CTRL_BYTES + NSLOTS * SMALL_BYTES + 2 * d->cap; /* every call may use these */
-  for (int i = 0; res == ncclSuccess && i < n && n <= PREFAULT_MAX_RANKS; i++) prefault(d->segs[i].base, used);
+  for (int i = 0; res == ncclSuccess && i < n && n <= PREFAULT_MAX_RANKS; i++) shmseg_prefault(d->segs[i].base, used);
   if (res == ncclSuccess) d->ctrl[comm->rank]->cpu = -1; /* no call run yet: on no CPU */
   /* Everybody mapped everything before anyone drops its fd. */
   ncclResult_t r2 = bootstrap_barrier(comm->bs);

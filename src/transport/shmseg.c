@@ -107,3 +107,12 @@ void shmseg_free(struct shm_seg* s) {
   s->base = NULL;
   shmseg_drop_fd(s);
 }
+
+void shmseg_prefault(void* base, size_t len) {
+#ifdef MADV_POPULATE_WRITE
+  (void)madvise(base, len, MADV_POPULATE_WRITE); /* the kernel's page faults, in one go */
+#endif
+  long page = sysconf(_SC_PAGESIZE);
+  for (size_t off = 0; off < len; off += (size_t)(page > 0 ? page : 4096))
+    __atomic_fetch_add((volatile char*)base + off, 0, __ATOMIC_RELAXED);
+}
