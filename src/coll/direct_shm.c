@@ -511,7 +511,7 @@ static ncclResult_t direct_setup(struct ncclComm* comm) {
    * than the faults of the slots actually used. */
   size_t used = MB_CTRL_BYTES + NSLOTS * SMALL_BYTES + 2 * d->cap; /* every call may use these */
   for (int i = 0; res == ncclSuccess && i < n && n <= PREFAULT_MAX_RANKS; i++)
-    shmseg_prefault(d->segs[i].base, used, 1); /* every mapping its own touch (shmseg.h) */
+    shmseg_prefault(d->segs[i].base, used); /* every mapping its own touch (shmseg.h) */
   if (res == ncclSuccess) d->ctrl[comm->rank]->cpu = -1; /* no call run yet: on no CPU */
   /* Everybody mapped everything before anyone drops its fd. */
   ncclResult_t r2 = bootstrap_barrier(comm->bs);

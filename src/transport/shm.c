@@ -357,7 +357,7 @@ static ncclResult_t shm_recv_setup(struct conn* c, void* info, size_t* info_len)
    * place (256 calls of 4 KiB messages through 8 slots of 128 KiB), each
    * first touch a fault: fault them all in now. 2 ranks, alltoall of 4 KiB
    * a rank, unbound: the first 250 calls took 13 us each, the rest 1. */
-  if (s->rotate) shmseg_prefault(s->seg.base, s->seg.len, 1);
+  if (s->rotate) shmseg_prefault(s->seg.base, s->seg.len);
   /* Zeroed first: the padding after nslots goes to the peer too. */
   struct shm_info in;
   memset(&in, 0, sizeof(in));
@@ -388,7 +388,7 @@ static ncclResult_t shm_send_connect(struct conn* c, const void* info, size_t in
   NCCLCHECK(shmseg_open(in.pid, in.fd, in.map_len, c->peer, "shm connector", &s->seg));
   s->ctrl = s->seg.base;
   s->data = (char*)s->seg.base + ctrl_bytes();
-  if (s->rotate) shmseg_prefault(s->seg.base, s->seg.len, 1); /* its own mapping too (shmseg.h) */
+  if (s->rotate) shmseg_prefault(s->seg.base, s->seg.len); /* its own mapping too (shmseg.h) */
   return ncclSuccess;
 }
 

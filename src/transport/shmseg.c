@@ -108,9 +108,9 @@ void shmseg_free(struct shm_seg* s) {
   shmseg_drop_fd(s);
 }
 
-void shmseg_prefault(void* base, size_t len, int touch) {
+void shmseg_prefault(void* base, size_t len) {
 #ifdef MADV_POPULATE_WRITE
-  if (madvise(base, len, MADV_POPULATE_WRITE) == 0 && !touch) return;
+  (void)madvise(base, len, MADV_POPULATE_WRITE); /* else the writes below fault them in */
 #endif
   long page = sysconf(_SC_PAGESIZE);
   for (size_t off = 0; off < len; off += (size_t)(page > 0 ? page : 4096))

@@ -28,19 +28,20 @@ void shmseg_drop_fd(struct shm_seg* s);
 /* Unmaps and closes; idempotent. */
 void shmseg_free(struct shm_seg* s);
 /* Maps every page of len bytes from base (part of a shared mapping)
- * writable now (MADV_POPULATE_WRITE, Linux 5.14), so that first uses take
- * no page faults; with touch, or where that call fails, also writes each
- * page once, keeping its contents. The mapping alone is not enough on the
- * development VM (a guest whose page tables its host shadows, and which
- * hands free memory back to the host): there a process's first access to
- * a page costs a trip to the host whatever the guest's own tables say.
- * Measured there, one process writing and reading 4 KiB at a time through
- * two fresh mappings of a 1 MiB memfd, both populated: 4.7 us a page on the
- * first pass, 0.1 after; touched once beforehand: 0.2 on the first pass.
- * Between two processes every one must touch its own mapping: 2 ranks,
- * alltoall of 4 KiB a rank through rotating slots (shm.c), calls 51-250
- * took 7 us each with only the receiver's mapping touched, 1 with both,
- * 27-77 with neither. */
-void shmseg_prefault(void* base, size_t len, int touch);
+ * writable (MADV_POPULATE_WRITE, Linux 5.14: the guest's page faults in
+ * one go) and writes each page once, keeping its contents, so that first
+ * uses cost nothing. Populating alone is not enough on the development VM
+ * (a guest whose page tables its host shadows, and which hands free memory
+ * back to the host): there the first access to a page through each mapping
+ * costs a trip to the host, whatever the guest's own tables say.
+ * Measured there (bench/first_touch.c: one process, two mappings of a
+ * fresh 1 MiB memfd, 4 KiB written through one and read through the other,
+ * page after page), us a page on the first pass: 23-25 with nothing done
+ * beforehand, 11-14 with both mappings populated, 5-7.5 with one of them
+ * also touched, 0.2-0.5 with both touched (0.1-0.3 on later passes).
+ * Between two processes the same: 2 ranks, alltoall of 4 KiB a rank
+ * through rotating slots (shm.c), calls 51-250 took 7 us each with only the
+ * receiver's mapping touched, 1 with both, 27-77 with neither. */
+void shmseg_prefault(void* base, size_t len);
 
 #endif
