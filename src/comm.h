@@ -110,6 +110,7 @@ struct ncclComm {
   } adapt[ADAPT_KINDS][ADAPT_BUCKETS];
   int algo_mask;  /* 1 << ALGO_* (names) allowed by NCCL_ALGO / NCCL_PROTO */
   int cma_adapt;  /* COLLIE_CMA_ADAPT, read with the masks (coll/adapt.c) */
+  unsigned algo_fallback_warned; /* a bit per collective whose NCCL_ALGO/NCCL_PROTO choice fell back (graph/tuning.c) */
   int proto_mask; /* 1 << PROTO_* allowed by NCCL_PROTO */
   uint64_t opcount; /* calls run so far (NCCL_DEBUG_SUBSYS=COLL logs it) */
   int slot_rotate;      /* COLLIE_SLOT_ROTATE: -1 auto, 0, 1 (transport/shm.c) */

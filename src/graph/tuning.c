@@ -393,6 +393,28 @@ ncclResult_t tuning_plan(const struct coll_args* a, struct plan* p) {
   double t = 0;
   int idx = choose(a, NULL, &t);
   if (idx < 0) return err_set(ncclInternalError, "no algorithm in the table runs %s", coll_name(a->kind));
+  /* choose() fell back to the collective's first row although the user
+   * allows rows of this collective that cannot run this call (NCCL_ALGO=CMA
+   * under the single-copy threshold or with COLLIE_CMA=0): say so once a
+   * collective, so that nobody measures another row unawares. Where the
+   * user's choice names no row of this collective at all (NCCL_ALGO=Ring
+   * and an alltoall) it does not concern it: the INFO line below says it. */
+  const struct algo* al = algo_table[idx];
+  int named = 0;
+  for (int i = 0; i < algo_table_len && !named; i++)
+    named = algo_table[i]->coll == a->kind && (comm->algo_mask & (1 << algo_table[i]->name)) &&
+            (comm->proto_mask & (1 << algo_table[i]->proto));
+  if ((!(comm->algo_mask & (1 << al->name)) || !(comm->proto_mask & (1 << al->proto))) && named && a->kind < 32 &&
+      !(comm->algo_fallback_warned & (1u << a->kind))) {
+    comm->algo_fallback_warned |= 1u << a->kind;
+    WARN("NCCL_ALGO=%s NCCL_PROTO=%s: no allowed algorithm runs %s of %zu x %s on these %d ranks%s; running %s/%s "
+         "(said once a collective)", param_str(P_NCCL_ALGO) ? param_str(P_NCCL_ALGO) : "(unset)",
+         param_str(P_NCCL_PROTO) ? param_str(P_NCCL_PROTO) : "(unset)", coll_name(a->kind), a->count,
+         dtype_name(a->dt), comm->nranks,
+         (comm->algo_mask & (1 << ALGO_CMA)) && comm->cma ? " (single copy runs from the threshold COLLIE_CMA=auto "
+                                                            "sets; COLLIE_CMA=1: every size)" : "",
+         algo_name(al->name), proto_names[al->proto]);
+  }
   INFO(LOG_TUNING, "%s %zu x %s on %d ranks: %s/%s (%.1f us predicted)", coll_name(a->kind), a->count,
        dtype_name(a->dt), comm->nranks, algo_name(algo_table[idx]->name), proto_names[algo_table[idx]->proto], t);
   p->algo = algo_table[idx];

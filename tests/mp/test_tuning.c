@@ -140,6 +140,50 @@ static int write_file(const char* path, const char* text) {
   return fclose(f);
 }
 
+/* NCCL_ALGO naming only rows that cannot run a call (single copy turned
+ * off): the call runs on the collective's first row, correct, and each rank
+ * says so once a collective, not once a call (broadcast and reduce have
+ * single-copy rows); an allreduce, which has none, is not the choice's
+ * concern and runs without a word. */
+static int rank_fallback(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  char log[600];
+  snprintf(log, sizeof(log), "%s/log.%d", (const char*)arg, rank);
+  setenv("NCCL_DEBUG", "WARN", 1);
+  setenv("NCCL_DEBUG_FILE", log, 1);
+  setenv("NCCL_ALGO", "CMA", 1);
+  setenv("COLLIE_CMA", "0", 1);
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  size_t counts[] = {1, 1000, 1 << 18};
+  for (int rep = 0; rep < 2; rep++)
+    for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+      size_t n = counts[c];
+      float* buf = malloc(n * sizeof(float));
+      MP_CHECK(buf != NULL, "oom");
+      for (size_t i = 0; i < n; i++) buf[i] = rank == 0 ? (float)(i % 9) : -1.0f;
+      MP_NCCL(ncclBroadcast(buf, buf, n, ncclFloat32, 0, comm, NULL));
+      for (size_t i = 0; i < n; i++) MP_CHECK(buf[i] == (float)(i % 9), "broadcast %zu [%zu] = %g", n, i, buf[i]);
+      for (size_t i = 0; i < n; i++) buf[i] = (float)(rank + 1);
+      MP_NCCL(ncclReduce(buf, buf, n, ncclFloat32, ncclSum, 1, comm, NULL));
+      if (rank == 1)
+        for (size_t i = 0; i < n; i++)
+          MP_CHECK(buf[i] == (float)(nranks * (nranks + 1) / 2), "reduce %zu [%zu] = %g", n, i, buf[i]);
+      for (size_t i = 0; i < n; i++) buf[i] = (float)(rank + 1);
+      MP_NCCL(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, comm, NULL));
+      for (size_t i = 0; i < n; i++)
+        MP_CHECK(buf[i] == (float)(nranks * (nranks + 1) / 2), "allreduce %zu [%zu] = %g", n, i, buf[i]);
+      free(buf);
+    }
+  MP_NCCL(ncclCommDestroy(comm));
+  MP_CHECK(count_in_file(log, "no allowed algorithm runs ncclBroadcast") == 1 &&
+               count_in_file(log, "no allowed algorithm runs ncclReduce") == 1,
+           "expected one fallback warning for broadcast and one for reduce in %s", log);
+  MP_CHECK(count_in_file(log, "no allowed algorithm runs ncclAllReduce") == 0,
+           "an allreduce has no single-copy row: no warning expected in %s", log);
+  return 0;
+}
+
 static int test_cache(const char* base) {
   char log[600], path[4352], why[512], buf[4096];
   snprintf(log, sizeof(log), "%s/log", base);
@@ -543,12 +587,15 @@ int main(int argc, char** argv) {
     rc = test_chunk();
   } else if (argc > 1 && strcmp(argv[1], "far") == 0) {
     rc = test_far();
+  } else if (argc > 1 && strcmp(argv[1], "fallback") == 0) {
+    rc = mp_run(2, rank_fallback, base, 120);
+    fprintf(stderr, "%s NCCL_ALGO fallback warning, 2 ranks\n", rc ? "FAILED" : "passed");
   } else if (argc > 2 && strcmp(argv[1], "agree") == 0) {
     int n = atoi(argv[2]);
     rc = mp_run(n, rank_agree, base, 300);
     fprintf(stderr, "%s tuning agreement, %d ranks\n", rc ? "FAILED" : "passed", n);
   } else {
-    fprintf(stderr, "usage: test_tuning cache | oversub | chunk | far | agree NRANKS\n");
+    fprintf(stderr, "usage: test_tuning cache | oversub | chunk | far | fallback | agree NRANKS\n");
     rc = 2;
   }
   char cmd[600];
