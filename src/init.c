@@ -277,6 +277,11 @@ static void comm_release(ncclComm_t comm) {
          "wanted a CPU (COLLIE_SPREAD)",
          comm->rank, (unsigned long long)comm->spread_moves, (unsigned long long)comm->spread_refused);
   comm->spread_moves = comm->spread_refused = 0;
+  if (comm->bcast_left || comm->bcast_pulled)
+    INFO(LOG_TUNING,
+         "rank %d went on without a late reader of its streamed broadcasts %llu time(s), and finished %llu of its "
+         "peers' from their buffers (left behind)",
+         comm->rank, (unsigned long long)comm->bcast_left, (unsigned long long)comm->bcast_pulled);
   bind_comm_release(comm);
   mapped_free(comm);
   window_free_all(comm);

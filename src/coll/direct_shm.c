@@ -152,6 +152,8 @@ struct direct_state {
   uint32_t* peer_ack;  /* by rank: the last value read of its ack[] of this rank */
   unsigned char* left; /* by rank: a streamed broadcast's root went on without it (this call) */
   uint32_t stream;     /* chunks this rank published as a broadcast root, ever */
+  int64_t quiet_ns;    /* when allgather_lag last looked whether other tasks want a CPU */
+  int quiet;           /* what it saw: 1 none did */
   struct mb_ctrl** ctrl; /* by rank */
   char** small;          /* by rank: NSLOTS buffers of SMALL_BYTES */
   char** data;           /* by rank: 2 buffers of cap bytes */
@@ -1190,15 +1192,48 @@ static ncclResult_t bcast_read_chunks(struct ncclComm* comm, int root, char* dst
  * against 14.7 / 29.5 / 59.5 / 119 / 230 (16.6 / 31.0 / 58.4 / 124 / 252)
  * (docs/BENCHMARKS.md, thirty-eighth session). */
 #define ALLGATHER_LAG_NS 500000
+/* ... unless no task outside the communicator wants a CPU: then a reader a
+ * ring behind is one of the ranks taking turns on its CPU and comes back
+ * within the others' slices, and the pull that leaving it costs is dearer
+ * than the wait. 8 ranks on 2 CPUs, bound, no other load, medians of 3
+ * interleaved rounds (bench/ab_env.sh all_gather, calls 4-7 of a size), ms
+ * at 32 / 64 / 128 / 256 MiB gathered, lag 500 us / 5 ms / 20 ms (Open MPI):
+ * 9.04 / 19.8 / 64.8 / 148, 9.60 / 18.0 / 65.4 / 80.3, 8.66 / 18.4 / 37.7 /
+ * 95.1 (12.4 / 23.1 / 47.5 / 121): with 500 us a root left about 7 readers
+ * a call, and the calls of 256 MiB took 200-500 ms for their first ten
+ * (each pull first reads pages through the kernel that this reader never
+ * read so; on the development VM such first accesses cost a trip to the
+ * host), 70-85 ms with 20 ms. Beside a CPU hog the short lag stays: 20 ms
+ * took 274 / 555 ms at 128 / 256 MiB against 104 / 233. Whether other tasks
+ * want a CPU is looked at (others_want_cpu, three looks as board_spread) at
+ * most every QUIET_LOOK_NS. Then, interleaved, this against 500 us always
+ * (Open MPI): 9.37 / 30.0 / 37.7 / 93.6 against 21.8 / 26.3 / 77.9 / 110
+ * (13.2 / 51.3 / 49.0 / 111); beside the hog every look saw it (the short
+ * lag ran; rounds there vary 2-5x). */
+#define ALLGATHER_LAG_QUIET_NS 20000000
+#define QUIET_LOOK_NS 100000000
+static int64_t allgather_lag(struct ncclComm* comm) {
+  struct direct_state* d = comm->direct;
+  int64_t now = time_ns();
+  if (d->quiet_ns == 0 || now - d->quiet_ns > QUIET_LOOK_NS) {
+    int others = 1;
+    for (int look = 0; look < 3 && others; look++) others = others_want_cpu(comm);
+    d->quiet = !others;
+    d->quiet_ns = now;
+  }
+  return d->quiet ? ALLGATHER_LAG_QUIET_NS : ALLGATHER_LAG_NS;
+}
+
 static ncclResult_t stream_allgather(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt);
+  int64_t lag = allgather_lag(comm);
   for (int r = 0; r < comm->nranks; r++) {
     char* mine;
     char* dst = (char*)a->recvbuff + (size_t)r * bytes;
     NCCLCHECK(direct_begin(comm, bytes, comm->rank == r, &mine));
     if (comm->rank == r) {
-      NCCLCHECK(bcast_root_chunks(comm, mine, a->sendbuff, bytes, ALLGATHER_LAG_NS));
+      NCCLCHECK(bcast_root_chunks(comm, mine, a->sendbuff, bytes, lag));
     } else {
       NCCLCHECK(direct_exchange(comm, r, 0));
       NCCLCHECK(bcast_read_chunks(comm, r, dst, peer_data(comm->direct, r, bytes), bytes));
