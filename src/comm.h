@@ -62,6 +62,7 @@ struct ncclComm {
   uint64_t reduce_steals; /* chunks a single-copy reduce's root read itself (cma_reduce.c; tests) */
   uint64_t bcast_left;    /* streamed broadcasts' readers this root went on without (direct_shm.c; tests) */
   uint64_t bcast_pulled;  /* streamed broadcasts this reader finished from the root's buffer (direct_shm.c; tests) */
+  uint64_t allgather_pulled; /* streamed allgathers run as single copy beside other load (direct_shm.c; tests) */
   int local_rank, local_size, nhosts;
   ncclConfig_t config;
   uint32_t abort_flag;

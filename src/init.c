@@ -282,6 +282,9 @@ static void comm_release(ncclComm_t comm) {
          "rank %d went on without a late reader of its streamed broadcasts %llu time(s), and finished %llu of its "
          "peers' from their buffers (left behind)",
          comm->rank, (unsigned long long)comm->bcast_left, (unsigned long long)comm->bcast_pulled);
+  if (comm->allgather_pulled)
+    INFO(LOG_TUNING, "rank %d ran %llu allgather(s) as single copy, as other tasks wanted a CPU", comm->rank,
+         (unsigned long long)comm->allgather_pulled);
   bind_comm_release(comm);
   mapped_free(comm);
   window_free_all(comm);

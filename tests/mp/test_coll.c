@@ -14,6 +14,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdint.h>
 
 #include <dirent.h>
@@ -891,6 +892,69 @@ static int rank_bcast_left(int rank, int nranks, const ncclUniqueId* ids, int ni
   return 0;
 }
 
+/* A streamed allgather (ranks outnumber CPUs, blocks of 4 MiB and more)
+ * while another task wants a CPU runs as single copy (direct_shm.c,
+ * stream_allgather): rank 0 starts a busy child before the communicator
+ * exists, so every rank's look sees it. NCCL_ALGO=Direct has the tuner
+ * pick the streamed row for the first call of the size (the plan is kept
+ * for that size); single copy is then allowed, which the switch requires.
+ * In and out of place, every value checked; every rank counts the calls
+ * it ran as single copy (comm->allgather_pulled). */
+static int rank_gather_pull(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  pid_t hog = -1;
+  if (rank == 0) {
+    hog = fork();
+    MP_CHECK(hog >= 0, "fork failed");
+    if (hog == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL); /* rank 0 returning early (a failed check) ends it too */
+      alarm(120);
+      for (volatile unsigned long x = 0;; x++) {
+      }
+    }
+  }
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  if (!comm->cma) {
+    fprintf(stderr, "rank %d: single copy (cross-memory attach) does not work here: skipped\n", rank);
+    if (hog > 0) kill(hog, SIGKILL), waitpid(hog, NULL, 0);
+    MP_NCCL(ncclCommDestroy(comm));
+    return 0;
+  }
+  if (comm->oversub <= 1.0) comm->oversub = 1.5; /* as rank_bcast_left */
+  size_t count = ((size_t)1 << 20) + 3;
+  size_t total = count * (size_t)nranks;
+  float* send = malloc(total * sizeof(float));
+  float* recv = malloc(total * sizeof(float));
+  MP_CHECK(send && recv, "out of memory");
+#define PULL_VAL(r, i) ((float)(((i) * 11 + (size_t)(r) * 5 + (size_t)it) % 997))
+  for (int it = 0; it < 5; it++) {
+    if (it == 1) comm->algo_mask |= 1 << ALGO_CMA;
+    int inplace = it % 2;
+    float* out = inplace ? send : recv;
+    float* in = inplace ? send + (size_t)rank * count : send;
+    for (size_t i = 0; i < total; i++) {
+      send[i] = -1.0f;
+      recv[i] = -2.0f;
+    }
+    for (size_t i = 0; i < count; i++) in[i] = PULL_VAL(rank, i);
+    MP_NCCL(ncclAllGather(in, out, count, ncclFloat, comm, NULL));
+    for (size_t i = 0; i < total; i++)
+      MP_CHECK(out[i] == PULL_VAL(i / count, i % count), "round %d (%s): element %zu is %g, want %g", it,
+               inplace ? "in place" : "out of place", i, (double)out[i], (double)PULL_VAL(i / count, i % count));
+  }
+#undef PULL_VAL
+  if (hog > 0) kill(hog, SIGKILL), waitpid(hog, NULL, 0);
+  fprintf(stderr, "rank %d: allgathers run as single copy %llu\n", rank, (unsigned long long)comm->allgather_pulled);
+  MP_CHECK(comm->allgather_pulled == 4, "rank %d ran %llu of the 4 allgathers after the first as single copy, "
+           "want 4", rank, (unsigned long long)comm->allgather_pulled);
+  free(send);
+  free(recv);
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
 /* Channel parts that end with bytes still in this process (a socket whose
  * kernel buffers are full): run with NCCL_BUFFSIZE=64M NCCL_MIN_CTAS=2 over
  * sockets, 32 MiB collectives split over 2 channels, whose last slots do not
@@ -994,6 +1058,12 @@ int main(int argc, char** argv) {
     int rc = mp_run(3, rank_bcast_left, &gather, 300);
     fprintf(stderr, "%s streamed %s with a stopped reader, 3 ranks\n", rc ? "FAILED" : "passed",
             gather ? "allgather" : "broadcast");
+    return rc;
+  }
+  if (argc > 1 && strcmp(argv[1], "gatherpull") == 0) {
+    int rc = mp_run(3, rank_gather_pull, NULL, 300);
+    fprintf(stderr, "%s streamed allgather beside a busy process runs as single copy, 3 ranks\n",
+            rc ? "FAILED" : "passed");
     return rc;
   }
   if (argc > 1 && strcmp(argv[1], "burst") == 0) {
