@@ -34,10 +34,13 @@ int64_t now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Rank 0's bootstrap binds this port a moment later (see
- * sock_free_loopback_port for why it is not a bind(0) port). */
-static int free_loopback_port(unsigned* port) {
-  int p = sock_free_loopback_port(AF_INET);
+/* Rank 0's bootstrap root port, bound and listening here from before the
+ * first fork until rank 0 has it (run_root_fd; COLLIE_BOOTSTRAP_ROOT_FD in
+ * rank 0's environment): a port only named in NCCL_COMM_ID could be taken
+ * by any other process while rank 0 starts (see bootstrap/root.c). */
+int run_root_fd = -1;
+static int reserve_loopback_port(unsigned* port) {
+  int p = sock_reserve_loopback_port(AF_INET, &run_root_fd);
   if (p < 0) {
     errno = EADDRINUSE;
     return -1;
@@ -92,10 +95,11 @@ static int set_job_env(const struct options* o) {
     return 0;
   }
 
+  unsetenv("COLLIE_BOOTSTRAP_ROOT_FD"); /* only ever set below, for rank 0 (supervise.c) */
   const char* comm_id = getenv("NCCL_COMM_ID");
   if (comm_id == NULL || comm_id[0] == '\0') {
     unsigned port;
-    if (free_loopback_port(&port) != 0) {
+    if (reserve_loopback_port(&port) != 0) {
       fprintf(stderr, "collie-run: cannot find a free port on 127.0.0.1: %s\n", strerror(errno));
       return -1;
     }

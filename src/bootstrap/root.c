@@ -374,6 +374,36 @@ static void root_free(struct root* r) {
   free(r);
 }
 
+/* The root port a launcher bound for rank 0 and handed down
+ * (COLLIE_BOOTSTRAP_ROOT_FD, set by collie-run in rank 0 alone): taken once
+ * per process, and only if that descriptor is still a socket listening on
+ * exactly the root address. A port merely named in NCCL_COMM_ID is free
+ * for anyone until rank 0 binds it, which in a Python rank that first
+ * imports torch is seconds later: two jobs started at once by a test had
+ * one job's port taken by the other's listener, whose root dropped the
+ * first job's check-ins as strangers ("lost the root ... connection closed
+ * by peer", once in 50 DDP jobs). 1: *fd is the listener (non-blocking,
+ * close-on-exec). */
+static int reserved_taken;
+static int take_reserved_listener(const union sock_addr* addr, int* fd) {
+  const char* v = param_str(P_COLLIE_BOOTSTRAP_ROOT_FD);
+  if (!v || !*v || __atomic_exchange_n(&reserved_taken, 1, __ATOMIC_ACQ_REL)) return 0;
+  char* end;
+  long n = strtol(v, &end, 10);
+  if (*end || n < 3 || n > INT32_MAX || !sock_is_listener_on((int)n, addr)) {
+    char a[SOCK_ADDR_STRLEN];
+    INFO(LOG_BOOTSTRAP, "COLLIE_BOOTSTRAP_ROOT_FD=%s is not a listener on %s: binding the root port here", v,
+         sock_addr_str(addr, a, sizeof(a)));
+    return 0;
+  }
+  int flags = fcntl((int)n, F_GETFL);
+  if (flags < 0 || fcntl((int)n, F_SETFL, flags | O_NONBLOCK) != 0 || fcntl((int)n, F_SETFD, FD_CLOEXEC) != 0)
+    return 0;
+  *fd = (int)n;
+  INFO(LOG_BOOTSTRAP, "bootstrap root: using the listener the launcher bound (descriptor %d)", *fd);
+  return 1;
+}
+
 ncclResult_t root_start(struct bootstrap_id* id, int started_by_init) {
   struct root* r = calloc(1, sizeof(*r));
   if (!r) return err_set(ncclSystemError, "out of memory starting the bootstrap root");
@@ -383,10 +413,12 @@ ncclResult_t root_start(struct bootstrap_id* id, int started_by_init) {
   r->timeout_ms = param_int(P_COLLIE_BOOTSTRAP_TIMEOUT, 1, 86400) * 1000;
   r->handshake_ms = param_int(P_COLLIE_BOOTSTRAP_HANDSHAKE_TIMEOUT, 10, 3600000);
   union sock_addr addr = id->root;
-  ncclResult_t res = sock_listen_on(&addr, (int)param_int(P_COLLIE_LISTEN_ANY, 0, 1), &r->listen_fd);
-  if (res != ncclSuccess) {
-    free(r);
-    return res;
+  if (!started_by_init || !take_reserved_listener(&addr, &r->listen_fd)) {
+    ncclResult_t res = sock_listen_on(&addr, (int)param_int(P_COLLIE_LISTEN_ANY, 0, 1), &r->listen_fd);
+    if (res != ncclSuccess) {
+      free(r);
+      return res;
+    }
   }
   if (pipe2(r->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
     close(r->listen_fd);

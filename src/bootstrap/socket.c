@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../core.h"
@@ -360,7 +362,10 @@ int sock_recv_all(int fd, void* buf, size_t n, int64_t deadline_ms, volatile uin
   }
 }
 
-int sock_free_loopback_port(int family) {
+/* A random loopback port below the kernel's ephemeral range (a port the
+ * kernel handed out for bind(0) can go to any outgoing connection the moment
+ * it is closed), bound and, with listen_fd, listening: the port, or -1. */
+static int loopback_port(int family, int* listen_fd) {
   int lo = 32768;
   FILE* f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
   if (f) {
@@ -369,6 +374,10 @@ int sock_free_loopback_port(int family) {
   }
   if (lo <= 11024) lo = 32768;
   unsigned seed = (unsigned)getpid() ^ (unsigned)time(NULL);
+  {
+    unsigned r;
+    if (getrandom(&r, sizeof(r), GRND_NONBLOCK) == (ssize_t)sizeof(r)) seed ^= r;
+  }
   for (int i = 0; i < 200; i++) {
     union sock_addr a;
     memset(&a, 0, sizeof(a));
@@ -387,9 +396,37 @@ int sock_free_loopback_port(int family) {
     }
     int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
-    int ok = bind(fd, &a.sa, len) == 0;
+    if (listen_fd) {
+      int one = 1;
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    }
+    int ok = bind(fd, &a.sa, len) == 0 && (!listen_fd || listen(fd, 16384) == 0);
+    if (ok && listen_fd) {
+      *listen_fd = fd;
+      return port;
+    }
     close(fd);
     if (ok) return port;
   }
   return -1;
+}
+
+int sock_free_loopback_port(int family) { return loopback_port(family, NULL); }
+
+int sock_reserve_loopback_port(int family, int* listen_fd) { return loopback_port(family, listen_fd); }
+
+int sock_is_listener_on(int fd, const union sock_addr* addr) {
+  int on = 0;
+  socklen_t olen = sizeof(on);
+  if (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &on, &olen) != 0 || !on) return 0;
+  union sock_addr got;
+  memset(&got, 0, sizeof(got));
+  socklen_t len = sizeof(got);
+  if (getsockname(fd, &got.sa, &len) != 0 || got.sa.sa_family != addr->sa.sa_family) return 0;
+  if (got.sa.sa_family == AF_INET)
+    return got.sin.sin_port == addr->sin.sin_port && got.sin.sin_addr.s_addr == addr->sin.sin_addr.s_addr;
+  if (got.sa.sa_family == AF_INET6)
+    return got.sin6.sin6_port == addr->sin6.sin6_port &&
+           memcmp(&got.sin6.sin6_addr, &addr->sin6.sin6_addr, sizeof(got.sin6.sin6_addr)) == 0;
+  return 0;
 }

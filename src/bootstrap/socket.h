@@ -38,6 +38,14 @@ int sock_addr_is_loopback(const union sock_addr* a);
  * kernel's ephemeral range, so no other process's outgoing connection can
  * take it in between (a bind(0) port, closed again, can). -1 if none. */
 int sock_free_loopback_port(int family);
+/* The same, but the port stays bound and listening on *listen_fd (O_CLOEXEC,
+ * blocking) until the caller hands it on or closes it: collie-run holds rank
+ * 0's bootstrap root port so that nothing else can take it while rank 0
+ * starts (bootstrap/root.c, COLLIE_BOOTSTRAP_ROOT_FD). -1 if none. */
+int sock_reserve_loopback_port(int family, int* listen_fd);
+/* 1 if fd is a listening TCP socket bound to exactly addr (family, address,
+ * port), else 0. */
+int sock_is_listener_on(int fd, const union sock_addr* addr);
 int sock_addr_valid(const union sock_addr* a);
 
 /* Parses "ip:port", "[ipv6]:port" or "host:port" (resolved). Port 1..65535.

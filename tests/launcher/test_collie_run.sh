@@ -76,6 +76,40 @@ rc=$?
     [ "$(wc -l <"$tmp/out")" -eq 3 ] && [ ! -s "$tmp/err" ]
 ok $? "a user-set NCCL_COMM_ID is passed on unchanged, silently"
 
+# The port collie-run names in NCCL_COMM_ID stays bound from before the first
+# fork: rank 0 inherits a listener on it (COLLIE_BOOTSTRAP_ROOT_FD, the
+# socket /proc/net/tcp lists as listening on that port), no other rank does,
+# and nobody else can bind the port while rank 0 has not started its root
+# (rank 0 sleeps here; with the port only named, two jobs started at once
+# once had one's port taken by the other's listener).
+run -n 2 sh -c '
+    port=${NCCL_COMM_ID##*:}
+    if [ "$COLLIE_RANK" = 0 ]; then
+        [ -n "${COLLIE_BOOTSTRAP_ROOT_FD-}" ] || { echo "rank 0: no COLLIE_BOOTSTRAP_ROOT_FD"; exit 3; }
+        inode=$(readlink "/proc/$$/fd/$COLLIE_BOOTSTRAP_ROOT_FD" | sed -n "s/^socket:\[\([0-9]*\)\]$/\1/p")
+        hex=$(printf "%04X" "$port")
+        awk -v p=":$hex" -v i="$inode" "\$2 ~ p\"\$\" && \$4 == \"0A\" && \$10 == i { f = 1 } END { exit !f }" /proc/net/tcp ||
+            { echo "rank 0: descriptor $COLLIE_BOOTSTRAP_ROOT_FD (inode ${inode:-none}) does not listen on port $port"; exit 3; }
+        sleep 2
+        echo "rank 0 ok"
+    else
+        [ -z "${COLLIE_BOOTSTRAP_ROOT_FD-}" ] || { echo "rank $COLLIE_RANK: COLLIE_BOOTSTRAP_ROOT_FD is set"; exit 3; }
+        if [ -x /usr/bin/python3 ]; then
+            /usr/bin/python3 -c "
+import errno, socket, sys
+s = socket.socket()
+try:
+    s.bind((\"127.0.0.1\", $port))
+except OSError as e:
+    sys.exit(0 if e.errno == errno.EADDRINUSE else 4)
+print(\"rank 1: port $port was free to bind before rank 0 started its root\")
+sys.exit(3)" || exit 3
+        fi
+        echo "rank 1 ok"
+    fi'
+[ $? = 0 ] && [ "$(sort "$tmp/out")" = "$(printf 'rank 0 ok\nrank 1 ok')" ]
+ok $? "the NCCL_COMM_ID port is held for rank 0 (inherited listener, nobody else can bind it)"
+
 run -n 2 -x FOO=bar -x EMPTY= sh -c 'echo "$FOO|${EMPTY-unset}"'
 [ $? = 0 ] && [ "$(sort -u "$tmp/out")" = "bar|" ]
 ok $? "-x VAR=VALUE reaches every rank (also an empty value)"

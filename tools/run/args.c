@@ -25,6 +25,7 @@ static const char* const reserved_vars[] = {
     "COLLIE_LOCAL_RANK",
     "COLLIE_LOCAL_SIZE",
     "COLLIE_BOOTSTRAP_SECRET",
+    "COLLIE_BOOTSTRAP_ROOT_FD",
     "COLLIE_RENDEZVOUS",
     "COLLIE_RENDEZVOUS_SECRET",
     "COLLIE_ELASTIC_SLOT",

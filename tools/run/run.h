@@ -117,6 +117,10 @@ void parse_args(int argc, char** argv, struct options* o);
 /* collie_run.c */
 int64_t now_ms(void);
 int make_secret(char hex[2 * SECRET_BYTES + 1]);
+/* The listener on rank 0's bootstrap root port (NCCL_COMM_ID chosen here),
+ * -1 when none: handed to rank 0 (COLLIE_BOOTSTRAP_ROOT_FD), closed here once
+ * rank 0 is forked (supervise.c). */
+extern int run_root_fd;
 
 /* output.c (--tag-output) */
 void stream_finish(struct job* job, struct stream* s);

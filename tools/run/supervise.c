@@ -220,6 +220,16 @@ static void run_child(const struct options* o, const struct saved_state* saved, 
     dprintf(2, "collie-run: rank %d: cannot set the environment: %s\n", rank, strerror(errno));
     _exit(EXIT_FAILED);
   }
+  /* Rank 0 serves the bootstrap root on the port held for it; every other
+   * rank's copy closes at exec (O_CLOEXEC). */
+  if (rank == 0 && !o->elastic && run_root_fd >= 0) {
+    char fbuf[16];
+    snprintf(fbuf, sizeof(fbuf), "%d", run_root_fd);
+    if (fcntl(run_root_fd, F_SETFD, 0) != 0 || setenv("COLLIE_BOOTSTRAP_ROOT_FD", fbuf, 1) != 0) {
+      dprintf(2, "collie-run: rank 0: cannot hand on the bootstrap root port: %s\n", strerror(errno));
+      _exit(EXIT_FAILED);
+    }
+  }
 
   /* Set here, before exec, the mask covers the whole program: it is still
    * the only thread, and every thread it starts inherits the mask. */
@@ -299,6 +309,12 @@ int launch_one(struct job* job, int rank) {
     run_child(job->o, job->saved, job->cpus ? &job->cpus[rank] : NULL, rank, job->restarts ? job->restarts[rank] : 0,
               out_w, err_w);
   int fork_errno = errno;
+  if (rank == 0 && run_root_fd >= 0) {
+    /* Rank 0 has its own copy now (or never will): the port must not stay
+     * held here once rank 0's root closes it. */
+    close(run_root_fd);
+    run_root_fd = -1;
+  }
   if (out_w >= 0) {
     close(out_w);
     close(err_w);
