@@ -87,6 +87,7 @@ static int set_job_env(const struct options* o) {
     free(name);
   }
 
+  unsetenv("COLLIE_BOOTSTRAP_ROOT_FD"); /* only ever set for our rank 0 (supervise.c) */
   if (o->elastic) {
     /* Every epoch's rank 0 makes a fresh unique ID; a fixed root address
      * would be shared by consecutive epochs. */
@@ -95,7 +96,6 @@ static int set_job_env(const struct options* o) {
     return 0;
   }
 
-  unsetenv("COLLIE_BOOTSTRAP_ROOT_FD"); /* only ever set below, for rank 0 (supervise.c) */
   const char* comm_id = getenv("NCCL_COMM_ID");
   if (comm_id == NULL || comm_id[0] == '\0') {
     unsigned port;
