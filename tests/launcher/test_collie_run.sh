@@ -94,8 +94,9 @@ run -n 2 sh -c '
         echo "rank 0 ok"
     else
         [ -z "${COLLIE_BOOTSTRAP_ROOT_FD-}" ] || { echo "rank $COLLIE_RANK: COLLIE_BOOTSTRAP_ROOT_FD is set"; exit 3; }
-        if [ -x /usr/bin/python3 ]; then
-            /usr/bin/python3 -c "
+        # python3 binds the port (sh cannot); the suite installs it (scripts/deps.sh).
+        [ -x /usr/bin/python3 ] || { echo "rank 1: /usr/bin/python3 is needed to try the port"; exit 3; }
+        /usr/bin/python3 -c "
 import errno, socket, sys
 s = socket.socket()
 try:
@@ -104,7 +105,6 @@ except OSError as e:
     sys.exit(0 if e.errno == errno.EADDRINUSE else 4)
 print(\"rank 1: port $port was free to bind before rank 0 started its root\")
 sys.exit(3)" || exit 3
-        fi
         echo "rank 1 ok"
     fi'
 [ $? = 0 ] && [ "$(sort "$tmp/out")" = "$(printf 'rank 0 ok\nrank 1 ok')" ]

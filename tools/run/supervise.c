@@ -222,7 +222,7 @@ static void run_child(const struct options* o, const struct saved_state* saved, 
   }
   /* Rank 0 serves the bootstrap root on the port held for it; every other
    * rank's copy closes at exec (O_CLOEXEC). */
-  if (rank == 0 && !o->elastic && run_root_fd >= 0) {
+  if (rank == 0 && run_root_fd >= 0) { /* never set with --elastic (collie_run.c) */
     char fbuf[16];
     snprintf(fbuf, sizeof(fbuf), "%d", run_root_fd);
     if (fcntl(run_root_fd, F_SETFD, 0) != 0 || setenv("COLLIE_BOOTSTRAP_ROOT_FD", fbuf, 1) != 0) {
