@@ -9,11 +9,10 @@
 #           it collie is built into build-gpu and bundled into build-gpu/bundle
 #           (client binaries only if CLIENT_BIN names a folder of them).
 # Environment:
-#   LOGDIR  where each check's log goes (default: $OUT/logs on the device
-#           machine, so the logs come back even when the call is cut short,
-#           else /tmp/collie-gpu-logs); they are also packed into
-#           $RESULTS_DIR/gpu-logs.tgz at the end
-#   PHASES  which phases run (default "env tests extra sanitize clients torch perf mps")
+#   LOGDIR  where each check's log goes (default /tmp/collie-gpu-logs); packed
+#           into $RESULTS_DIR/gpu-logs.tgz every 15 s and at the end
+#   PHASES  which phases run (default "env tests extra sanitize clients torch perf mps";
+#           also "variants": the kernel settings in VARIANTS timed and checked)
 #   QUICK=1 shorter sweeps (each check keeps its own time limit)
 #   TORCH_ARGS  extra arguments for tests/gpu/torch_nccl.py (e.g. --quick)
 #   NT_MAX  largest size for the client runs (default 1G)
@@ -24,10 +23,15 @@
 #           other's time slices); perf always runs alone, last
 #   LANE_ORDER  with PARALLEL=0, the order of the lanes (default "1 4 3 2":
 #           extra+sanitize, torch, clients, then the sweeps)
-# Suggested device call (after the 2026-11-28 session): `RESULTS_DIR=$OUT
-# UNDER_MPS=1 QUICK=1 DEADLINE=480 scripts/gpu_check.sh PREFIX` with the
-# call's own timeout some 60 s above DEADLINE; the logs land in $OUT/logs as
-# they are written, so a call cut short still brings them back.
+# Suggested device call (prepared in the 2026-12-04 session, which was then
+# lent no machine): bundle here first (`CLIENT_BIN=<folder with the 7
+# nccl-tests *_perf built against include/nccl.h> scripts/gpu_bundle.sh
+# build-gpu .gpu/b`, carry .gpu), then one call of `RESULTS_DIR=$OUT
+# UNDER_MPS=1 PARALLEL=1 QUICK=1 DEADLINE=400 PERF_RESERVE=170 NT_MAX=64M
+# PHASES="env tests clients torch variants" scripts/gpu_check.sh .gpu/b`
+# with the call's own timeout some 50 s above DEADLINE. Build build-gpu with
+# -DCMAKE_CUDA_ARCHITECTURES=90-real (one architecture: a third of the
+# kernels' compile time).
 #   UNDER_MPS=1  start an MPS control daemon after the env phase and run
 #           everything under it (ranks in separate processes then share the GPU
 #           without time slices; the mps phase is skipped)
@@ -43,7 +47,6 @@ if [ -z "$prefix" ]; then
 fi
 prefix=$(cd "$prefix" && pwd)
 results_dir=${RESULTS_DIR:-${OUT:-$here/gpu-logs}}
-LOGDIR=${LOGDIR:-${OUT:+$OUT/logs}}
 LOGDIR=${LOGDIR:-/tmp/collie-gpu-logs}
 PHASES=${PHASES:-env tests extra sanitize clients torch perf mps}
 DEADLINE=${DEADLINE:-1500}
@@ -61,13 +64,22 @@ py=${PYTHON:-python3}
 start=$(date +%s)
 # The perf phase keeps this many seconds of the deadline for itself.
 perf_reserve=0
-[[ " $PHASES " == *" perf "* || " $PHASES " == *" mps "* ]] && perf_reserve=${PERF_RESERVE:-180}
+[[ " $PHASES " == *" perf "* || " $PHASES " == *" mps "* || " $PHASES " == *" variants "* ]] && perf_reserve=${PERF_RESERVE:-180}
 
 pack() {
   tar -C "$LOGDIR" -czf "$results_dir/gpu-logs.tgz" . 2>/dev/null
   cp "$table" "$results_dir/table.txt" 2>/dev/null
 }
-trap 'pack; exit 1' INT TERM
+trap 'kill "${packer:-}" 2>/dev/null; pack; exit 1' INT TERM
+# The device tool brings back at most 8 files from $OUT: the logs stay in
+# LOGDIR and are packed into RESULTS_DIR/gpu-logs.tgz every 15 s (and at the
+# end), so a call cut short still brings them back.
+(
+  while sleep 15; do
+    tar -C "$LOGDIR" -czf "$results_dir/.gpu-logs.part" . 2>/dev/null && mv -f "$results_dir/.gpu-logs.part" "$results_dir/gpu-logs.tgz"
+  done
+) &
+packer=$!
 
 # check NAME LIMIT_S CMD...: runs CMD with its output in LOGDIR/NAME.log.
 # Every process it starts carries COLLIE_GPU_CHECK=NAME in its environment;
@@ -292,6 +304,43 @@ if phase perf; then
   fi
 fi
 
+# The kernel's settings side by side (phase "variants"): nccl-tests' all_reduce
+# at 2 threads for each setting in VARIANTS (each a list of VAR=VALUE, "-" for
+# the defaults), then 2 processes (MPS where it runs), then every collective
+# checked once with the setting CHECK_VARIANT. (Nsight Compute serializes kernels, so
+# a kernel that waits for a peer's kernel cannot be profiled with it.)
+VARIANTS=${VARIANTS:-"- COLLIE_DEV_UNROLL=4 NCCL_MAX_CTAS=1 NCCL_MAX_CTAS=2"}
+CHECK_VARIANT=${CHECK_VARIANT:-COLLIE_DEV_UNROLL=4}
+variant_env() { [ "$1" = - ] && return 0; echo "${1//,/ }"; }
+variant_name() { local v=${1//COLLIE_DEV_/}; v=${v//=/}; v=${v//,/_}; [ "$v" = - ] && v=default; echo "${v,,}"; }
+if phase variants; then
+  b=$prefix/nt/all_reduce_perf
+  last=$CHECK_VARIANT
+  for v in $VARIANTS; do
+    n=$(variant_name "$v")
+    if [ -x "$b" ]; then
+      check "var_nt_all_reduce_2threads_$n" 60 env $(variant_env "$v") LD_PRELOAD="$lib/libvdev.so" COLLIE_VDEV=2 \
+        "$b" -t 2 -g 1 -b 64K -e 256M -f 4 -c 0 -n 10 -w 3
+    fi
+    check "var_gpuperf_2proc_$n" 60 env $(variant_env "$v") "$bin/gpu-perf" allreduce 2 65536 268435456
+  done
+  if [ -n "$last" ] && [ -d "$prefix/nt" ]; then
+    n=$(variant_name "$last")
+    for t in all_reduce all_gather reduce_scatter broadcast reduce; do
+      [ -x "$prefix/nt/${t}_perf" ] || continue
+      nt_check "var_check_${t}_2threads_$n" 60 env $(variant_env "$last") LD_PRELOAD="$lib/libvdev.so" COLLIE_VDEV=2 \
+        "$prefix/nt/${t}_perf" -t 2 -g 1 -b 8 -e 64M -f 4 -c 1 -n 3 -w 1
+    done
+    [ -x "$prefix/nt/all_reduce_perf" ] && nt_check "var_check_all_reduce_4threads_$n" 60 env $(variant_env "$last") \
+      LD_PRELOAD="$lib/libvdev.so" COLLIE_VDEV=4 "$prefix/nt/all_reduce_perf" -t 4 -g 1 -b 8 -e 64M -f 4 -c 1 -n 3 -w 1
+    # Every datatype and reduction nccl-tests knows, on the same setting.
+    for t in all_reduce reduce_scatter; do
+      [ -x "$prefix/nt/${t}_perf" ] && nt_check "var_check_${t}_types_ops_$n" 60 env $(variant_env "$last") \
+        LD_PRELOAD="$lib/libvdev.so" COLLIE_VDEV=2 "$prefix/nt/${t}_perf" -t 2 -g 1 -b 8 -e 2M -f 16 -d all -o all -c 1 -n 1 -w 1
+    done
+  fi
+fi
+
 # The same processes under MPS, where their kernels run side by side. The
 # control daemon is started here (a user-space service, no GPU setting
 # changes) and stopped at the end.
@@ -309,6 +358,7 @@ if phase mps && command -v nvidia-cuda-mps-control >/dev/null; then
 fi
 if [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then mps_stop; fi
 
+kill "$packer" 2>/dev/null
 echo
 echo "== gpu_check: $(($(date +%s) - start)) s on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"
 cat "$table"
