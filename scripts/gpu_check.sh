@@ -70,16 +70,25 @@ pack() {
   tar -C "$LOGDIR" -czf "$results_dir/gpu-logs.tgz" . 2>/dev/null
   cp "$table" "$results_dir/table.txt" 2>/dev/null
 }
-trap 'kill "${packer:-}" 2>/dev/null; pack; exit 1' INT TERM
 # The device tool brings back at most 8 files from $OUT: the logs stay in
 # LOGDIR and are packed into RESULTS_DIR/gpu-logs.tgz every 15 s (and at the
 # end), so a call cut short still brings them back.
 (
+  exec 2>/dev/null # no "Terminated" when finish_pack stops it
   while sleep 15; do
-    tar -C "$LOGDIR" -czf "$results_dir/.gpu-logs.part" . 2>/dev/null && mv -f "$results_dir/.gpu-logs.part" "$results_dir/gpu-logs.tgz"
+    tar -C "$LOGDIR" -czf "$results_dir/.gpu-logs.part" . && mv -f "$results_dir/.gpu-logs.part" "$results_dir/gpu-logs.tgz"
   done
 ) &
 packer=$!
+# Stops the packer and its sleep or tar, then packs once more.
+finish_pack() {
+  pkill -P "$packer" 2>/dev/null
+  kill "$packer" 2>/dev/null
+  wait "$packer" 2>/dev/null
+  rm -f "$results_dir/.gpu-logs.part"
+  pack
+}
+trap 'finish_pack; exit 1' INT TERM
 
 # check NAME LIMIT_S CMD...: runs CMD with its output in LOGDIR/NAME.log.
 # Every process it starts carries COLLIE_GPU_CHECK=NAME in its environment;
@@ -315,7 +324,6 @@ variant_env() { [ "$1" = - ] && return 0; echo "${1//,/ }"; }
 variant_name() { local v=${1//COLLIE_DEV_/}; v=${v//=/}; v=${v//,/_}; [ "$v" = - ] && v=default; echo "${v,,}"; }
 if phase variants; then
   b=$prefix/nt/all_reduce_perf
-  last=$CHECK_VARIANT
   for v in $VARIANTS; do
     n=$(variant_name "$v")
     if [ -x "$b" ]; then
@@ -324,18 +332,18 @@ if phase variants; then
     fi
     check "var_gpuperf_2proc_$n" 60 env $(variant_env "$v") "$bin/gpu-perf" allreduce 2 65536 268435456
   done
-  if [ -n "$last" ] && [ -d "$prefix/nt" ]; then
-    n=$(variant_name "$last")
+  if [ -n "$CHECK_VARIANT" ] && [ -d "$prefix/nt" ]; then
+    n=$(variant_name "$CHECK_VARIANT")
     for t in all_reduce all_gather reduce_scatter broadcast reduce; do
       [ -x "$prefix/nt/${t}_perf" ] || continue
-      nt_check "var_check_${t}_2threads_$n" 60 env $(variant_env "$last") LD_PRELOAD="$lib/libvdev.so" COLLIE_VDEV=2 \
+      nt_check "var_check_${t}_2threads_$n" 60 env $(variant_env "$CHECK_VARIANT") LD_PRELOAD="$lib/libvdev.so" COLLIE_VDEV=2 \
         "$prefix/nt/${t}_perf" -t 2 -g 1 -b 8 -e 64M -f 4 -c 1 -n 3 -w 1
     done
-    [ -x "$prefix/nt/all_reduce_perf" ] && nt_check "var_check_all_reduce_4threads_$n" 60 env $(variant_env "$last") \
+    [ -x "$prefix/nt/all_reduce_perf" ] && nt_check "var_check_all_reduce_4threads_$n" 60 env $(variant_env "$CHECK_VARIANT") \
       LD_PRELOAD="$lib/libvdev.so" COLLIE_VDEV=4 "$prefix/nt/all_reduce_perf" -t 4 -g 1 -b 8 -e 64M -f 4 -c 1 -n 3 -w 1
     # Every datatype and reduction nccl-tests knows, on the same setting.
     for t in all_reduce reduce_scatter; do
-      [ -x "$prefix/nt/${t}_perf" ] && nt_check "var_check_${t}_types_ops_$n" 60 env $(variant_env "$last") \
+      [ -x "$prefix/nt/${t}_perf" ] && nt_check "var_check_${t}_types_ops_$n" 60 env $(variant_env "$CHECK_VARIANT") \
         LD_PRELOAD="$lib/libvdev.so" COLLIE_VDEV=2 "$prefix/nt/${t}_perf" -t 2 -g 1 -b 8 -e 2M -f 16 -d all -o all -c 1 -n 1 -w 1
     done
   fi
@@ -358,9 +366,8 @@ if phase mps && command -v nvidia-cuda-mps-control >/dev/null; then
 fi
 if [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then mps_stop; fi
 
-kill "$packer" 2>/dev/null
 echo
 echo "== gpu_check: $(($(date +%s) - start)) s on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"
 cat "$table"
-pack
+finish_pack
 ! grep -qv ' PASS \| SKIP ' "$table"

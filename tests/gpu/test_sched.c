@@ -433,9 +433,11 @@ int main(void) {
           for (int di = 0; di < 5; di++) {
             int dt = dts[di];
             int reduces = kind != DS_ALLGATHER && kind != DS_BROADCAST;
-            int nred = reduces ? 6 : 1;
+            /* Every reduction; the fifth sum is ncclAvg. */
+            static const int reds[] = {RE_SUM, RE_MAX, RE_MIN, RE_PREMULSUM, RE_SUM, RE_PROD};
+            int nred = reduces ? (int)(sizeof(reds) / sizeof(reds[0])) : 1;
             for (int ri = 0; ri < nred; ri++) {
-              int red = ri == 0 ? RE_SUM : ri == 1 ? RE_MAX : ri == 2 ? RE_MIN : ri == 3 ? RE_PREMULSUM : ri == 5 ? RE_PROD : RE_SUM;
+              int red = reds[ri];
               int avg = ri == 4;
               int root = (int)(ci + (size_t)kind) % n;
               check(kind, dt, red, avg, n, nch, counts[ci], 0, root);
