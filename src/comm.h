@@ -111,6 +111,11 @@ struct ncclComm {
   } adapt[ADAPT_KINDS][ADAPT_BUCKETS];
   int algo_mask;  /* 1 << ALGO_* (names) allowed by NCCL_ALGO / NCCL_PROTO */
   int cma_adapt;  /* COLLIE_CMA_ADAPT, read with the masks (coll/adapt.c) */
+  /* coll/adapt.c's look at CPU contention: this thread's schedstat at the
+   * last look, when it was taken, and the verdict (1: it waited for a CPU). */
+  int64_t load_ns, load_run, load_wait;
+  int load_busy, load_tid;
+  int adapt_load; /* COLLIE_ADAPT_LOAD: -1 auto (look), 0 never held, 1 always (coll/adapt.c) */
   unsigned algo_fallback_warned; /* a bit per collective whose NCCL_ALGO/NCCL_PROTO choice fell back (graph/tuning.c) */
   int proto_mask; /* 1 << PROTO_* allowed by NCCL_PROTO */
   uint64_t opcount; /* calls run so far (NCCL_DEBUG_SUBSYS=COLL logs it) */

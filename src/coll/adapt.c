@@ -33,11 +33,20 @@
  * takes the first-touch page faults, then the alternative, then the tuner's
  * row again); then the alternative runs where it measured clearly faster,
  * the tuner's row otherwise, and now and then one call runs the other to
- * see whether that changed (adapt_pick). */
+ * see whether that changed (adapt_pick). While a rank waits for a CPU
+ * (another busy process; COLLIE_ADAPT_LOAD, load_look below) the tuner's
+ * row holds for ADAPT_WINDOW calls at a time: beside a busy process on 2
+ * CPUs, call times swung 10x with the scheduler, the pick flipped between
+ * the paths on them, and each per-call exchange waited for both ranks to be
+ * on a CPU (2 ranks, 2 MiB, held against weighed, bound: broadcast 277
+ * against 398 us, alltoall 197 against 276; docs/BENCHMARKS.md). */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "coll.h"
+#include "../graph/bind.h"
 
 /* Per rank, from here on (below it one exchange is a visible part of the
  * call: about a microsecond at 2 ranks against 20-25 us for an allgather of
@@ -141,6 +150,37 @@ static int adapt_alt(const struct coll_args* a, const struct plan* p) {
   return ALT_NONE;
 }
 
+/* Whether this rank's thread waits for a CPU (COLLIE_ADAPT_LOAD=auto):
+ * from the time it spent runnable but not running against its time on a
+ * CPU since the last look (/proc/thread-self/schedstat), one look at most
+ * every ADAPT_LOOK_NS. Beside a busy process on 2 CPUs, 2 ranks in a tight
+ * loop of collectives waited 29-63% of their runnable time; alone, 2-3%.
+ * (Counting runnable tasks, as direct_shm.c's look does, reads two ranks
+ * that wait for each other as other load.) A look with under 2 ms runnable
+ * keeps the verdict, for up to a second. */
+#define ADAPT_LOOK_NS 50000000
+int adapt_load_verdict(int64_t run_ns, int64_t wait_ns, int64_t since_ns, int was) {
+  if (run_ns + wait_ns >= 2000000) return wait_ns * 100 > ADAPT_LOAD_PERCENT * (run_ns + wait_ns);
+  return since_ns > 1000000000 ? 0 : was;
+}
+
+static int load_look(struct ncclComm* comm) {
+  if (comm->adapt_load >= 0) return comm->adapt_load;
+  int64_t now = time_ns(), run, wait;
+  if (comm->load_ns && now - comm->load_ns < ADAPT_LOOK_NS) return comm->load_busy;
+  if (bind_thread_schedstat(&run, &wait) != 0) return 0;
+  /* Another thread's figures are no difference to this one's. */
+  int tid = (int)syscall(SYS_gettid);
+  if (comm->load_ns && tid == comm->load_tid)
+    comm->load_busy = adapt_load_verdict(run - comm->load_run, wait - comm->load_wait, now - comm->load_ns,
+                                         comm->load_busy);
+  comm->load_ns = now;
+  comm->load_tid = tid;
+  comm->load_run = run;
+  comm->load_wait = wait;
+  return comm->load_busy;
+}
+
 static int cmp_u32(const void* x, const void* y) {
   uint32_t a = *(const uint32_t*)x, b = *(const uint32_t*)y;
   return a < b ? -1 : a > b;
@@ -159,23 +199,35 @@ static ncclResult_t pick(struct ncclComm* comm, const struct coll_args* a, const
     qsort(b->win_ns, b->nwin, sizeof(b->win_ns[0]), cmp_u32);
     b->rate[b->cur] = (float)((double)bytes / ((double)b->win_ns[(b->nwin - 1) / 2] / 1e3)); /* bytes per us */
   }
-  float mine[2] = {b->rate[0], b->rate[1]}, all[2 * ADAPT_MAX_RANKS];
+  float mine[3] = {b->rate[0], b->rate[1], (float)load_look(comm)}, all[3 * ADAPT_MAX_RANKS];
   NCCLCHECK(direct_shm_share(comm, mine, sizeof(mine), all));
+  int busy = 0;
+  for (int r = 0; r < comm->nranks; r++) busy |= all[3 * r + 2] != 0.0f;
   /* A path is as fast as its slowest rank: a broadcast root that posts into
    * its mailbox and returns at once would otherwise make the one-shot look
    * fast while its readers take the time. */
   double low[2] = {all[0], all[1]};
   for (int r = 1; r < comm->nranks; r++) {
-    low[0] = COLLIE_MIN(low[0], (double)all[2 * r]);
-    low[1] = COLLIE_MIN(low[1], (double)all[2 * r + 1]);
+    low[0] = COLLIE_MIN(low[0], (double)all[3 * r]);
+    low[1] = COLLIE_MIN(low[1], (double)all[3 * r + 1]);
   }
   int trial, use = adapt_pick(b->calls, low[0], low[1], &trial);
   uint32_t window = window_of(bytes);
+  /* While a rank waits for a CPU, the tuner's row runs ADAPT_WINDOW calls
+   * at a time without an exchange: a call's time there says more about the
+   * scheduler than about the path, the weighing flipped between the paths
+   * on such times, and each exchange needs every rank on a CPU at once. */
+  if (busy && b->calls >= 3) {
+    trial = 0;
+    use = 0;
+    window = ADAPT_WINDOW;
+  }
   if (!trial && use != b->last && comm->rank == 0)
     INFO(LOG_TUNING, "%s of %zu bytes a rank: now %s%s (measured %.2f GB/s against %.2f, the slowest rank's%s)",
          coll_name(a->kind), bytes, use && alt == ALT_CMA ? "single copy" : algo_name(p->algo->name),
          alt == ALT_SLOTS ? (use ? " with non-temporal slot stores" : " with plain slot stores") : "",
-         low[use] / 1e3, low[!use] / 1e3, window > 1 ? ", weighed once a window of calls" : "");
+         low[use] / 1e3, low[!use] / 1e3,
+         busy ? "; a rank waits for a CPU: held for a window of calls" : window > 1 ? ", weighed once a window of calls" : "");
   if (!trial) b->last = use;
   b->calls++;
   b->cur = use;

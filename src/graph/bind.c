@@ -827,6 +827,21 @@ int bind_runnable_tasks(void) {
   return running;
 }
 
+int bind_thread_schedstat(int64_t* run_ns, int64_t* wait_ns) {
+  char buf[128];
+  int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t got = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (got <= 0) return -1;
+  buf[got] = '\0';
+  long long run, wait;
+  if (sscanf(buf, "%lld %lld", &run, &wait) != 2) return -1;
+  *run_ns = run;
+  *wait_ns = wait;
+  return 0;
+}
+
 int bind_thread_runnable(int pid, int tid) {
   char buf[512];
   const char* p = task_stat_fields((pid_t)pid, (pid_t)tid, buf, sizeof(buf));

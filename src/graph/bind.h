@@ -93,6 +93,12 @@ int bind_runnable_tasks(void);
  * cannot be read. */
 int bind_thread_runnable(int pid, int tid);
 
+/* The calling thread's time on a CPU and its time runnable but waiting
+ * for one, ns since it started (the first two fields of
+ * /proc/thread-self/schedstat; kernels with schedstats). 0, or -1 when they
+ * cannot be read. */
+int bind_thread_schedstat(int64_t* run_ns, int64_t* wait_ns);
+
 /* "0-3,8" for a set; "..." at the end when it does not fit. */
 void bind_cpulist(const cpu_set_t* set, char* out, size_t n);
 /* Parses such a list. Returns 0, or -1 when it is not one. */

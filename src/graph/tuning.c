@@ -115,6 +115,7 @@ static ncclResult_t tuning_masks(struct ncclComm* comm) {
   else if (strcmp(s, "split") == 0) comm->stream_stores = 2;
   else return err_set(ncclInvalidArgument, "COLLIE_STREAM_STORES=\"%s\": expected auto, 0, 1 or split", s);
   NCCLCHECK(param_auto01(P_COLLIE_SLOT_STREAM, &comm->slot_stream));
+  NCCLCHECK(param_auto01(P_COLLIE_ADAPT_LOAD, &comm->adapt_load));
   comm->slot_far = comm->slot_stream == 1;
   return param_auto01(P_COLLIE_SLOT_ROTATE, &comm->slot_rotate);
 }

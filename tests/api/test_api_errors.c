@@ -90,6 +90,7 @@ static void test_bad_tuning_env(void** state) {
       {"COLLIE_SLOT_STREAM", "split", "COLLIE_SLOT_STREAM"},
       {"COLLIE_SLOT_ROTATE", "2", "COLLIE_SLOT_ROTATE"},
       {"COLLIE_SLOT_ROTATE", "on", "COLLIE_SLOT_ROTATE"},
+      {"COLLIE_ADAPT_LOAD", "sometimes", "COLLIE_ADAPT_LOAD"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     ncclUniqueId id;

@@ -743,7 +743,8 @@ static int rank_duplex(int rank, int nranks, const ncclUniqueId* ids, int nids, 
  * others): 40 calls make 3 picks (the tuner's row, the alternative, the
  * tuner's row: both measured), and every rank is on the same path in the
  * window. With ranks sharing CPUs, or with both switched off, nothing is
- * weighed. */
+ * weighed. Held (COLLIE_ADAPT_LOAD=1), the tuner's row runs in windows of
+ * ADAPT_WINDOW calls at every size once both paths were tried. */
 static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
   (void)nids;
   (void)arg;
@@ -753,6 +754,9 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
   int spread = comm->oversub <= 1.0;
   int on = comm->cma && spread && !(env && strcmp(env, "0") == 0);
   int slots = spread && comm->slot_stream < 0;
+  /* COLLIE_ADAPT_LOAD: the suite pins it (0 or 1): with auto, tests that
+   * run beside others would see the ranks wait for CPUs and hold. */
+  int held = comm->adapt_load == 1;
   /* The suite's 2-rank case must weigh: single copy works on the test
    * machines (coll.cma_* need it) and 2 ranks have a CPU each there. */
   if (getenv("COLLIE_TEST_ADAPT_ON"))
@@ -848,15 +852,30 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
        * slots' stores. */
       int large = sizes[si] >= ((size_t)256 << 10);
       int weighed = row != ALGO_CMA && ((large && k < 3 && on) || (slots && row != ALGO_DIRECT));
-      unsigned window = large ? 1u : ADAPT_WINDOW, picks = weighed ? (ITERS + window - 1) / window : 0u;
+      /* The picks, as every rank counts them: a window of ADAPT_WINDOW calls
+       * below 256 KiB, of one call from there; held (COLLIE_ADAPT_LOAD=1: as
+       * if a rank waited for a CPU), windows of ADAPT_WINDOW after the first
+       * three picks' trials everywhere. At 128 KiB 40 = 2 x 16 + 8 calls: 3
+       * picks, 8 calls run and 8 left; from 256 KiB 40 picks of a call, or
+       * held 3 + 3 (calls 3-18, 19-34, 35-39 with 11 left). */
+      unsigned picks = 0, left = 0, nwin = 0;
+      for (int it = 0; weighed && it < ITERS; it++) {
+        if (left == 0) {
+          left = large && !(held && picks >= 3) ? 1u : ADAPT_WINDOW;
+          picks++;
+          nwin = 0;
+        }
+        left--;
+        nwin++;
+      }
       MP_CHECK(b->calls == picks, "rank %d: %s of %zu bytes: %u picks, expected %u", rank, kinds[k], sizes[si],
                b->calls, picks);
       if (!weighed) continue;
-      /* The window of the last pick: at 128 KiB 40 = 2 x 16 + 8 calls, 8 run
-       * and 8 left; from 256 KiB a window of the last call alone. */
-      MP_CHECK(b->left == picks * window - ITERS && b->nwin == ITERS - (picks - 1) * window,
-               "rank %d: %s of %zu bytes: window with %u calls left and %u timed", rank, kinds[k], sizes[si],
-               b->left, b->nwin);
+      MP_CHECK(b->left == left && b->nwin == nwin,
+               "rank %d: %s of %zu bytes: window with %u calls left and %u timed, expected %u and %u", rank, kinds[k],
+               sizes[si], b->left, b->nwin, left, nwin);
+      MP_CHECK(!held || (b->cur == 0 && b->last == 0), "rank %d: %s of %zu bytes: held, but on path %d (last %d)", rank,
+               kinds[k], sizes[si], b->cur, b->last);
       if (!large) {
         int64_t cur = b->cur, clo = cur, chi = cur;
         MP_NCCL(ncclAllReduce(&cur, &clo, 1, ncclInt64, ncclMin, comm, NULL));
@@ -890,8 +909,8 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
     free(buf);
   }
   if (rank == 0)
-    printf("weighed by measurement: single copy %s, slot stores %s (single copy %s, %.1f ranks a CPU)\n",
-           on ? "yes" : "no", slots ? "yes" : "no", comm->cma ? "works" : "off", comm->oversub);
+    printf("weighed by measurement: single copy %s, slot stores %s%s (single copy %s, %.1f ranks a CPU)\n",
+           on ? "yes" : "no", slots ? "yes" : "no", held ? ", held" : "", comm->cma ? "works" : "off", comm->oversub);
   MP_NCCL(ncclCommDestroy(comm));
   return 0;
 }

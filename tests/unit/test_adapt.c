@@ -3,7 +3,7 @@
  * every rank applies it to the same summed rates and call number, so it must
  * be a pure function; it tries both paths first, then takes single copy
  * only where it measured clearly faster, and tries the other path now and
- * then. */
+ * then. adapt_load_verdict says whether a rank waited for a CPU. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "coll/coll.h"
+#include "graph/bind.h"
 
 /* The first three calls measure: the tuner's row, single copy, the tuner's row again. */
 static void test_first_calls_try_both(void** state) {
@@ -60,11 +61,43 @@ static void test_trials(void** state) {
   assert_false(trial);
 }
 
+/* A rank waits for a CPU where it spent more than ADAPT_LOAD_PERCENT of
+ * its runnable time waiting; a look with too little runnable time keeps the
+ * last verdict for up to a second, then says no. */
+static void test_load_verdict(void** state) {
+  (void)state;
+  const int64_t ms = 1000000;
+  assert_int_equal(adapt_load_verdict(97 * ms / 2, 3 * ms / 2, 50 * ms, 0), 0); /* alone: 3% */
+  assert_int_equal(adapt_load_verdict(97 * ms / 2, 3 * ms / 2, 50 * ms, 1), 0);
+  assert_int_equal(adapt_load_verdict(20 * ms, 20 * ms, 50 * ms, 0), 1); /* beside a busy process: 50% */
+  assert_int_equal(adapt_load_verdict(85 * ms, 15 * ms, 100 * ms, 0), 0); /* 15%: not more */
+  assert_int_equal(adapt_load_verdict(84 * ms, 16 * ms, 100 * ms, 0), 1);
+  assert_int_equal(adapt_load_verdict(ms / 2, ms, 60 * ms, 1), 1); /* 1.5 ms runnable: too little to say */
+  assert_int_equal(adapt_load_verdict(ms / 2, ms, 60 * ms, 0), 0);
+  assert_int_equal(adapt_load_verdict(0, 0, 2000 * ms, 1), 0); /* asleep for 2 s */
+}
+
+/* The thread's own schedstat reads, and its time on a CPU grows while it spins. */
+static void test_schedstat(void** state) {
+  (void)state;
+  int64_t run0, wait0, run1, wait1;
+  if (bind_thread_schedstat(&run0, &wait0) != 0) skip(); /* a kernel without schedstats */
+  assert_true(run0 > 0 && wait0 >= 0);
+  volatile uint64_t x = 0;
+  int64_t until = time_ns() + 20000000;
+  while (time_ns() < until) x++;
+  assert_int_equal(bind_thread_schedstat(&run1, &wait1), 0);
+  assert_true(run1 > run0);
+  assert_true(wait1 >= wait0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_first_calls_try_both),
       cmocka_unit_test(test_margin),
       cmocka_unit_test(test_trials),
+      cmocka_unit_test(test_load_verdict),
+      cmocka_unit_test(test_schedstat),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
