@@ -171,9 +171,15 @@ static int load_look(struct ncclComm* comm) {
   if (bind_thread_schedstat(&run, &wait) != 0) return 0;
   /* Another thread's figures are no difference to this one's. */
   int tid = (int)syscall(SYS_gettid);
-  if (comm->load_ns && tid == comm->load_tid)
-    comm->load_busy = adapt_load_verdict(run - comm->load_run, wait - comm->load_wait, now - comm->load_ns,
-                                         comm->load_busy);
+  if (comm->load_ns && tid == comm->load_tid) {
+    int64_t drun = run - comm->load_run, dwait = wait - comm->load_wait;
+    int busy = adapt_load_verdict(drun, dwait, now - comm->load_ns, comm->load_busy);
+    if (busy != comm->load_busy)
+      INFO(LOG_TUNING, "rank %d %s for a CPU (%.0f%% of its runnable time in the last %.0f ms)", comm->rank,
+           busy ? "waits" : "no longer waits", drun + dwait > 0 ? 100.0 * (double)dwait / (double)(drun + dwait) : 0.0,
+           (double)(now - comm->load_ns) / 1e6);
+    comm->load_busy = busy;
+  }
   comm->load_ns = now;
   comm->load_tid = tid;
   comm->load_run = run;
