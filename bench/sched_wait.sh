@@ -17,7 +17,7 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 if [ "${HOG:-0}" = 1 ]; then
-  setsid sh -c 'while :; do :; done' &
+  sh -c 'while :; do :; done' &
   hog=$!
 fi
 bind=()
