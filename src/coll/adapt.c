@@ -233,7 +233,9 @@ static ncclResult_t pick(struct ncclComm* comm, const struct coll_args* a, const
          coll_name(a->kind), bytes, use && alt == ALT_CMA ? "single copy" : algo_name(p->algo->name),
          alt == ALT_SLOTS ? (use ? " with non-temporal slot stores" : " with plain slot stores") : "",
          low[use] / 1e3, low[!use] / 1e3,
-         busy ? "; a rank waits for a CPU: held for a window of calls" : window > 1 ? ", weighed once a window of calls" : "");
+         busy         ? "; a rank waits for a CPU: held for a window of calls"
+         : window > 1 ? ", weighed once a window of calls"
+                      : "");
   if (!trial) b->last = use;
   b->calls++;
   b->cur = use;
