@@ -26,8 +26,7 @@ timeout 30 "$build/collie-run" -n 2 "${bind[@]}" "$build/collie-perf" "$1" -b "$
   >/dev/null 2>&1 &
 run=$!
 sleep 1.5
-pids=$(pgrep -P "$run" -x collie-perf; pgrep -x collie-perf | sort -u)
-pids=$(echo "$pids" | sort -u | tr '\n' ' ')
+pids=$(pgrep -x collie-perf | tr '\n' ' ') # the ranks (timeout > collie-run > collie-perf)
 snap() { for p in $pids; do [ -r "/proc/$p/schedstat" ] && echo "$p $(cat "/proc/$p/schedstat")"; done; }
 a=$(snap)
 t0=$(date +%s%N)

@@ -417,12 +417,21 @@ struct busy_task {
   unsigned long long ran_ns;
 };
 
+/* A small file under /proc, read into buf (n > 1) and terminated: its
+ * length, or -1 when it cannot be read or is empty. */
+static ssize_t read_text(const char* path, char* buf, size_t n) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t got = read(fd, buf, n - 1);
+  close(fd);
+  if (got <= 0) return -1;
+  buf[got] = '\0';
+  return got;
+}
+
 static int read_u64(const char* path, unsigned long long* v) {
-  FILE* f = fopen(path, "re");
-  if (f == NULL) return -1;
-  int ok = fscanf(f, "%llu", v) == 1;
-  fclose(f);
-  return ok ? 0 : -1;
+  char buf[64];
+  return read_text(path, buf, sizeof(buf)) > 0 && sscanf(buf, "%llu", v) == 1 ? 0 : -1;
 }
 
 /* The fields of a task's stat after its name (which may hold spaces and
@@ -430,11 +439,7 @@ static int read_u64(const char* path, unsigned long long* v) {
 static const char* task_stat_fields(pid_t pid, pid_t tid, char* buf, size_t n) {
   char path[96];
   snprintf(path, sizeof(path), "/proc/%d/task/%d/stat", (int)pid, (int)tid);
-  FILE* f = fopen(path, "re");
-  if (f == NULL) return NULL;
-  size_t len = fread(buf, 1, n - 1, f);
-  fclose(f);
-  buf[len] = 0;
+  if (read_text(path, buf, n) < 0) return NULL;
   char* p = strrchr(buf, ')');
   return p != NULL && p[1] == ' ' ? p + 2 : NULL;
 }
@@ -815,12 +820,7 @@ int bind_spread_target(const int32_t* cpu_of, int n, int me, int me_pos, const c
 
 int bind_runnable_tasks(void) {
   char buf[128];
-  int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  ssize_t got = read(fd, buf, sizeof(buf) - 1);
-  close(fd);
-  if (got <= 0) return -1;
-  buf[got] = '\0';
+  if (read_text("/proc/loadavg", buf, sizeof(buf)) < 0) return -1;
   double l1, l5, l15;
   int running, total;
   if (sscanf(buf, "%lf %lf %lf %d/%d", &l1, &l5, &l15, &running, &total) != 5) return -1;
@@ -829,12 +829,7 @@ int bind_runnable_tasks(void) {
 
 int bind_thread_schedstat(int64_t* run_ns, int64_t* wait_ns) {
   char buf[128];
-  int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  ssize_t got = read(fd, buf, sizeof(buf) - 1);
-  close(fd);
-  if (got <= 0) return -1;
-  buf[got] = '\0';
+  if (read_text("/proc/thread-self/schedstat", buf, sizeof(buf)) < 0) return -1;
   long long run, wait;
   if (sscanf(buf, "%lld %lld", &run, &wait) != 2) return -1;
   *run_ns = run;
