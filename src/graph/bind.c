@@ -490,24 +490,33 @@ static int foreign_tasks(struct busy_task* t, int max) {
 }
 
 /* The CPUs of `among` that another process kept busy over the last
- * BUSY_WINDOW_NS (this call sleeps that long): a hog's CPU. */
-static void foreign_busy_cpus(const cpu_set_t* among, cpu_set_t* busy) {
+ * BUSY_WINDOW_NS (this call sleeps that long): a hog's CPU. `who` (whon
+ * bytes) names the busy threads for the log: "pid 123 (sh) on CPU 0". */
+static void foreign_busy_cpus(const cpu_set_t* among, cpu_set_t* busy, char* who, size_t whon) {
   CPU_ZERO(busy);
+  who[0] = '\0';
   struct busy_task* t = malloc(sizeof(*t) * BUSY_TASKS_MAX);
   if (t == NULL) return;
   int n = foreign_tasks(t, BUSY_TASKS_MAX);
   struct timespec w = {0, BUSY_WINDOW_NS};
   nanosleep(&w, NULL);
+  size_t used = 0;
   for (int i = 0; i < n; i++) {
-    char path[96];
+    char path[96], name[32] = "?";
     unsigned long long now;
     snprintf(path, sizeof(path), "/proc/%d/task/%d/schedstat", (int)t[i].pid, (int)t[i].tid);
     if (read_u64(path, &now) != 0 || now - t[i].ran_ns < BUSY_WINDOW_NS / 4) continue;
     int cpu = task_cpu(t[i].pid, t[i].tid);
-    if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, busy);
+    if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, among)) continue;
+    CPU_SET(cpu, busy);
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/comm", (int)t[i].pid, (int)t[i].tid);
+    if (read_text(path, name, sizeof(name)) > 0) name[strcspn(name, "\n")] = '\0';
+    if (used < whon) {
+      int k = snprintf(who + used, whon - used, "%spid %d (%s) on CPU %d", used ? ", " : "", (int)t[i].pid, name, cpu);
+      used += k > 0 ? (size_t)k : 0;
+    }
   }
   free(t);
-  CPU_AND(busy, busy, among);
 }
 
 void bind_hold_end(const char* why, int all) {
@@ -520,8 +529,9 @@ void bind_hold_end(const char* why, int all) {
    * in every call, and the scheduler does not move a rank that sleeps and
    * wakes there (4-rank reduce of 8 B: 45-50 us a call against 0.5 unbound). */
   cpu_set_t busy, away;
+  char who[160] = "";
   CPU_ZERO(&busy);
-  if (all) foreign_busy_cpus(&hold.whole, &busy);
+  if (all) foreign_busy_cpus(&hold.whole, &busy, who, sizeof(who));
   CPU_XOR(&away, &hold.whole, &busy);
   int move = CPU_COUNT(&busy) > 0 && CPU_COUNT(&away) > 0;
   int n = 0;
@@ -532,12 +542,12 @@ void bind_hold_end(const char* why, int all) {
     if (move && apply_to(pid, from, &away) > 0) from = &away;
     if (apply_to(pid, from, &hold.whole) > 0) n++;
   }
-  char list[128], off[160] = "";
+  char list[128], off[352] = "";
   bind_cpulist(&hold.whole, list, sizeof(list));
   if (move) {
     char b[96];
     bind_cpulist(&busy, b, sizeof(b));
-    snprintf(off, sizeof(off), " (moved off CPUs %s first: another process runs there)", b);
+    snprintf(off, sizeof(off), " (moved off CPUs %s first: another process runs there: %s)", b, who);
   }
   INFO(LOG_INIT | LOG_ENV, "COLLIE_BIND=hold: %s; %d process(es) may run on CPUs %s again%s", why, n, list, off);
 }
@@ -605,11 +615,12 @@ static const char* hold_plan(ncclComm_t comm, const struct bind_topo* t, const c
    * with the ranks held there; unbound, the scheduler places them around
    * it from the start. */
   cpu_set_t busy;
-  foreign_busy_cpus(cur, &busy);
+  char who[160];
+  foreign_busy_cpus(cur, &busy, who, sizeof(who));
   if (CPU_COUNT(&busy) > 0) {
     char list[96];
     bind_cpulist(&busy, list, sizeof(list));
-    snprintf(why, n, "more local ranks than CPUs and another process runs on CPUs %s", list);
+    snprintf(why, n, "more local ranks than CPUs and another process runs on CPUs %s (%s)", list, who);
     return why;
   }
   return NULL;
@@ -706,7 +717,7 @@ void bind_comm(ncclComm_t comm) {
   int may_hold = v != NULL && strcmp(v, "hold") == 0;
   int is_auto = v == NULL || strcmp(v, "auto") == 0 || may_hold;
   enum bind_mode mode = BIND_SHARE;
-  char why[256], list[128];
+  char why[384], list[128];
   const char* no = NULL;
   struct bind_topo t;
   cpu_set_t cur, set;

@@ -274,17 +274,20 @@ if [ "$ncores" -ge 2 ]; then
     # started later, it came after the hold had ended, 20-40 ms after init on
     # a faster machine): when the hold ends the ranks are moved off its CPU
     # first (the INFO line names it), then given their whole masks.
+    # $tmp/out still holds the last probe's lines until the job below
+    # truncates it: emptied first, or the poll below may count those lines
+    # and start the busy process before the ranks' init (the ranks then named
+    # it, "pid N (sh) on CPU 0", and refused the hold: 1 run in 10-15).
     n=$((ncores + 1))
+    : >"$tmp/out"
     run -n "$n" --bind-to none -x COLLIE_BIND=hold -x BIND_PROBE_SLEEP_MS=1000 -x BIND_PROBE_GO="$tmp/go" \
         -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT "$PROBE" &
     job=$!
     # Polled without forking: the shell's own reads, and a read that times
-    # out on a FIFO nobody writes as the 50 ms sleep. The loop this replaces
-    # forked grep and sleep every 10 ms; on 2 CPUs under load that kept this
-    # shell on a CPU 1-3.4 ms of every 20 ms (/proc/PID/schedstat), close to
-    # the 5 ms at which a rank counts a process as busy at init and refuses
-    # the hold (COLLIE_BIND=hold, foreign_busy_cpus): the likely cause of one
-    # failure here where a rank named CPU 0 busy at init.
+    # out on a FIFO nobody writes as the 50 ms sleep (a loop that forked grep
+    # and sleep every 10 ms kept this shell on a CPU 1-3.4 ms of every 20 ms
+    # under load, close to the 5 ms at which a rank counts a process as busy
+    # at init).
     mkfifo "$tmp/nap"
     exec {nap}<>"$tmp/nap"
     count_probe_lines() {
