@@ -328,7 +328,9 @@ static ncclResult_t pump_send(const struct prim_pump* p, const struct pump_item*
   void* slot = p->s->c->ops->send_slot(p->s->c, it->bytes);
   if (!slot) return ncclSuccess;
   *moved = 1;
-  return send_fill(p->s, slot, it->pre ? p->op : NULL, it->src, it->bytes);
+  NCCLCHECK(send_fill(p->s, slot, it->pre ? p->op : NULL, it->src, it->bytes));
+  if (it->tee && it->bytes) memcpy(it->tee, it->src, it->bytes);
+  return ncclSuccess;
 }
 
 /* Receives pump item i if its slot has arrived. */
@@ -386,7 +388,7 @@ ncclResult_t prim_pump(const struct prim_pump* p) {
 
 struct exchange_arg {
   const char* src;
-  char* dst;
+  char* dst, *tee;
   size_t sbytes, rbytes, chunk;
 };
 
@@ -396,6 +398,7 @@ static void exchange_item(const struct prim_pump* p, int is_send, int i, struct 
   *it = (struct pump_item){0};
   if (is_send) {
     it->src = x->src + off;
+    it->tee = x->tee ? x->tee + off : NULL;
     it->bytes = COLLIE_MIN(x->chunk, x->sbytes - off);
   } else {
     it->dst = x->dst + off;
@@ -406,8 +409,8 @@ static void exchange_item(const struct prim_pump* p, int is_send, int i, struct 
 static int pump_slots(size_t bytes, size_t chunk) { return (int)((bytes + chunk - 1) / chunk); }
 
 ncclResult_t prim_exchange(struct prim_link* s, const char* src, size_t sbytes, struct prim_link* r, char* dst,
-                           size_t rbytes, size_t chunk) {
-  struct exchange_arg x = {src, dst, sbytes, rbytes, chunk};
+                           size_t rbytes, size_t chunk, char* tee) {
+  struct exchange_arg x = {src, dst, tee, sbytes, rbytes, chunk};
   struct prim_pump p = {s, r, pump_slots(sbytes, chunk), pump_slots(rbytes, chunk), NULL, 0, exchange_item, &x};
   return prim_pump(&p);
 }

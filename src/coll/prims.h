@@ -69,9 +69,10 @@ ncclResult_t prim_recv_reduce_copy(struct prim_link* r, struct prim_link* s, con
  * rank runs ahead of its peer by as many slots as the connector holds: a
  * peer that loses its CPU for a while finds the data there when it runs
  * again (lock-step, where each slot sent waits for the one received, needs
- * both ranks scheduled at once for every chunk). */
+ * both ranks scheduled at once for every chunk). With `tee` (or NULL), each
+ * chunk sent is also copied there right after it goes. */
 ncclResult_t prim_exchange(struct prim_link* s, const char* src, size_t sbytes, struct prim_link* r, char* dst,
-                           size_t rbytes, size_t chunk);
+                           size_t rbytes, size_t chunk, char* tee);
 
 /* The general form: a two-way schedule of items. A send item is `bytes` at
  * src (pre: the op's pre-multiplication applies, PreMulSum), sent once
@@ -86,6 +87,7 @@ struct pump_item {
   size_t bytes;
   int pre;
   int after;
+  void* tee; /* send items: where the bytes are also copied, once sent */
 };
 struct prim_pump {
   struct prim_link *s, *r;

@@ -21,11 +21,14 @@ ncclResult_t ring_broadcast_view(struct coll_args* a, const struct ring_view* v,
   int nsend = pos < n - 1, nrecv = pos > 0;
   struct conn *sc = NULL, *rc = NULL;
   NCCLCHECK(transport_connect_ch(comm, v->ch, &next, nsend, &prev, nrecv, &sc, &rc));
-  /* A root whose bytes leave by system call sends from its send buffer and
-   * copies each chunk to its receive buffer after sending it: the copy
-   * overlaps the receiver draining the socket instead of delaying the first
-   * byte by a whole-message copy. */
-  int copy_after = pos == 0 && sendbuff != recvbuff && (conn_caps(sc) & TRANSPORT_CAP_SYSCALL_DATA);
+  /* Out of place, the root sends from its send buffer and copies each chunk
+   * to its receive buffer after sending it: the copy overlaps the receiver
+   * draining the socket instead of delaying the first byte by a
+   * whole-message copy, and over shared memory the chunk is read while still
+   * in this core's cache (2 ranks, 8 MiB: 419 against 595 us). Where the
+   * output is to bypass the cache (out_far), the whole copy goes first, with
+   * streaming stores. */
+  int copy_after = pos == 0 && sendbuff != recvbuff && ((conn_caps(sc) & TRANSPORT_CAP_SYSCALL_DATA) || !a->out_far);
   if (pos == 0 && sendbuff != recvbuff && !copy_after) {
     if (a->out_far) red_copy_far(recvbuff, sendbuff, bytes);
     else memcpy(recvbuff, sendbuff, bytes);
