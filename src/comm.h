@@ -18,8 +18,9 @@
 #define ADAPT_BUCKETS 40
 #define ADAPT_KINDS 6
 /* On the alternative, every this many calls of a bucket run the tuner's row
- * once (on the tuner's row, every 4 x this many run the alternative once). */
+ * once; on the tuner's row, every ADAPT_EXPLORE_ALT run the alternative once. */
 #define ADAPT_EXPLORE 16
+#define ADAPT_EXPLORE_ALT (16 * ADAPT_EXPLORE)
 /* Below 256 KiB a rank, calls of a bucket that one pick of the path covers. */
 #define ADAPT_WINDOW 16
 

@@ -84,10 +84,13 @@ int adapt_pick(uint32_t call, double rate_plan, double rate_alt, int* trial) {
   if (call < 3) return call == 1;
   int best = rate_alt > ADAPT_MARGIN * rate_plan;
   /* On the tuner's row every call measures it, so a slow stretch shows at
-   * once; single copy's rate changes little, so it is tried seldom. On
-   * single copy, the tuner's row is tried every ADAPT_EXPLORE calls to see
-   * the stretch end. */
-  uint32_t period = best ? ADAPT_EXPLORE : 4 * ADAPT_EXPLORE;
+   * once; single copy's rate changes little, so it is tried seldom
+   * (ADAPT_EXPLORE_ALT: a lone single-copy call among FIFO calls costs 3-4x
+   * one in a run of them, 2 ranks, allgather of 2 MiB: 240-470 us against
+   * about 100, the FIFO's 60-80; tried every 64 calls, the weighing cost
+   * 5-7% at 4-8 MiB, docs/BENCHMARKS.md). On single copy, the tuner's row is
+   * tried every ADAPT_EXPLORE calls to see the stretch end. */
+  uint32_t period = best ? ADAPT_EXPLORE : ADAPT_EXPLORE_ALT;
   *trial = call % period == 0;
   return *trial ? !best : best;
 }
