@@ -306,6 +306,12 @@ ncclResult_t prim_send(struct prim_link* s, const void* src, size_t bytes) {
   return send_fill(s, slot, NULL, src, bytes);
 }
 
+ncclResult_t prim_send_tee(struct prim_link* s, const void* src, size_t bytes, void* tee) {
+  NCCLCHECK(prim_send(s, src, bytes));
+  if (tee && bytes) memcpy(tee, src, bytes);
+  return ncclSuccess;
+}
+
 ncclResult_t prim_send_pre(struct prim_link* s, const struct red_op* op, const void* src, size_t count) {
   void* slot;
   NCCLCHECK(prim_send_slot(s, count * dtype_size(op->dt), &slot));

@@ -50,6 +50,10 @@ ncclResult_t prim_left_wait(struct conn* c, int released);
 
 /* Composite steps over one chunk of `bytes` bytes (count elements for reductions). */
 ncclResult_t prim_send(struct prim_link* s, const void* src, size_t bytes);
+/* prim_send, then (tee not NULL) the same bytes copied to tee while still in
+ * this core's cache: an out-of-place root's or rank's own block, sent from
+ * the send buffer and copied to the output after. */
+ncclResult_t prim_send_tee(struct prim_link* s, const void* src, size_t bytes, void* tee);
 ncclResult_t prim_send_pre(struct prim_link* s, const struct red_op* op, const void* src, size_t count);
 ncclResult_t prim_recv(struct prim_link* r, void* dst, size_t bytes);
 ncclResult_t prim_recv_copy_send(struct prim_link* r, struct prim_link* s, void* dst, size_t bytes);

@@ -25,7 +25,6 @@ ncclResult_t ring_allgather_view(struct coll_args* a, const struct ring_view* v,
     if (tee) memcpy(mine + off0, in + off0, len0);
     return ncclSuccess;
   }
-  const char* from = tee ? in : mine;
   int next = v->ranks[(p + 1) % n], prev = v->ranks[(p + n - 1) % n];
   struct conn *sc, *rc;
   NCCLCHECK(transport_connect_ch(comm, v->ch, &next, 1, &prev, 1, &sc, &rc));
@@ -39,15 +38,14 @@ ncclResult_t ring_allgather_view(struct coll_args* a, const struct ring_view* v,
      * directions run at once (prim_exchange), with no slot waiting for one
      * received. In lock step a rank that lost its CPU to another process held
      * its peer up on every chunk (docs/BENCHMARKS.md, "Lock step at 2 ranks"). */
-    res = prim_exchange(&l[0], from + off0, len0, &l[1], out + (size_t)next * bytes + off0, len0, chunk,
+    res = prim_exchange(&l[0], in + off0, len0, &l[1], out + (size_t)next * bytes + off0, len0, chunk,
                         tee ? mine + off0 : NULL);
     if (res != ncclSuccess) return prim_fail(comm, res);
     return ncclSuccess;
   }
   for (size_t off = off0; off < off0 + len0 && res == ncclSuccess; off += chunk) {
     size_t len = COLLIE_MIN(chunk, off0 + len0 - off);
-    res = prim_send(&l[0], from + off, len);
-    if (tee && res == ncclSuccess) memcpy(mine + off, in + off, len);
+    res = prim_send_tee(&l[0], in + off, len, tee ? mine + off : NULL);
     for (int st = 1; st < n - 1 && res == ncclSuccess; st++) {
       int j = v->ranks[(p - st + n) % n];
       res = prim_recv_copy_send(&l[1], &l[0], out + (size_t)j * bytes + off, len);

@@ -42,10 +42,8 @@ ncclResult_t ring_broadcast_view(struct coll_args* a, const struct ring_view* v,
   size_t chunk = coll_chunk(a);
   for (size_t off = 0; off < bytes && res == ncclSuccess; off += chunk) {
     size_t len = COLLIE_MIN(chunk, bytes - off);
-    if (copy_after) {
-      res = prim_send(&l[0], (const char*)sendbuff + off, len);
-      memcpy(buf + off, (const char*)sendbuff + off, len);
-    } else if (pos == 0) res = prim_send(&l[0], buf + off, len);
+    if (copy_after) res = prim_send_tee(&l[0], (const char*)sendbuff + off, len, buf + off);
+    else if (pos == 0) res = prim_send(&l[0], buf + off, len);
     else if (pos < n - 1) res = prim_recv_copy_send(&l[1], &l[0], buf + off, len);
     else res = prim_recv(&l[1], buf + off, len);
   }
