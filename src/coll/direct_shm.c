@@ -152,8 +152,9 @@ struct direct_state {
   uint32_t* peer_ack;  /* by rank: the last value read of its ack[] of this rank */
   unsigned char* left; /* by rank: a streamed broadcast's root went on without it (this call) */
   uint32_t stream;     /* chunks this rank published as a broadcast root, ever */
-  int64_t quiet_ns;    /* when allgather_lag last looked whether other tasks want a CPU */
-  int quiet;           /* what it saw: 1 none did */
+  int64_t look_ns;     /* when allgather_lag last looked whether other tasks want a CPU */
+  int looked_busy;     /* what that look saw: 1 some did */
+  int busy;            /* what two looks in a row agreed on (0 until they do) */
   struct mb_ctrl** ctrl; /* by rank */
   char** small;          /* by rank: NSLOTS buffers of SMALL_BYTES */
   char** data;           /* by rank: 2 buffers of cap bytes */
@@ -1212,16 +1213,28 @@ static ncclResult_t bcast_read_chunks(struct ncclComm* comm, int root, char* dst
  * lag ran; rounds there vary 2-5x). */
 #define ALLGATHER_LAG_QUIET_NS 20000000
 #define QUIET_LOOK_NS 100000000
+/* A look that disagrees with the state is confirmed by the next one, taken
+ * at least QUIET_CONFIRM_NS later, before the state changes: a task that
+ * wanted a CPU for a moment (a kernel thread, a rank's keep-alive thread,
+ * the launcher) is gone by then, a busy process is not. One look deciding
+ * alone made 2 of 8 runs of twenty 256 MiB allgathers at 4 ranks on 2 CPUs
+ * (bound, no other load) run one call as single copy: 650-760 ms against
+ * 37-40 (each rank pulls pages through the kernel that it never read so);
+ * that call was the median's whole margin in the sweep (compare_mpi.sh,
+ * rounds of 2 calls: 0.36x Open MPI in one, 2.07x in the next). */
+#define QUIET_CONFIRM_NS 10000000
 static int64_t allgather_lag(struct ncclComm* comm) {
   struct direct_state* d = comm->direct;
   int64_t now = time_ns();
-  if (d->quiet_ns == 0 || now - d->quiet_ns > QUIET_LOOK_NS) {
+  int64_t every = d->looked_busy == d->busy ? QUIET_LOOK_NS : QUIET_CONFIRM_NS;
+  if (d->look_ns == 0 || now - d->look_ns > every) {
     int others = 1;
     for (int look = 0; look < 3 && others; look++) others = others_want_cpu(comm);
-    d->quiet = !others;
-    d->quiet_ns = now;
+    if (others == d->looked_busy) d->busy = others;
+    d->looked_busy = others;
+    d->look_ns = now;
   }
-  return d->quiet ? ALLGATHER_LAG_QUIET_NS : ALLGATHER_LAG_NS;
+  return d->busy ? ALLGATHER_LAG_NS : ALLGATHER_LAG_QUIET_NS;
 }
 
 /* Beside other load, from blocks of ALLGATHER_PULL_MIN, the single-copy
@@ -1242,10 +1255,10 @@ static ncclResult_t stream_allgather(struct coll_args* a) {
   int64_t lag = allgather_lag(comm);
   if (bytes >= ALLGATHER_PULL_MIN && comm->cma && (comm->algo_mask & (1 << ALGO_CMA)) &&
       comm->nranks <= ACK_RANKS) {
-    int32_t quiet = comm->direct->quiet, all[ACK_RANKS];
-    NCCLCHECK(direct_shm_share(comm, &quiet, sizeof(quiet), all));
+    int32_t busy = comm->direct->busy, all[ACK_RANKS];
+    NCCLCHECK(direct_shm_share(comm, &busy, sizeof(busy), all));
     for (int i = 0; i < comm->nranks; i++)
-      if (!all[i]) {
+      if (all[i]) {
         comm->allgather_pulled++;
         return algo_cma_allgather.run(a, NULL);
       }

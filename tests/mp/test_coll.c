@@ -895,7 +895,8 @@ static int rank_bcast_left(int rank, int nranks, const ncclUniqueId* ids, int ni
 /* A streamed allgather (ranks outnumber CPUs, blocks of 4 MiB and more)
  * while another task wants a CPU runs as single copy (direct_shm.c,
  * stream_allgather): rank 0 starts a busy child before the communicator
- * exists, so every rank's look sees it. NCCL_ALGO=Direct has the tuner
+ * exists, so every rank's look sees it (two looks, 10 ms or more apart, before
+ * a rank calls the host busy). NCCL_ALGO=Direct has the tuner
  * pick the streamed row for the first call of the size (the plan is kept
  * for that size); single copy is then allowed, which the switch requires.
  * In and out of place, every value checked; every rank counts the calls
@@ -930,7 +931,10 @@ static int rank_gather_pull(int rank, int nranks, const ncclUniqueId* ids, int n
   MP_CHECK(send && recv, "out of memory");
 #define PULL_VAL(r, i) ((float)(((i) * 11 + (size_t)(r) * 5 + (size_t)it) % 997))
   for (int it = 0; it < 5; it++) {
-    if (it == 1) comm->algo_mask |= 1 << ALGO_CMA;
+    /* The first call's look sees the busy child; a look at least 10 ms
+     * later (QUIET_CONFIRM_NS) must see it again before a rank calls the
+     * host busy: the sleep makes call 1's look that second one. */
+    if (it == 1) comm->algo_mask |= 1 << ALGO_CMA, usleep(30000);
     int inplace = it % 2;
     float* out = inplace ? send : recv;
     float* in = inplace ? send + (size_t)rank * count : send;
