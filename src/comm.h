@@ -97,11 +97,13 @@ struct ncclComm {
   /* Broadcast [0], allgather [1], alltoall [2], allreduce [3], reduce [4]
    * and reduce-scatter [5] by floor(log2(bytes a rank sends)): calls weighed
    * so far, the path of the last one, and this rank's last measured rate of
-   * the tuner's row [0] and of its alternative [1], bytes/us (coll/adapt.c). */
+   * the tuner's row [0], of its alternative [1] and, where the alternative is
+   * single copy, of the tuner's row with non-temporal slot stores [2],
+   * bytes/us (coll/adapt.c). */
   struct adapt_bucket {
     uint32_t calls;
     int last;
-    float rate[2];
+    float rate[3];
     /* The current window (ADAPT_WINDOW calls below 256 KiB a rank, one
      * call from there; coll/adapt.c): its calls still to run, its path, and
      * the times (ns) of its calls so far. */

@@ -3,10 +3,10 @@
  * copies, each slot written by one CPU and read by another) or the
  * single-copy row (each reader pulls straight from the sender's buffer); a
  * large allreduce, reduce or reduce-scatter (and a broadcast, allgather or
- * alltoall where single copy is not weighed) runs the tuner's row with
- * ordinary or with non-temporal stores into the slots it fills
- * (COLLIE_SLOT_STREAM). Each takes whichever this communicator has measured
- * faster for that collective and size lately.
+ * alltoall whose row fills slots, beside single copy where that is weighed:
+ * adapt_pick3) runs the tuner's row with ordinary or with non-temporal
+ * stores into the slots it fills (COLLIE_SLOT_STREAM). Each takes whichever
+ * this communicator has measured faster for that collective and size lately.
  *
  * Why measured and not modelled: the FIFO's speed depends on how far apart
  * the ranks' CPUs are, and on a virtual machine that changes while the job
@@ -95,6 +95,33 @@ int adapt_pick(uint32_t call, double rate_plan, double rate_alt, int* trial) {
   return *trial ? !best : best;
 }
 
+/* Three paths, where the alternative is single copy and the tuner's row
+ * fills slots: the row with plain slot stores [0], single copy [1], the row
+ * with non-temporal slot stores [2]. The first four calls try them (plain,
+ * single copy, non-temporal, plain); then the FIFO's two store kinds are
+ * weighed as adapt_pick weighs them, and single copy against the better of
+ * the two. Single copy is tried as adapt_pick tries it from the FIFO; the
+ * FIFO's other store kind half way between (every ADAPT_EXPLORE_ALT calls
+ * from plain stores, every ADAPT_EXPLORE from non-temporal ones, as the
+ * slots' own weighing tries them). */
+int adapt_pick3(uint32_t call, const double rate[3], int* trial) {
+  static const int first[4] = {0, 1, 2, 0};
+  *trial = call < 4;
+  if (call < 4) return first[call];
+  int fifo = rate[2] > ADAPT_MARGIN * rate[0] ? 2 : 0;
+  if (rate[1] > ADAPT_MARGIN * rate[fifo]) {
+    *trial = call % ADAPT_EXPLORE == 0;
+    return *trial ? fifo : 1;
+  }
+  uint32_t other = fifo == 2 ? ADAPT_EXPLORE : ADAPT_EXPLORE_ALT;
+  if (call % ADAPT_EXPLORE_ALT == 0) {
+    *trial = 1;
+    return 1;
+  }
+  *trial = call % other == other / 2;
+  return *trial ? 2 - fifo : fifo;
+}
+
 static int kind_index(int kind) {
   switch (kind) {
     case COLL_BROADCAST: return 0;
@@ -129,8 +156,8 @@ static const struct algo* cma_row(int kind) {
 
 /* The alternative to the tuner's row for this call: ALT_CMA, the
  * single-copy row; ALT_SLOTS, the same row with non-temporal stores into the
- * slots; ALT_NONE, not weighed. */
-enum { ALT_NONE, ALT_CMA, ALT_SLOTS };
+ * slots; ALT_CMA_SLOTS, both (adapt_pick3); ALT_NONE, not weighed. */
+enum { ALT_NONE, ALT_CMA, ALT_SLOTS, ALT_CMA_SLOTS };
 
 static int adapt_alt(const struct coll_args* a, const struct plan* p) {
   const struct ncclComm* comm = a->comm;
@@ -144,13 +171,12 @@ static int adapt_alt(const struct coll_args* a, const struct plan* p) {
    * scheduler ran the ranks, and the pick flipped between the paths.) */
   if (comm->oversub > 1.0) return ALT_NONE;
   /* Single copy where it works and NCCL_ALGO allows it (COLLIE_CMA_ADAPT). */
-  if (bytes >= ADAPT_MIN_BYTES && kind_index(a->kind) <= 2 && comm->cma && comm->cma_adapt &&
-      (comm->algo_mask & (1 << ALGO_CMA)) && cma_row(a->kind))
-    return ALT_CMA;
-  /* Else the slots' stores (COLLIE_SLOT_STREAM=auto), where the row fills
-   * slots at all: the one-shot rows copy through their own mailboxes. */
-  if (comm->slot_stream < 0 && p->algo->name != ALGO_DIRECT) return ALT_SLOTS;
-  return ALT_NONE;
+  int cma = bytes >= ADAPT_MIN_BYTES && kind_index(a->kind) <= 2 && comm->cma && comm->cma_adapt &&
+            (comm->algo_mask & (1 << ALGO_CMA)) && cma_row(a->kind);
+  /* The slots' stores (COLLIE_SLOT_STREAM=auto), where the row fills slots
+   * at all: the one-shot rows copy through their own mailboxes. */
+  int slots = comm->slot_stream < 0 && p->algo->name != ALGO_DIRECT;
+  return cma && slots ? ALT_CMA_SLOTS : cma ? ALT_CMA : slots ? ALT_SLOTS : ALT_NONE;
 }
 
 /* Whether this rank's thread waits for a CPU (COLLIE_ADAPT_LOAD=auto):
@@ -208,34 +234,35 @@ static ncclResult_t pick(struct ncclComm* comm, const struct coll_args* a, const
     qsort(b->win_ns, b->nwin, sizeof(b->win_ns[0]), cmp_u32);
     b->rate[b->cur] = (float)((double)bytes / ((double)b->win_ns[(b->nwin - 1) / 2] / 1e3)); /* bytes per us */
   }
-  float mine[3] = {b->rate[0], b->rate[1], (float)load_look(comm)}, all[3 * ADAPT_MAX_RANKS];
+  float mine[4] = {b->rate[0], b->rate[1], b->rate[2], (float)load_look(comm)}, all[4 * ADAPT_MAX_RANKS];
   NCCLCHECK(direct_shm_share(comm, mine, sizeof(mine), all));
   int busy = 0;
-  for (int r = 0; r < comm->nranks; r++) busy |= all[3 * r + 2] != 0.0f;
+  for (int r = 0; r < comm->nranks; r++) busy |= all[4 * r + 3] != 0.0f;
   /* A path is as fast as its slowest rank: a broadcast root that posts into
    * its mailbox and returns at once would otherwise make the one-shot look
    * fast while its readers take the time. */
-  double low[2] = {all[0], all[1]};
-  for (int r = 1; r < comm->nranks; r++) {
-    low[0] = COLLIE_MIN(low[0], (double)all[3 * r]);
-    low[1] = COLLIE_MIN(low[1], (double)all[3 * r + 1]);
-  }
-  int trial, use = adapt_pick(b->calls, low[0], low[1], &trial);
+  double low[3] = {all[0], all[1], all[2]};
+  for (int r = 1; r < comm->nranks; r++)
+    for (int k = 0; k < 3; k++) low[k] = COLLIE_MIN(low[k], (double)all[4 * r + k]);
+  int trial, use = alt == ALT_CMA_SLOTS ? adapt_pick3(b->calls, low, &trial)
+                                        : adapt_pick(b->calls, low[0], low[1], &trial);
   uint32_t window = window_of(bytes);
   /* While a rank waits for a CPU, the tuner's row runs ADAPT_WINDOW calls
    * at a time without an exchange: a call's time there says more about the
    * scheduler than about the path, the weighing flipped between the paths
    * on such times, and each exchange needs every rank on a CPU at once. */
-  if (busy && b->calls >= 3) {
+  if (busy && b->calls >= (alt == ALT_CMA_SLOTS ? 4u : 3u)) {
     trial = 0;
     use = 0;
     window = ADAPT_WINDOW;
   }
   if (!trial && use != b->last && comm->rank == 0)
     INFO(LOG_TUNING, "%s of %zu bytes a rank: now %s%s (measured %.2f GB/s against %.2f, the slowest rank's%s)",
-         coll_name(a->kind), bytes, use && alt == ALT_CMA ? "single copy" : algo_name(p->algo->name),
-         alt == ALT_SLOTS ? (use ? " with non-temporal slot stores" : " with plain slot stores") : "",
-         low[use] / 1e3, low[!use] / 1e3,
+         coll_name(a->kind), bytes, use == 1 && alt != ALT_SLOTS ? "single copy" : algo_name(p->algo->name),
+         alt == ALT_CMA || (use == 1 && alt == ALT_CMA_SLOTS) ? ""
+         : use == (alt == ALT_SLOTS ? 1 : 2)                  ? " with non-temporal slot stores"
+                                                              : " with plain slot stores",
+         low[use] / 1e3, low[b->last] / 1e3,
          busy         ? "; a rank waits for a CPU: held for a window of calls"
          : window > 1 ? ", weighed once a window of calls"
                       : "");
@@ -258,7 +285,8 @@ ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket
   b->left--;
   int use = b->cur;
   if (alt == ALT_SLOTS) comm->slot_far = use;
-  if (use && alt == ALT_CMA) {
+  if (alt == ALT_CMA_SLOTS) comm->slot_far = use == 2;
+  if (use == 1 && (alt == ALT_CMA || alt == ALT_CMA_SLOTS)) {
     p->algo = cma_row(a->kind);
     for (int i = 0; i < algo_table_len; i++)
       if (algo_table[i] == p->algo) p->index = i;

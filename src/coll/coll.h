@@ -323,6 +323,7 @@ void adapt_done(const struct adapt_ticket* t, ncclResult_t res);
  * number `call`, given the slowest rank's rates (bytes/us); *trial is
  * set where the call runs a path to measure it, not because it is faster. */
 int adapt_pick(uint32_t call, double rate_plan, double rate_alt, int* trial);
+int adapt_pick3(uint32_t call, const double rate[3], int* trial);
 /* Whether a rank waits for a CPU, from its thread's time on a CPU and time
  * runnable but waiting over the `since_ns` since its last look (ns); `was`,
  * the last verdict, stands where the look saw too little runnable time.

@@ -852,16 +852,20 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
        * slots' stores. */
       int large = sizes[si] >= ((size_t)256 << 10);
       int weighed = row != ALGO_CMA && ((large && k < 3 && on) || (slots && row != ALGO_DIRECT));
+      /* Single copy and both slot stores (adapt_pick3): four first trials. */
+      int three = weighed && large && k < 3 && on && slots && row != ALGO_DIRECT;
+      unsigned tries = three ? 4 : 3;
       /* The picks, as every rank counts them: a window of ADAPT_WINDOW calls
        * below 256 KiB, of one call from there; held (COLLIE_ADAPT_LOAD=1: as
        * if a rank waited for a CPU), windows of ADAPT_WINDOW after the first
-       * three picks' trials everywhere. At 128 KiB 40 = 2 x 16 + 8 calls: 3
-       * picks, 8 calls run and 8 left; from 256 KiB 40 picks of a call, or
-       * held 3 + 3 (calls 3-18, 19-34, 35-39 with 11 left). */
+       * three picks' trials everywhere (four where three paths are
+       * weighed). At 128 KiB 40 = 2 x 16 + 8 calls: 3 picks, 8 calls run and
+       * 8 left; from 256 KiB 40 picks of a call, or held 3 + 3 (calls 3-18,
+       * 19-34, 35-39 with 11 left; three paths: 4 + 3, 36-39 with 12 left). */
       unsigned picks = 0, left = 0, nwin = 0;
       for (int it = 0; weighed && it < ITERS; it++) {
         if (left == 0) {
-          left = large && !(held && picks >= 3) ? 1u : ADAPT_WINDOW;
+          left = large && !(held && picks >= tries) ? 1u : ADAPT_WINDOW;
           picks++;
           nwin = 0;
         }
@@ -883,8 +887,9 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
         MP_CHECK(clo == chi && cur == 0, "rank %d: %s of %zu bytes: the ranks' windows on paths %lld-%lld (the third "
                  "pick is a trial of the tuner's row)", rank, kinds[k], sizes[si], (long long)clo, (long long)chi);
       }
-      MP_CHECK(b->rate[0] > 0 && b->rate[1] > 0, "rank %d: %s of %zu bytes: rates %g / %g, both paths not measured",
-               rank, kinds[k], sizes[si], b->rate[0], b->rate[1]);
+      MP_CHECK(b->rate[0] > 0 && b->rate[1] > 0 && (!three || b->rate[2] > 0),
+               "rank %d: %s of %zu bytes: rates %g / %g / %g, not every path measured", rank, kinds[k], sizes[si],
+               b->rate[0], b->rate[1], b->rate[2]);
       int64_t last = b->last, lo = last, hi = last;
       MP_NCCL(ncclAllReduce(&last, &lo, 1, ncclInt64, ncclMin, comm, NULL));
       MP_NCCL(ncclAllReduce(&last, &hi, 1, ncclInt64, ncclMax, comm, NULL));

@@ -1,5 +1,6 @@
 /* Unit tests for the rule that picks the tuner's row or single copy for a
- * large broadcast or allgather by measured rates (coll/adapt.c adapt_pick):
+ * large broadcast or allgather by measured rates (coll/adapt.c adapt_pick,
+ * and adapt_pick3 where the FIFO's slot stores are weighed beside them):
  * every rank applies it to the same summed rates and call number, so it must
  * be a pure function; it tries both paths first, then takes single copy
  * only where it measured clearly faster, and tries the other path now and
@@ -63,6 +64,49 @@ static void test_trials(void** state) {
   assert_false(trial);
 }
 
+/* Three paths (adapt_pick3: plain slot stores, single copy, non-temporal
+ * slot stores): the first four calls try plain, single copy, non-temporal,
+ * plain; the FIFO's store kind and single copy each need the margin; trials
+ * of single copy and of the FIFO's other store kind come at their periods,
+ * never both in one call. */
+static void test_three_paths(void** state) {
+  (void)state;
+  int trial = 0;
+  double r[3] = {0, 0, 0};
+  static const int first[4] = {0, 1, 2, 0};
+  for (uint32_t c = 0; c < 4; c++) {
+    assert_int_equal(adapt_pick3(c, r, &trial), first[c]);
+    assert_true(trial);
+  }
+  double plain[3] = {10, 10, 12}, nt[3] = {10, 10, 14}, cma[3] = {10, 19, 14}, cma_nt[3] = {10, 17, 14};
+  assert_int_equal(adapt_pick3(5, plain, &trial), 0); /* non-temporal 1.2x: not enough */
+  assert_false(trial);
+  assert_int_equal(adapt_pick3(5, nt, &trial), 2);
+  assert_false(trial);
+  assert_int_equal(adapt_pick3(5, cma, &trial), 1); /* 1.36x the better FIFO kind */
+  assert_false(trial);
+  assert_int_equal(adapt_pick3(5, cma_nt, &trial), 2); /* 1.7x plain, 1.2x non-temporal: the FIFO */
+  assert_false(trial);
+  int on[3][3] = {{0}};
+  const double* cases[3] = {plain, nt, cma};
+  for (int k = 0; k < 3; k++)
+    for (uint32_t c = 4; c < 4 + 4 * ADAPT_EXPLORE_ALT; c++) {
+      int use = adapt_pick3(c, cases[k], &trial);
+      if (trial) on[k][use]++;
+      else assert_int_equal(use, k == 0 ? 0 : k == 1 ? 2 : 1);
+    }
+  /* On plain stores: single copy and non-temporal stores each every ADAPT_EXPLORE_ALT calls. */
+  assert_int_equal(on[0][1], 4);
+  assert_int_equal(on[0][2], 4);
+  assert_int_equal(on[0][0], 0);
+  /* On non-temporal stores: single copy every ADAPT_EXPLORE_ALT, plain every ADAPT_EXPLORE. */
+  assert_int_equal(on[1][1], 4);
+  assert_int_equal(on[1][0], 4 * ADAPT_EXPLORE_ALT / ADAPT_EXPLORE);
+  /* On single copy: the better FIFO kind every ADAPT_EXPLORE calls. */
+  assert_int_equal(on[2][2], 4 * ADAPT_EXPLORE_ALT / ADAPT_EXPLORE);
+  assert_int_equal(on[2][0] + on[2][1], 0);
+}
+
 /* A rank waits for a CPU where it spent more than ADAPT_LOAD_PERCENT of
  * its runnable time waiting; a look with too little runnable time keeps the
  * last verdict for up to a second, then says no. */
@@ -98,6 +142,7 @@ int main(void) {
       cmocka_unit_test(test_first_calls_try_both),
       cmocka_unit_test(test_margin),
       cmocka_unit_test(test_trials),
+      cmocka_unit_test(test_three_paths),
       cmocka_unit_test(test_load_verdict),
       cmocka_unit_test(test_schedstat),
   };
