@@ -159,6 +159,10 @@ static const struct algo* cma_row(int kind) {
  * slots; ALT_CMA_SLOTS, both (adapt_pick3); ALT_NONE, not weighed. */
 enum { ALT_NONE, ALT_CMA, ALT_SLOTS, ALT_CMA_SLOTS };
 
+/* Path `use` of alternative `alt`: single copy; the slots with non-temporal stores. */
+static int is_cma(int alt, int use) { return use == 1 && (alt == ALT_CMA || alt == ALT_CMA_SLOTS); }
+static int nt_slots(int alt, int use) { return (alt == ALT_SLOTS && use == 1) || (alt == ALT_CMA_SLOTS && use == 2); }
+
 static int adapt_alt(const struct coll_args* a, const struct plan* p) {
   const struct ncclComm* comm = a->comm;
   size_t bytes = weighed_bytes(a);
@@ -258,10 +262,9 @@ static ncclResult_t pick(struct ncclComm* comm, const struct coll_args* a, const
   }
   if (!trial && use != b->last && comm->rank == 0)
     INFO(LOG_TUNING, "%s of %zu bytes a rank: now %s%s (measured %.2f GB/s against %.2f, the slowest rank's%s)",
-         coll_name(a->kind), bytes, use == 1 && alt != ALT_SLOTS ? "single copy" : algo_name(p->algo->name),
-         alt == ALT_CMA || (use == 1 && alt == ALT_CMA_SLOTS) ? ""
-         : use == (alt == ALT_SLOTS ? 1 : 2)                  ? " with non-temporal slot stores"
-                                                              : " with plain slot stores",
+         coll_name(a->kind), bytes, is_cma(alt, use) ? "single copy" : algo_name(p->algo->name),
+         is_cma(alt, use) || alt == ALT_CMA ? "" : nt_slots(alt, use) ? " with non-temporal slot stores"
+                                                                      : " with plain slot stores",
          low[use] / 1e3, low[b->last] / 1e3,
          busy         ? "; a rank waits for a CPU: held for a window of calls"
          : window > 1 ? ", weighed once a window of calls"
@@ -284,9 +287,9 @@ ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket
   if (b->left == 0) NCCLCHECK(pick(comm, a, p, alt, b, bytes));
   b->left--;
   int use = b->cur;
-  if (alt == ALT_SLOTS) comm->slot_far = use;
-  if (alt == ALT_CMA_SLOTS) comm->slot_far = use == 2;
-  if (use == 1 && (alt == ALT_CMA || alt == ALT_CMA_SLOTS)) {
+  /* Elsewhere the slots' stores stay as COLLIE_SLOT_STREAM set them. */
+  if (alt == ALT_SLOTS || alt == ALT_CMA_SLOTS) comm->slot_far = nt_slots(alt, use);
+  if (is_cma(alt, use)) {
     p->algo = cma_row(a->kind);
     for (int i = 0; i < algo_table_len; i++)
       if (algo_table[i] == p->algo) p->index = i;

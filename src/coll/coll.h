@@ -330,6 +330,10 @@ int adapt_pick3(uint32_t call, const double rate[3], int* trial);
  * Pure. */
 #define ADAPT_LOAD_PERCENT 15
 int adapt_load_verdict(int64_t run_ns, int64_t wait_ns, int64_t since_ns, int was);
+/* A state decided by looks (direct_shm.c, whether other tasks want a CPU):
+ * it becomes what a look saw only where the look before saw the same;
+ * *last_look keeps the latest look. Returns the state. */
+int look_confirmed(int state, int* last_look, int look);
 
 /* collie-info --tuning: the table and every collective's choice per size
  * (8 B .. 256 MiB, steps of `factor`) at nranks ranks on this host. */

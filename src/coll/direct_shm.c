@@ -1223,6 +1223,12 @@ static ncclResult_t bcast_read_chunks(struct ncclComm* comm, int root, char* dst
  * that call was the median's whole margin in the sweep (compare_mpi.sh,
  * rounds of 2 calls: 0.36x Open MPI in one, 2.07x in the next). */
 #define QUIET_CONFIRM_NS 10000000
+int look_confirmed(int state, int* last_look, int look) {
+  if (look == *last_look) state = look;
+  *last_look = look;
+  return state;
+}
+
 static int64_t allgather_lag(struct ncclComm* comm) {
   struct direct_state* d = comm->direct;
   int64_t now = time_ns();
@@ -1230,8 +1236,7 @@ static int64_t allgather_lag(struct ncclComm* comm) {
   if (d->look_ns == 0 || now - d->look_ns > every) {
     int others = 1;
     for (int look = 0; look < 3 && others; look++) others = others_want_cpu(comm);
-    if (others == d->looked_busy) d->busy = others;
-    d->looked_busy = others;
+    d->busy = look_confirmed(d->busy, &d->looked_busy, others);
     d->look_ns = now;
   }
   return d->busy ? ALLGATHER_LAG_NS : ALLGATHER_LAG_QUIET_NS;

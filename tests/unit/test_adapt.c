@@ -107,6 +107,29 @@ static void test_three_paths(void** state) {
   assert_int_equal(on[2][0] + on[2][1], 0);
 }
 
+/* One look never changes the state (a task that wanted a CPU for a moment);
+ * two in a row that agree do, either way. */
+static void test_look_confirmed(void** state) {
+  (void)state;
+  int last = 0, busy = 0;
+  busy = look_confirmed(busy, &last, 1);
+  assert_int_equal(busy, 0);
+  busy = look_confirmed(busy, &last, 0);
+  assert_int_equal(busy, 0);
+  busy = look_confirmed(busy, &last, 1);
+  assert_int_equal(busy, 0);
+  busy = look_confirmed(busy, &last, 1);
+  assert_int_equal(busy, 1);
+  busy = look_confirmed(busy, &last, 0);
+  assert_int_equal(busy, 1);
+  busy = look_confirmed(busy, &last, 1);
+  assert_int_equal(busy, 1);
+  busy = look_confirmed(busy, &last, 0);
+  busy = look_confirmed(busy, &last, 0);
+  assert_int_equal(busy, 0);
+  assert_int_equal(last, 0);
+}
+
 /* A rank waits for a CPU where it spent more than ADAPT_LOAD_PERCENT of
  * its runnable time waiting; a look with too little runnable time keeps the
  * last verdict for up to a second, then says no. */
@@ -143,6 +166,7 @@ int main(void) {
       cmocka_unit_test(test_margin),
       cmocka_unit_test(test_trials),
       cmocka_unit_test(test_three_paths),
+      cmocka_unit_test(test_look_confirmed),
       cmocka_unit_test(test_load_verdict),
       cmocka_unit_test(test_schedstat),
   };
