@@ -104,8 +104,8 @@ struct ncclComm {
     uint32_t calls;
     int last;
     float rate[3];
-    /* The current window (ADAPT_WINDOW calls below 256 KiB a rank, one
-     * call from there; coll/adapt.c): its calls still to run, its path, and
+    /* The current window (adapt_window: ADAPT_WINDOW calls below 256 KiB a
+     * rank, fewer from there; coll/adapt.c): its calls still to run, its path, and
      * the times (ns) of its calls so far. */
     uint32_t left;
     int cur;

@@ -23,12 +23,15 @@
  * stores, outside them 250 against 155. A one-off calibration sees one of
  * the two states; this follows them.
  *
- * How: every rank times each such call from the moment all ranks are in it
- * (a one-slot exchange through the direct mailboxes, which also carries each
- * rank's last measured rates for that bucket) to its return, and keeps the
- * rate of the path it ran. All ranks take the slowest rank's rate of each
- * path from the same posts and count the bucket's calls alike, so they all
- * pick the same path.
+ * How: a pick (a one-slot exchange through the direct mailboxes, which
+ * carries each rank's last measured rates for that bucket) chooses the path
+ * for a window of the bucket's calls (adapt_window: one call for each of the
+ * first picks from 256 KiB a rank, then about 8 MiB a rank's worth; 16
+ * calls below 256 KiB); every rank times each call of the window to its
+ * return (the window's first from the exchange, the others from its own
+ * entry) and keeps the window's median as the rate of the path it ran. All
+ * ranks take the slowest rank's rate of each path from the same posts and
+ * count the bucket's calls alike, so they all pick the same path.
  * The first calls of a bucket try both (the tuner's row first, which also
  * takes the first-touch page faults, then the alternative, then the tuner's
  * row again); then the alternative runs where it measured clearly faster,
@@ -48,10 +51,11 @@
 #include "coll.h"
 #include "../graph/bind.h"
 
-/* Per rank, from here on (below it one exchange is a visible part of the
- * call: about a microsecond at 2 ranks against 20-25 us for an allgather of
- * 256 KiB a rank; in a slow stretch that took 130-175 us by the FIFO, 37-43
- * by single copy, Open MPI 32-36). */
+/* Per rank, from here on single copy is weighed too, and the first picks
+ * cover a call each (below it single copy's system call costs more than a
+ * small message's copy; an allgather of 256 KiB a rank took 20-25 us, in a
+ * slow stretch 130-175 us by the FIFO, 37-43 by single copy, Open MPI
+ * 32-36). */
 #define ADAPT_MIN_BYTES ((size_t)256 << 10)
 #define ADAPT_MAX_RANKS 64
 
@@ -225,10 +229,32 @@ static int cmp_u32(const void* x, const void* y) {
   return a < b ? -1 : a > b;
 }
 
-/* Calls one pick covers: every call picks from ADAPT_MIN_BYTES. */
-static uint32_t window_of(size_t bytes) { return bytes < ADAPT_MIN_BYTES ? ADAPT_WINDOW : 1; }
+/* From ADAPT_MIN_BYTES, a window spans about this many bytes a rank (at
+ * least one call, at most ADAPT_WINDOW): an exchange also makes every rank
+ * wait for the others, so a broadcast root or a reduce's sender that runs
+ * ahead of its readers by several calls (direct_shm.c's mailboxes, the
+ * slots) loses that lead at every pick. 2 ranks, bound, in place, medians of
+ * 5 interleaved rounds (bench/ab_env.sh broadcast / reduce, us, a pick every
+ * call / windows of 8 MiB / nothing weighed): broadcast 256 KiB 14.3 / 13.1
+ * / 11.2, 512 KiB 27.4 / 23.8 / 23.8, 2 MiB 104 / 93.5 / 98.6, 4 MiB 204 /
+ * 192 / 190; reduce 256 KiB 23.5 / 22.4 / 21.8, 512 KiB 40.0 / 37.4 / 36.9,
+ * 1 MiB 68.6 / 65.5 / 66.2; allgather, alltoall and allreduce even within
+ * the rounds' spread (docs/BENCHMARKS.md, sixty-first session). The
+ * reaction to a slow stretch (seconds long) stays within a millisecond. */
+#define ADAPT_WINDOW_BYTES ((size_t)8 << 20)
 
-/* The first call of a window (every call from ADAPT_MIN_BYTES): the ranks
+/* Calls one pick covers, the same on every rank (bytes and the bucket's
+ * count agree): ADAPT_WINDOW below ADAPT_MIN_BYTES; from there a call for
+ * each of the first picks (`tries`: each path tried once, and the tuner's
+ * row again), then ADAPT_WINDOW_BYTES' worth. */
+uint32_t adapt_window(size_t bytes, uint32_t calls, uint32_t tries) {
+  if (bytes < ADAPT_MIN_BYTES) return ADAPT_WINDOW;
+  if (calls < tries) return 1;
+  size_t w = ADAPT_WINDOW_BYTES / bytes;
+  return w < 1 ? 1 : w > ADAPT_WINDOW ? ADAPT_WINDOW : (uint32_t)w;
+}
+
+/* The first call of a window (adapt_window): the ranks
  * swap their rates for the bucket and all apply adapt_pick to the same
  * figures; the path holds for the window. */
 static ncclResult_t pick(struct ncclComm* comm, const struct coll_args* a, const struct plan* p, int alt,
@@ -250,12 +276,13 @@ static ncclResult_t pick(struct ncclComm* comm, const struct coll_args* a, const
     for (int k = 0; k < 3; k++) low[k] = COLLIE_MIN(low[k], (double)all[4 * r + k]);
   int trial, use = alt == ALT_CMA_SLOTS ? adapt_pick3(b->calls, low, &trial)
                                         : adapt_pick(b->calls, low[0], low[1], &trial);
-  uint32_t window = window_of(bytes);
+  uint32_t tries = alt == ALT_CMA_SLOTS ? 4u : 3u;
+  uint32_t window = adapt_window(bytes, b->calls, tries);
   /* While a rank waits for a CPU, the tuner's row runs ADAPT_WINDOW calls
    * at a time without an exchange: a call's time there says more about the
    * scheduler than about the path, the weighing flipped between the paths
    * on such times, and each exchange needs every rank on a CPU at once. */
-  if (busy && b->calls >= (alt == ALT_CMA_SLOTS ? 4u : 3u)) {
+  if (busy && b->calls >= tries) {
     trial = 0;
     use = 0;
     window = ADAPT_WINDOW;

@@ -304,7 +304,7 @@ static inline int p2p_cma(const struct ncclComm* comm, size_t bytes, size_t foot
 }
 /* Paths weighed by measurement (adapt.c): for a collective of 32 KiB a rank
  * or more on one host, adapt_plan agrees with the other ranks (one mailbox
- * exchange; below 256 KiB once a window of ADAPT_WINDOW calls) on
+ * exchange once a window of calls: adapt_window) on
  * running the tuner's row as it is or its alternative (the single-copy row
  * for a broadcast, allgather or alltoall; the same row with non-temporal
  * stores into the FIFO's slots otherwise), by the rates the ranks measured
@@ -324,6 +324,9 @@ void adapt_done(const struct adapt_ticket* t, ncclResult_t res);
  * set where the call runs a path to measure it, not because it is faster. */
 int adapt_pick(uint32_t call, double rate_plan, double rate_alt, int* trial);
 int adapt_pick3(uint32_t call, const double rate[3], int* trial);
+/* The calls a pick covers, alike on every rank: from the bytes a rank moves,
+ * the bucket's picks so far and the number of first picks that try paths. */
+uint32_t adapt_window(size_t bytes, uint32_t calls, uint32_t tries);
 /* Whether a rank waits for a CPU, from its thread's time on a CPU and time
  * runnable but waiting over the `since_ns` since its last look (ns); `was`,
  * the last verdict, stands where the look saw too little runnable time.

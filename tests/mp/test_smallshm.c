@@ -856,16 +856,21 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
       int three = weighed && large && k < 3 && on && slots && row != ALGO_DIRECT;
       unsigned tries = three ? 4 : 3;
       /* The picks, as every rank counts them: a window of ADAPT_WINDOW calls
-       * below 256 KiB, of one call from there; held (COLLIE_ADAPT_LOAD=1: as
-       * if a rank waited for a CPU), windows of ADAPT_WINDOW after the first
-       * three picks' trials everywhere (four where three paths are
-       * weighed). At 128 KiB 40 = 2 x 16 + 8 calls: 3 picks, 8 calls run and
-       * 8 left; from 256 KiB 40 picks of a call, or held 3 + 3 (calls 3-18,
-       * 19-34, 35-39 with 11 left; three paths: 4 + 3, 36-39 with 12 left). */
+       * below 256 KiB; from there one call for each of the first three picks
+       * (four where three paths are weighed), then windows of about 8 MiB a
+       * rank (256 KiB: 16 calls, 1 MiB: 7); held (COLLIE_ADAPT_LOAD=1: as if
+       * a rank waited for a CPU), windows of ADAPT_WINDOW after the first
+       * picks everywhere. At 128 KiB 40 = 2 x 16 + 8 calls: 3 picks, 8 calls
+       * run and 8 left; at 256 KiB 3 + 3 picks (calls 3-18, 19-34, 35-39 with
+       * 11 left; three paths: 4 + 3, 36-39 with 12 left); at 1 MiB 3 + 6
+       * (the last window 2 of 7 calls run; three paths 4 + 6, 1 run). The alltoall and the
+       * reduce-scatter are weighed by all a rank sends. */
+      size_t wbytes = count * sizeof(float) * (kind_of[k] == COLL_ALLTOALL || kind_of[k] == COLL_REDUCESCATTER
+                                                   ? (size_t)nranks : 1u);
       unsigned picks = 0, left = 0, nwin = 0;
       for (int it = 0; weighed && it < ITERS; it++) {
         if (left == 0) {
-          left = large && !(held && picks >= tries) ? 1u : ADAPT_WINDOW;
+          left = held && picks >= tries ? ADAPT_WINDOW : adapt_window(wbytes, picks, tries);
           picks++;
           nwin = 0;
         }

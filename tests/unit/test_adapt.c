@@ -4,7 +4,8 @@
  * every rank applies it to the same summed rates and call number, so it must
  * be a pure function; it tries both paths first, then takes single copy
  * only where it measured clearly faster, and tries the other path now and
- * then. adapt_load_verdict says whether a rank waited for a CPU. */
+ * then. adapt_window says how many calls a pick covers;
+ * adapt_load_verdict whether a rank waited for a CPU. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -109,6 +110,24 @@ static void test_three_paths(void** state) {
 
 /* One look never changes the state (a task that wanted a CPU for a moment);
  * two in a row that agree do, either way. */
+/* Below 256 KiB a rank, windows of ADAPT_WINDOW calls from the first pick;
+ * from there a call for each first pick that tries a path, then about 8
+ * MiB a rank's worth: 16 calls at most, 1 at least. */
+static void test_window(void** state) {
+  (void)state;
+  const size_t K = 1024, M = K * K;
+  assert_int_equal(adapt_window(32 * K, 0, 3), ADAPT_WINDOW);
+  assert_int_equal(adapt_window(128 * K, 7, 3), ADAPT_WINDOW);
+  for (uint32_t c = 0; c < 4; c++) assert_int_equal(adapt_window(256 * K, c, 4), 1);
+  assert_int_equal(adapt_window(256 * K, 2, 3), 1);
+  assert_int_equal(adapt_window(256 * K, 3, 3), 16);
+  assert_int_equal(adapt_window(512 * K, 4, 4), 16);
+  assert_int_equal(adapt_window(M + 12, 3, 3), 7);
+  assert_int_equal(adapt_window(2 * M, 3, 3), 4);
+  assert_int_equal(adapt_window(8 * M, 9, 3), 1);
+  assert_int_equal(adapt_window(256 * M, 1000, 3), 1);
+}
+
 static void test_look_confirmed(void** state) {
   (void)state;
   int last = 0, busy = 0;
@@ -166,6 +185,7 @@ int main(void) {
       cmocka_unit_test(test_margin),
       cmocka_unit_test(test_trials),
       cmocka_unit_test(test_three_paths),
+      cmocka_unit_test(test_window),
       cmocka_unit_test(test_look_confirmed),
       cmocka_unit_test(test_load_verdict),
       cmocka_unit_test(test_schedstat),
