@@ -789,7 +789,15 @@ static int eligible(const struct coll_args* a) {
 /* A broadcast of `bytes` (estimate(), below, says why). */
 static double bcast_estimate(const struct ncclComm* comm, double bytes, const struct tune_cost* c) {
   int n = comm->nranks;
-  double rate = c->resident ? c->link.bw * 4.0 / 3.0 : c->link.bw;
+  /* Chunked at 2 ranks, the bytes take the ring's one hop (two copies, the
+   * root's and the reader's, each on its CPU) in smaller steps: no faster
+   * in cache than the ring, whose model has no such bonus. 2 ranks, bound,
+   * in place, us, one-shot / ring (collie-perf, 300 calls): 512 KiB 22.9 /
+   * 18.9, 1 MiB 42.7 / 35.3, 2 MiB 93.0 / 71.5, 4 MiB 200 / 139; out of
+   * place 2 MiB 145 / 81. At 4 ranks on 2 CPUs the one-shot's fewer copies
+   * win (2 MiB 220 / 284 us), as modelled. */
+  int hop = n == 2 && bcast_chunked((size_t)bytes);
+  double rate = c->resident && !hop ? c->link.bw * 4.0 / 3.0 : c->link.bw;
   double cpus = COLLIE_MAX(1.0, comm->cpus_per_rank * n), copies, chunks = 0;
   if (bcast_chunked((size_t)bytes)) {
     chunks = ceil(bytes / (double)BCAST_CHUNK);
