@@ -84,8 +84,8 @@
 #define ADAPT_MARGIN 1.3
 
 int adapt_pick(uint32_t call, double rate_plan, double rate_alt, int* trial) {
-  *trial = call < 3;
-  if (call < 3) return call == 1;
+  *trial = call < ADAPT_TRIES;
+  if (call < ADAPT_TRIES) return call == 1;
   int best = rate_alt > ADAPT_MARGIN * rate_plan;
   /* On the tuner's row every call measures it, so a slow stretch shows at
    * once; single copy's rate changes little, so it is tried seldom
@@ -109,9 +109,9 @@ int adapt_pick(uint32_t call, double rate_plan, double rate_alt, int* trial) {
  * from plain stores, every ADAPT_EXPLORE from non-temporal ones, as the
  * slots' own weighing tries them). */
 int adapt_pick3(uint32_t call, const double rate[3], int* trial) {
-  static const int first[4] = {0, 1, 2, 0};
-  *trial = call < 4;
-  if (call < 4) return first[call];
+  static const int first[ADAPT_TRIES3] = {0, 1, 2, 0};
+  *trial = call < ADAPT_TRIES3;
+  if (call < ADAPT_TRIES3) return first[call];
   int fifo = rate[2] > ADAPT_MARGIN * rate[0] ? 2 : 0;
   if (rate[1] > ADAPT_MARGIN * rate[fifo]) {
     *trial = call % ADAPT_EXPLORE == 0;
@@ -276,7 +276,7 @@ static ncclResult_t pick(struct ncclComm* comm, const struct coll_args* a, const
     for (int k = 0; k < 3; k++) low[k] = COLLIE_MIN(low[k], (double)all[4 * r + k]);
   int trial, use = alt == ALT_CMA_SLOTS ? adapt_pick3(b->calls, low, &trial)
                                         : adapt_pick(b->calls, low[0], low[1], &trial);
-  uint32_t tries = alt == ALT_CMA_SLOTS ? 4u : 3u;
+  uint32_t tries = alt == ALT_CMA_SLOTS ? ADAPT_TRIES3 : ADAPT_TRIES;
   uint32_t window = adapt_window(bytes, b->calls, tries);
   /* While a rank waits for a CPU, the tuner's row runs ADAPT_WINDOW calls
    * at a time without an exchange: a call's time there says more about the

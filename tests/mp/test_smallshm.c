@@ -854,7 +854,7 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
       int weighed = row != ALGO_CMA && ((large && k < 3 && on) || (slots && row != ALGO_DIRECT));
       /* Single copy and both slot stores (adapt_pick3): four first trials. */
       int three = weighed && large && k < 3 && on && slots && row != ALGO_DIRECT;
-      unsigned tries = three ? 4 : 3;
+      unsigned tries = three ? ADAPT_TRIES3 : ADAPT_TRIES;
       /* The picks, as every rank counts them: a window of ADAPT_WINDOW calls
        * below 256 KiB; from there one call for each of the first three picks
        * (four where three paths are weighed), then windows of about 8 MiB a

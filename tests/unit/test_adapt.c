@@ -130,23 +130,14 @@ static void test_window(void** state) {
 
 static void test_look_confirmed(void** state) {
   (void)state;
+  /* Looks in turn and the state after each: one look never changes it. */
+  static const int look[] = {1, 0, 1, 1, 0, 1, 0, 0}, want[] = {0, 0, 0, 1, 1, 1, 1, 0};
   int last = 0, busy = 0;
-  busy = look_confirmed(busy, &last, 1);
-  assert_int_equal(busy, 0);
-  busy = look_confirmed(busy, &last, 0);
-  assert_int_equal(busy, 0);
-  busy = look_confirmed(busy, &last, 1);
-  assert_int_equal(busy, 0);
-  busy = look_confirmed(busy, &last, 1);
-  assert_int_equal(busy, 1);
-  busy = look_confirmed(busy, &last, 0);
-  assert_int_equal(busy, 1);
-  busy = look_confirmed(busy, &last, 1);
-  assert_int_equal(busy, 1);
-  busy = look_confirmed(busy, &last, 0);
-  busy = look_confirmed(busy, &last, 0);
-  assert_int_equal(busy, 0);
-  assert_int_equal(last, 0);
+  for (size_t i = 0; i < sizeof(look) / sizeof(look[0]); i++) {
+    busy = look_confirmed(busy, &last, look[i]);
+    assert_int_equal(busy, want[i]);
+    assert_int_equal(last, look[i]);
+  }
 }
 
 /* A rank waits for a CPU where it spent more than ADAPT_LOAD_PERCENT of
