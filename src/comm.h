@@ -45,6 +45,10 @@ struct ncclComm {
    * ranks of one machine different hosts), and the CPU it last sent to this
    * rank from, as a socket stamps it (-1: unknown, or another machine). */
   uint64_t* machine;
+  /* By rank: its process's start time (clock ticks after boot, as
+   * /proc/<pid>/stat has it; 0: unknown), which tells a live neighbour on this
+   * machine from another process that got its pid (health.c). */
+  uint64_t* proc_start;
   int32_t* peer_cpu;
   int machine_size;     /* ranks on this rank's machine */
   int machine_rank;     /* this rank's place among them (by rank) */

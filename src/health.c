@@ -8,9 +8,15 @@
  * checks it before it sleeps), the bootstrap stops waiting for that rank, and
  * a notice travels both ways around the ring so every survivor learns it
  * within the timeout, even ranks that never talk to the dead one.
+ * A silent neighbour on this machine whose process is still there and not
+ * stopped is waited for instead: the kernel reports its death (the connection
+ * closes) and nothing can cut a link within one network stack, so its
+ * silence means a machine too busy to run its keep-alive thread (hundreds of
+ * ranks on two CPUs, a sanitizer's memory), not a failure.
  * Talks to init.c (started after the bootstrap, stopped by
  * destroy/abort) and bootstrap/ (address exchange, peer_failed marks). */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,7 +53,9 @@ struct hello {
 struct hlink {
   int fd;
   int peer;
-  int gone; /* failed or said goodbye: no longer watched */
+  int gone;    /* failed or said goodbye: no longer watched */
+  int local;   /* a link within this network stack to a process of this machine */
+  int waiting; /* silent past the timeout, waited for as a live local process */
   int64_t last_rx_ms;
   uint8_t buf[sizeof(struct hmsg)];
   size_t got;
@@ -64,6 +72,7 @@ struct health {
   uint8_t* dead; /* by rank: known failed (written by the thread only) */
   uint8_t* left; /* by rank: said goodbye (atomic bytes: waiters read them) */
   int stop, goodbye; /* set before waking the thread to leave */
+  int64_t mute_until_ms; /* health_mute: no pings before then */
   pid_t pid;             /* the process that owns the links (not a forked child) */
   struct health* next_live; /* live_list: rings of this process, for the exit goodbye */
 };
@@ -104,6 +113,61 @@ __attribute__((destructor)) static void health_exit_goodbye(void) {
 
 /* The error record (comm_set_error, comm_stop_check ...) lives in comm_err.c,
  * below the transports that also use it. */
+
+/* ------------------------------------------------------------ processes */
+
+/* Reads /proc/<pid>/stat's state (field 3) and start time (field 22). The
+ * command name (field 2) may hold spaces and parentheses: fields are counted
+ * from its last ')'. */
+static int proc_stat(int pid, char* state, uint64_t* start) {
+  char path[64], buf[1024];
+  if (pid > 0) snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  else snprintf(path, sizeof(path), "/proc/self/stat");
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (n <= 0) return -1;
+  buf[n] = '\0';
+  char* p = strrchr(buf, ')');
+  if (!p || p[1] != ' ' || !p[2]) return -1;
+  *state = p[2];
+  p += 3; /* at the blank before field 4 */
+  for (int field = 4; field <= 22; field++) {
+    while (*p == ' ') p++;
+    if (!*p) return -1;
+    if (field == 22) {
+      char* end;
+      *start = strtoull(p, &end, 10);
+      return end == p ? -1 : 0;
+    }
+    while (*p && *p != ' ') p++;
+  }
+  return -1;
+}
+
+uint64_t proc_start_ticks(int pid) {
+  char state;
+  uint64_t start;
+  return proc_stat(pid, &state, &start) == 0 ? start : 0;
+}
+
+int proc_running(int pid, uint64_t start) {
+  char state;
+  uint64_t t;
+  if (pid <= 0 || start == 0 || proc_stat(pid, &state, &t) != 0 || t != start) return 0;
+  /* R running, S sleeping, D in the kernel, I idle; not T stopped (SIGSTOP: a
+   * frozen rank is a failure), t traced, Z or X dead. */
+  return state == 'R' || state == 'S' || state == 'D' || state == 'I';
+}
+
+/* The neighbour on link `l` went silent past the timeout: 1 if it is a live
+ * process of this machine, reached within this network stack. */
+static int peer_runs_here(struct health* h, const struct hlink* l) {
+  struct ncclComm* comm = h->comm;
+  return l->local && comm->machine[l->peer] == comm->machine[comm->rank] &&
+         proc_running(comm->peers[l->peer].pid, comm->proc_start[l->peer]);
+}
 
 /* ------------------------------------------------------------ the thread */
 
@@ -199,6 +263,10 @@ static void read_link(struct health* h, struct hlink* l, int64_t now) {
   for (;;) {
     ssize_t rc = recv(l->fd, l->buf + l->got, sizeof(l->buf) - l->got, MSG_DONTWAIT);
     if (rc > 0) {
+      if (l->waiting)
+        INFO(LOG_INIT, "rank %d: rank %d is heard from again after %.1f s", h->comm->rank, l->peer,
+             (now - l->last_rx_ms) / 1000.0);
+      l->waiting = 0;
       l->last_rx_ms = now;
       l->got += (size_t)rc;
       if (l->got == sizeof(l->buf)) {
@@ -227,7 +295,8 @@ static void* health_main(void* p) {
     if (__atomic_load_n(&h->stop, __ATOMIC_ACQUIRE)) break;
     /* Pings go out even with our own silence check off: a peer may have it on. */
     if (now >= next_ping) {
-      for (int i = 0; i < h->nlinks; i++) send_msg(&h->link[i], HMSG_PING, 0, 0, 0);
+      if (now >= __atomic_load_n(&h->mute_until_ms, __ATOMIC_RELAXED))
+        for (int i = 0; i < h->nlinks; i++) send_msg(&h->link[i], HMSG_PING, 0, 0, 0);
       next_ping = now + h->period_ms;
     }
     int64_t wait = next_ping - now;
@@ -241,6 +310,19 @@ static void* health_main(void* p) {
       if (h->timeout_ms > 0) {
         int64_t left = l->last_rx_ms + h->timeout_ms - now;
         if (left <= 0) {
+          /* This thread may itself have waited long for a CPU: what the
+           * neighbour sent meanwhile counts first. */
+          read_link(h, l, now);
+          if (l->gone) continue;
+          left = l->last_rx_ms + h->timeout_ms - now;
+        }
+        if (left <= 0 && peer_runs_here(h, l)) {
+          if (!l->waiting)
+            INFO(LOG_INIT, "rank %d: rank %d silent for %.1f s, but its process runs on this machine: waiting for it",
+                 h->comm->rank, l->peer, (now - l->last_rx_ms) / 1000.0);
+          l->waiting = 1;
+          left = h->period_ms; /* look again then */
+        } else if (left <= 0) {
           declare_dead(h, l->peer, WHY_SILENT, h->comm->rank, -1);
           l->gone = 1;
           continue;
@@ -368,6 +450,7 @@ ncclResult_t health_init(struct ncclComm* comm, int lfd, const union sock_addr* 
   close(lfd);
   lfd = -1;
   h->nlinks = 2;
+  for (int i = 0; i < 2; i++) h->link[i].local = sock_link_local(h->link[i].fd);
   int64_t now = time_ms();
   h->link[0].last_rx_ms = h->link[1].last_rx_ms = now;
   h->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -390,6 +473,11 @@ fail:
   if (lfd >= 0) close(lfd);
   health_free(h);
   return res;
+}
+
+void health_mute(struct ncclComm* comm, int64_t ms) {
+  struct health* h = comm->health;
+  if (h) __atomic_store_n(&h->mute_until_ms, time_ms() + ms, __ATOMIC_RELAXED);
 }
 
 void comm_wake_waiters(struct ncclComm* comm) {

@@ -111,6 +111,7 @@ static void fill_local_info(ncclComm_t comm, collie_peer_info_t* me) {
   me->rank = comm->rank;
   me->pid = (int)getpid();
   comm->machine[comm->rank] = topo_machine_hash();
+  comm->proc_start[comm->rank] = proc_start_ticks(0);
   me->host_hash = topo_host_hash(comm->machine[comm->rank], me->hostname, sizeof(me->hostname));
   topo_local_placement(&me->numa_node, me->cpuset, sizeof(me->cpuset));
   me->cuda_dev = comm->cuda_dev;
@@ -121,7 +122,7 @@ static void fill_local_info(ncclComm_t comm, collie_peer_info_t* me) {
  * collie_peer_info_t: the fixed fields, then each string as a length byte
  * and its characters. About 35 bytes instead of 270 per rank on one host,
  * and every rank receives every other's record. */
-#define PEER_WIRE_MAX (4 + 4 + 8 + 4 + 4 + 8 + 3 + 64 + 128 + 32)
+#define PEER_WIRE_MAX (4 + 4 + 8 + 4 + 4 + 8 + 8 + 3 + 64 + 128 + 32)
 
 static size_t put_str(uint8_t* p, const char* str, size_t cap) {
   size_t l = strnlen(str, cap - 1);
@@ -130,13 +131,14 @@ static size_t put_str(uint8_t* p, const char* str, size_t cap) {
   return 1 + l;
 }
 
-static size_t peer_pack(const collie_peer_info_t* me, uint64_t machine, uint8_t* p) {
+static size_t peer_pack(const collie_peer_info_t* me, uint64_t machine, uint64_t start, uint8_t* p) {
   int32_t v[2] = {me->rank, me->pid}, w[2] = {me->numa_node, me->cuda_dev};
   memcpy(p, v, 8);
   memcpy(p + 8, &me->host_hash, 8);
   memcpy(p + 16, w, 8);
   memcpy(p + 24, &machine, 8);
-  size_t o = 32;
+  memcpy(p + 32, &start, 8);
+  size_t o = 40;
   o += put_str(p + o, me->hostname, sizeof(me->hostname));
   o += put_str(p + o, me->cpuset, sizeof(me->cpuset));
   o += put_str(p + o, me->pci_bus_id, sizeof(me->pci_bus_id));
@@ -153,15 +155,16 @@ static int get_str(const uint8_t* p, size_t n, size_t* o, char* out, size_t cap)
 }
 
 /* 0, or -1 when the record is not exactly one well-formed packed record. */
-static int peer_unpack(const uint8_t* p, size_t n, collie_peer_info_t* out, uint64_t* machine) {
+static int peer_unpack(const uint8_t* p, size_t n, collie_peer_info_t* out, uint64_t* machine, uint64_t* start) {
   int32_t v[2], w[2];
-  size_t o = 32;
+  size_t o = 40;
   if (n < o) return -1;
   memset(out, 0, sizeof(*out));
   memcpy(v, p, 8);
   memcpy(&out->host_hash, p + 8, 8);
   memcpy(w, p + 16, 8);
   memcpy(machine, p + 24, 8);
+  memcpy(start, p + 32, 8);
   out->size = sizeof(*out);
   out->rank = v[0];
   out->pid = v[1];
@@ -196,7 +199,7 @@ static int make_card(void* arg, const union sock_addr* listen_addr, int listen_a
   if (comm->nranks > 1 && health_listen(listen_addr, listen_any, &sc->health_fd, &sc->health_addr) != ncclSuccess)
     return -1;
   memcpy(card, &sc->health_addr, a);
-  return (int)(a + peer_pack(&comm->peers[comm->rank], comm->machine[comm->rank], card + a));
+  return (int)(a + peer_pack(&comm->peers[comm->rank], comm->machine[comm->rank], comm->proc_start[comm->rank], card + a));
 }
 
 /* Every rank's peer info, from the cards that came with the bootstrap table,
@@ -207,7 +210,7 @@ static ncclResult_t read_cards(ncclComm_t comm, const char* fn, union sock_addr*
   for (int i = 0; i < comm->nranks; i++) {
     uint32_t len;
     const uint8_t* card = bootstrap_card(comm->bs, i, &len);
-    if (!card || len < a || peer_unpack(card + a, len - a, &comm->peers[i], &comm->machine[i]) != 0 || comm->peers[i].rank != i)
+    if (!card || len < a || peer_unpack(card + a, len - a, &comm->peers[i], &comm->machine[i], &comm->proc_start[i]) != 0 || comm->peers[i].rank != i)
       return err_set(ncclInternalError, "%s: peer info from rank %d is malformed or inconsistent (%u bytes, rank field %d)",
                      fn, i, len, comm->peers[i].rank);
     if (i == prev) memcpy(prev_health, card, a);
@@ -305,6 +308,7 @@ static void comm_free(ncclComm_t comm) {
   comm_release(comm);
   free(comm->peers);
   free(comm->machine);
+  free(comm->proc_start);
   free(comm->peer_cpu);
   if (comm->stop_fd >= 0) close(comm->stop_fd);
   pthread_mutex_destroy(&comm->err_lock);
@@ -432,8 +436,9 @@ ncclResult_t comm_init(ncclComm_t* newcomm, int nranks, int nids, const ncclUniq
   }
   comm->peers = calloc((size_t)nranks, sizeof(*comm->peers));
   comm->machine = calloc((size_t)nranks, sizeof(*comm->machine));
+  comm->proc_start = calloc((size_t)nranks, sizeof(*comm->proc_start));
   comm->peer_cpu = malloc(sizeof(*comm->peer_cpu) * (size_t)nranks);
-  if (!comm->peers || !comm->machine || !comm->peer_cpu) {
+  if (!comm->peers || !comm->machine || !comm->proc_start || !comm->peer_cpu) {
     res = err_set(ncclSystemError, "%s: out of memory for %d peers", fn, nranks);
     goto fail;
   }

@@ -50,6 +50,21 @@ int sock_addr_is_loopback(const union sock_addr* a) {
   return 0;
 }
 
+int sock_link_local(int fd) {
+  union sock_addr me, peer;
+  socklen_t ml = sizeof(me), pl = sizeof(peer);
+  memset(&me, 0, sizeof(me));
+  memset(&peer, 0, sizeof(peer));
+  if (getsockname(fd, &me.sa, &ml) != 0 || getpeername(fd, &peer.sa, &pl) != 0) return 0;
+  if (sock_addr_is_loopback(&me) && sock_addr_is_loopback(&peer)) return 1;
+  if (me.sa.sa_family != peer.sa.sa_family) return 0;
+  if (me.sa.sa_family == AF_INET) return me.sin.sin_addr.s_addr == peer.sin.sin_addr.s_addr;
+  if (me.sa.sa_family == AF_INET6)
+    return !memcmp(&me.sin6.sin6_addr, &peer.sin6.sin6_addr, sizeof(me.sin6.sin6_addr)) &&
+           (!IN6_IS_ADDR_LINKLOCAL(&me.sin6.sin6_addr) || me.sin6.sin6_scope_id == peer.sin6.sin6_scope_id);
+  return 0;
+}
+
 const char* sock_addr_str(const union sock_addr* a, char* buf, size_t n) {
   char host[INET6_ADDRSTRLEN] = "?";
   if (a->sa.sa_family == AF_INET) {

@@ -33,6 +33,10 @@ const char* sock_status_str(int st);
 const char* sock_addr_str(const union sock_addr* a, char* buf, size_t n);
 socklen_t sock_addr_len(const union sock_addr* a);
 int sock_addr_is_loopback(const union sock_addr* a);
+/* 1 when the connected socket `fd` joins two ends within one network stack:
+ * its peer's address is its own address, or both are loopback. Nothing
+ * between the ends can cut such a link without the kernel telling both. */
+int sock_link_local(int fd);
 /* A loopback port (family AF_INET or AF_INET6) that binds now, for a launcher
  * or test that must name it before anyone listens on it: random, below the
  * kernel's ephemeral range, so no other process's outgoing connection can

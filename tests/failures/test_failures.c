@@ -14,6 +14,7 @@
 
 #include "../mp/harness.h"
 #include "collie.h"
+#include "failures.h" /* health_mute */
 
 static int count_fds(void) {
   int n = 0;
@@ -711,6 +712,32 @@ static int rank_goodbye(int rank, int nranks, const ncclUniqueId* ids, int nids,
   return 0;
 }
 
+/* A rank whose keep-alive thread gets no CPU for several peer timeouts (here
+ * its pings are held back: health_mute) while its process still runs on this
+ * machine is waited for, not declared failed: the communicator stays healthy
+ * on every rank and the next collective succeeds. With COLLIE_PEER_TIMEOUT=1
+ * the silence lasts four timeouts. */
+static int rank_silent(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  maybe_hostid(rank);
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  float s[64], rv[64];
+  if (allreduce_check(comm, s, rv, 64, "before the silence")) return 1;
+  mp_arrive(0);
+  MP_CHECK(mp_await(0, nranks, 100) == 0, "not every rank reached the silence");
+  if (rank == 1) health_mute(comm, 4000);
+  usleep(4500 * 1000);
+  ncclResult_t async = ncclInProgress;
+  MP_NCCL(ncclCommGetAsyncError(comm, &async));
+  MP_CHECK(async == ncclSuccess, "rank %d: the communicator failed while rank 1 was silent but running: %s (%s)", rank,
+           ncclGetErrorString(async), ncclGetLastError(comm));
+  if (allreduce_check(comm, s, rv, 64, "after the silence")) return 1;
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char* c = argc > 1 ? argv[1] : "";
@@ -726,11 +753,12 @@ int main(int argc, char** argv) {
   if (!strcmp(c, "revoke")) return mp_run_ids(3, 2, rank_revoke, NULL, NULL, 0, 120);
   if (!strcmp(c, "exit")) return mp_run(2, rank_exit, NULL, 120);
   if (!strcmp(c, "goodbye")) return mp_run(2, rank_goodbye, NULL, 120);
+  if (!strcmp(c, "silent")) return mp_run(3, rank_silent, NULL, 120);
   if (!strcmp(c, "revoke_setup")) return mp_run_ids(3, 2, rank_revoke_setup, NULL, NULL, 0, 120);
   if (!strcmp(c, "shrink_absent")) {
     int absent = argc > 2 ? atoi(argv[2]) : 2;
     return mp_run_ids(3, 2, rank_shrink_absent, &absent, NULL, 0, 120);
   }
-  fprintf(stderr, "usage: test_failures kill|stop [trials [bytes [window_ms]]] | abort [n] | nonblocking [n] | shrink | revoke | exit | goodbye | revoke_setup | shrink_absent [rank]\n");
+  fprintf(stderr, "usage: test_failures kill|stop [trials [bytes [window_ms]]] | abort [n] | nonblocking [n] | shrink | revoke | exit | goodbye | silent | revoke_setup | shrink_absent [rank]\n");
   return 2;
 }
