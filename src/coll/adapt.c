@@ -24,14 +24,20 @@
  * the two states; this follows them.
  *
  * How: a pick (a one-slot exchange through the direct mailboxes, which
- * carries each rank's last measured rates for that bucket) chooses the path
+ * carries each rank's last measured rates for that bucket; see below for
+ * the slots' stores alone) chooses the path
  * for a window of the bucket's calls (adapt_window: one call for each of the
  * first picks from 256 KiB a rank, then about 8 MiB a rank's worth; 16
  * calls below 256 KiB); every rank times each call of the window to its
  * return (the window's first from the exchange, the others from its own
  * entry) and keeps the window's median as the rate of the path it ran. All
  * ranks take the slowest rank's rate of each path from the same posts and
- * count the bucket's calls alike, so they all pick the same path.
+ * count the bucket's calls alike, so they all pick the same path. Where
+ * only the slots' stores are weighed (each writer's own choice, which no
+ * reader needs to know) there is no exchange: a rank posts its rates in its
+ * mailbox control page and reads the others' latest posts without waiting
+ * (direct_shm_rates), so a rank that runs ahead keeps its lead; the ranks
+ * then may pick differently for a window.
  * The first calls of a bucket try both (the tuner's row first, which also
  * takes the first-touch page faults, then the alternative, then the tuner's
  * row again); then the alternative runs where it measured clearly faster,
@@ -265,7 +271,16 @@ static ncclResult_t pick(struct ncclComm* comm, const struct coll_args* a, const
     b->rate[b->cur] = (float)((double)bytes / ((double)b->win_ns[(b->nwin - 1) / 2] / 1e3)); /* bytes per us */
   }
   float mine[4] = {b->rate[0], b->rate[1], b->rate[2], (float)load_look(comm)}, all[4 * ADAPT_MAX_RANKS];
-  NCCLCHECK(direct_shm_share(comm, mine, sizeof(mine), all));
+  /* Single copy or the FIFO is a choice all ranks must make alike: they
+   * swap their figures and wait for each other. The slots' stores are each
+   * writer's own: it reads the others' latest figures without waiting
+   * (a broadcast root or a reduce's sender that runs calls ahead kept
+   * losing that lead at every exchange: 2 ranks, broadcast of 128 KiB in
+   * place 4.65 us a call against 4.05 without the exchanges). */
+  if (alt == ALT_SLOTS)
+    NCCLCHECK(direct_shm_rates(comm, kind_index(a->kind) * ADAPT_BUCKETS + bucket_of(bytes), mine, all));
+  else
+    NCCLCHECK(direct_shm_share(comm, mine, sizeof(mine), all));
   int busy = 0;
   for (int r = 0; r < comm->nranks; r++) busy |= all[4 * r + 3] != 0.0f;
   /* A path is as fast as its slowest rank: a broadcast root that posts into

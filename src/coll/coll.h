@@ -243,6 +243,13 @@ int mapped_peer_maps(const struct ncclComm* comm);
  * rank order, in all[nranks * bytes] (all may be NULL: a barrier). Returns
  * once every peer has posted, so it also orders what each did before. */
 ncclResult_t direct_shm_share(struct ncclComm* comm, const void* mine, size_t bytes, void* all);
+/* Without waiting for anyone: posts this rank's four figures under `key`
+ * (below ADAPT_KINDS * ADAPT_BUCKETS) in its mailbox control page and copies
+ * every rank's latest under that key, in rank order, to all[4 * nranks]
+ * (zeros from a rank that posted none yet). For choices each rank may make
+ * on its own (coll/adapt.c: the slots' stores). Set up on first use, inside
+ * a collective, as direct_shm_share. */
+ncclResult_t direct_shm_rates(struct ncclComm* comm, int key, const float mine[4], float* all);
 /* Rank `rank`'s claim word in the one-shot mailboxes (set up on first use,
  * inside a collective: every rank calls it alike): a 64-bit word every rank
  * of the host may read and compare-and-swap, for rows that share out work

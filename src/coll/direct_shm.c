@@ -30,7 +30,7 @@
 #include "../graph/bind.h"
 #include "../transport/shmseg.h"
 
-#define MB_CTRL_BYTES 8192
+#define MB_CTRL_BYTES 12288
 #define TAG_DIRECT_SETUP 0x7f000010u
 #define TAG_DIRECT_DONE 0x7f000011u
 
@@ -125,6 +125,12 @@ struct mb_ctrl {
   uint64_t src;
   /* Work shared out by blocks (direct_shm_claim_word): a line of its own. */
   uint64_t work __attribute__((aligned(64)));
+  /* This rank's latest figures for each weighed collective and size
+   * (direct_shm_rates), each under a sequence count: odd while written. */
+  struct rate_post {
+    uint32_t seq;
+    uint32_t v[4]; /* floats, as bits */
+  } rates[ADAPT_KINDS * ADAPT_BUCKETS] __attribute__((aligned(64)));
 };
 _Static_assert(sizeof(struct mb_line) == 64, "one cache line");
 _Static_assert(sizeof(struct mb_ctrl) <= MB_CTRL_BYTES, "control fits its page");
@@ -947,6 +953,43 @@ ncclResult_t direct_shm_share(struct ncclComm* comm, const void* mine, size_t by
   for (int i = 0; all && i < comm->nranks; i++)
     memcpy((char*)all + (size_t)i * bytes, peer_data(comm->direct, i, bytes), bytes);
   direct_end(comm);
+  return ncclSuccess;
+}
+
+ncclResult_t direct_shm_rates(struct ncclComm* comm, int key, const float mine[4], float* all) {
+  if (key < 0 || key >= ADAPT_KINDS * ADAPT_BUCKETS) return err_set(ncclInternalError, "direct_shm_rates: key %d", key);
+  NCCLCHECK(direct_setup(comm));
+  struct direct_state* d = comm->direct;
+  struct rate_post* own = &d->ctrl[comm->rank]->rates[key];
+  uint32_t seq = __atomic_load_n(&own->seq, __ATOMIC_RELAXED);
+  __atomic_store_n(&own->seq, seq + 1, __ATOMIC_RELAXED);
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+  for (int k = 0; k < 4; k++) {
+    uint32_t bits;
+    memcpy(&bits, &mine[k], sizeof(bits));
+    __atomic_store_n(&own->v[k], bits, __ATOMIC_RELAXED);
+  }
+  __atomic_store_n(&own->seq, seq + 2, __ATOMIC_RELEASE);
+  for (int r = 0; r < comm->nranks; r++) {
+    float* out = all + 4 * r;
+    if (r == comm->rank) {
+      memcpy(out, mine, 4 * sizeof(float));
+      continue;
+    }
+    const struct rate_post* p = &d->ctrl[r]->rates[key];
+    memset(out, 0, 4 * sizeof(float));
+    /* A post being written is read again; one that keeps changing (its
+     * writer posts between every two reads) counts as none this time. */
+    for (int tries = 0; tries < 8; tries++) {
+      uint32_t s1 = __atomic_load_n(&p->seq, __ATOMIC_ACQUIRE), v[4];
+      if (s1 & 1) continue;
+      for (int k = 0; k < 4; k++) v[k] = __atomic_load_n(&p->v[k], __ATOMIC_RELAXED);
+      __atomic_thread_fence(__ATOMIC_ACQUIRE);
+      if (__atomic_load_n(&p->seq, __ATOMIC_RELAXED) != s1) continue;
+      memcpy(out, v, sizeof(v));
+      break;
+    }
+  }
   return ncclSuccess;
 }
 

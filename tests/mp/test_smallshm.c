@@ -737,12 +737,13 @@ static int rank_duplex(int rank, int nranks, const ncclUniqueId* ids, int nids, 
  * slots where their row fills slots; allreduces, reduces and reduce-scatters
  * between plain and non-temporal slot stores (COLLIE_SLOT_STREAM=auto). Every
  * such call counts in its bucket alike on every rank, both paths get
- * measured, every result is right whichever runs, and the ranks end on the
- * same choice. From 32 KiB to 256 KiB a rank only the slots' stores are
- * weighed, one pick for a window of ADAPT_WINDOW calls (no exchange in the
- * others): 40 calls make 3 picks (the tuner's row, the alternative, the
- * tuner's row: both measured), and every rank is on the same path in the
- * window. With ranks sharing CPUs, or with both switched off, nothing is
+ * measured, every result is right whichever runs, and where single copy is
+ * weighed the ranks end on the same choice (the slots' stores are each
+ * writer's own: it reads the others' latest figures without waiting for
+ * them, so the ranks may end on different stores). From 32 KiB to 256 KiB a
+ * rank only the slots' stores are weighed, one pick for a window of
+ * ADAPT_WINDOW calls: 40 calls make 3 picks (the tuner's row, the
+ * alternative, the tuner's row: both measured, on every rank alike). With ranks sharing CPUs, or with both switched off, nothing is
  * weighed. Held (COLLIE_ADAPT_LOAD=1), the tuner's row runs in windows of
  * ADAPT_WINDOW calls at every size once both paths were tried. */
 static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
@@ -895,7 +896,11 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
       MP_CHECK(b->rate[0] > 0 && b->rate[1] > 0 && (!three || b->rate[2] > 0),
                "rank %d: %s of %zu bytes: rates %g / %g / %g, not every path measured", rank, kinds[k], sizes[si],
                b->rate[0], b->rate[1], b->rate[2]);
-      int64_t last = b->last, lo = last, hi = last;
+      /* Single copy or not is agreed; the slots' stores alone are not. */
+      int agreed = large && k < 3 && on;
+      MP_CHECK(b->last >= 0 && b->last < (three ? 3 : 2), "rank %d: %s of %zu bytes: last path %d", rank, kinds[k],
+               sizes[si], b->last);
+      int64_t last = agreed ? b->last : 0, lo = last, hi = last;
       MP_NCCL(ncclAllReduce(&last, &lo, 1, ncclInt64, ncclMin, comm, NULL));
       MP_NCCL(ncclAllReduce(&last, &hi, 1, ncclInt64, ncclMax, comm, NULL));
       MP_CHECK(lo == hi, "rank %d: %s of %zu bytes: the ranks ended on different paths", rank,
@@ -917,6 +922,25 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
     MP_CHECK(comm->adapt[3][19].calls == (slots ? 2u : 0u), "rank %d: %u of the 2 allreduces of 512 KiB weighed",
              rank, comm->adapt[3][19].calls);
     free(buf);
+  }
+  /* The figures behind the slots' stores travel without waiting
+   * (direct_shm_rates): after a barrier every rank reads every other's post,
+   * and a rank's later post replaces its earlier one. Key 0 (broadcasts
+   * under 2 bytes) is never weighed. */
+  if (nranks <= 8) {
+    float mine[4] = {(float)rank + 1.0f, 2.0f, 3.0f, 4.0f}, all[4 * 8];
+    MP_NCCL(direct_shm_rates(comm, 0, mine, all));
+    int32_t one = 1, sum = 0;
+    MP_NCCL(ncclAllReduce(&one, &sum, 1, ncclInt32, ncclSum, comm, NULL)); /* every rank has posted */
+    mine[1] = 5.0f;
+    MP_NCCL(direct_shm_rates(comm, 0, mine, all));
+    for (int r = 0; r < nranks; r++)
+      MP_CHECK(all[4 * r] == (float)r + 1.0f && (all[4 * r + 1] == 2.0f || all[4 * r + 1] == 5.0f) &&
+                   all[4 * r + 3] == 4.0f && (r != rank || all[4 * r + 1] == 5.0f),
+               "rank %d: rank %d's posted figures read as %g %g %g %g", rank, r, all[4 * r], all[4 * r + 1],
+               all[4 * r + 2], all[4 * r + 3]);
+    MP_CHECK(direct_shm_rates(comm, ADAPT_KINDS * ADAPT_BUCKETS, mine, all) == ncclInternalError,
+             "rank %d: a key out of range was taken", rank);
   }
   if (rank == 0)
     printf("weighed by measurement: single copy %s, slot stores %s%s (single copy %s, %.1f ranks a CPU)\n",
