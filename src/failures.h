@@ -30,14 +30,6 @@ int health_peer_left(struct ncclComm* comm, int peer);
 /* For tests: this rank's keep-alive thread sends no ping for `ms`
  * milliseconds, as a rank that gets no CPU looks to its neighbours. */
 void health_mute(struct ncclComm* comm, int64_t ms);
-/* The start time of process `pid` (0: this one) in clock ticks after boot,
- * as /proc/<pid>/stat has it; 0 when unknown. */
-uint64_t proc_start_ticks(int pid);
-/* 1 when process `pid` of this pid namespace exists, started at `start`
- * ticks (so it is not another process that got the pid) and is neither
- * stopped, traced nor dead: it runs or waits to run. 0 otherwise, and for
- * start 0. */
-int proc_running(int pid, uint64_t start);
 /* Wakes every sleeping waiter of the communicator (after abort, revoke or a
  * recorded failure: each then ends with the reason). Any thread. */
 void comm_wake_waiters(struct ncclComm* comm);

@@ -16,7 +16,6 @@
  * Talks to init.c (started after the bootstrap, stopped by
  * destroy/abort) and bootstrap/ (address exchange, peer_failed marks). */
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +26,7 @@
 
 #include "bootstrap/socket.h"
 #include "failures.h"
+#include "procstat.h"
 
 #define HMSG_MAGIC 0x484c4f43u  /* "COLH" */
 #define HELLO_MAGIC 0x4f4c4548u /* "HELO" */
@@ -54,7 +54,7 @@ struct hlink {
   int fd;
   int peer;
   int gone;    /* failed or said goodbye: no longer watched */
-  int local;   /* a link within this network stack to a process of this machine */
+  int local;   /* the link stays within this network stack (sock_link_local) */
   int waiting; /* silent past the timeout, waited for as a live local process */
   int64_t last_rx_ms;
   uint8_t buf[sizeof(struct hmsg)];
@@ -115,51 +115,6 @@ __attribute__((destructor)) static void health_exit_goodbye(void) {
  * below the transports that also use it. */
 
 /* ------------------------------------------------------------ processes */
-
-/* Reads /proc/<pid>/stat's state (field 3) and start time (field 22). The
- * command name (field 2) may hold spaces and parentheses: fields are counted
- * from its last ')'. */
-static int proc_stat(int pid, char* state, uint64_t* start) {
-  char path[64], buf[1024];
-  if (pid > 0) snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-  else snprintf(path, sizeof(path), "/proc/self/stat");
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  ssize_t n = read(fd, buf, sizeof(buf) - 1);
-  close(fd);
-  if (n <= 0) return -1;
-  buf[n] = '\0';
-  char* p = strrchr(buf, ')');
-  if (!p || p[1] != ' ' || !p[2]) return -1;
-  *state = p[2];
-  p += 3; /* at the blank before field 4 */
-  for (int field = 4; field <= 22; field++) {
-    while (*p == ' ') p++;
-    if (!*p) return -1;
-    if (field == 22) {
-      char* end;
-      *start = strtoull(p, &end, 10);
-      return end == p ? -1 : 0;
-    }
-    while (*p && *p != ' ') p++;
-  }
-  return -1;
-}
-
-uint64_t proc_start_ticks(int pid) {
-  char state;
-  uint64_t start;
-  return proc_stat(pid, &state, &start) == 0 ? start : 0;
-}
-
-int proc_running(int pid, uint64_t start) {
-  char state;
-  uint64_t t;
-  if (pid <= 0 || start == 0 || proc_stat(pid, &state, &t) != 0 || t != start) return 0;
-  /* R running, S sleeping, D in the kernel, I idle; not T stopped (SIGSTOP: a
-   * frozen rank is a failure), t traced, Z or X dead. */
-  return state == 'R' || state == 'S' || state == 'D' || state == 'I';
-}
 
 /* The neighbour on link `l` went silent past the timeout: 1 if it is a live
  * process of this machine, reached within this network stack. */

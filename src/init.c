@@ -16,6 +16,7 @@
 #include "comm.h"
 #include "device/device.h"
 #include "failures.h"
+#include "procstat.h"
 #include "graph/bind.h"
 #include "graph/topo.h"
 

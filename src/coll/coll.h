@@ -326,13 +326,13 @@ struct adapt_ticket {
 ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket* t);
 /* res: how the call ended (only a successful call's time is kept). */
 void adapt_done(const struct adapt_ticket* t, ncclResult_t res);
-/* The rule, alike on every rank: 1 for the alternative at the bucket's call
- * number `call`, given the slowest rank's rates (bytes/us); *trial is
- * set where the call runs a path to measure it, not because it is faster. */
 /* The first picks of a bucket, which try each path once and the tuner's
  * row again: adapt_pick's (two paths) and adapt_pick3's (three). */
 #define ADAPT_TRIES 3u
 #define ADAPT_TRIES3 4u
+/* The rule, alike on every rank: 1 for the alternative at the bucket's call
+ * number `call`, given the slowest rank's rates (bytes/us); *trial is
+ * set where the call runs a path to measure it, not because it is faster. */
 int adapt_pick(uint32_t call, double rate_plan, double rate_alt, int* trial);
 int adapt_pick3(uint32_t call, const double rate[3], int* trial);
 /* The calls a pick covers, alike on every rank: from the bytes a rank moves,

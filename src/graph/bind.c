@@ -16,6 +16,7 @@
 
 #include "../comm.h"
 #include "../core.h"
+#include "../procstat.h"
 
 #ifdef COLLIE_HAVE_HWLOC
 #include <hwloc.h>
@@ -434,27 +435,12 @@ static int read_u64(const char* path, unsigned long long* v) {
   return read_text(path, buf, sizeof(buf)) > 0 && sscanf(buf, "%llu", v) == 1 ? 0 : -1;
 }
 
-/* The fields of a task's stat after its name (which may hold spaces and
- * parentheses), read into buf; NULL when unreadable. */
-static const char* task_stat_fields(pid_t pid, pid_t tid, char* buf, size_t n) {
-  char path[96];
-  snprintf(path, sizeof(path), "/proc/%d/task/%d/stat", (int)pid, (int)tid);
-  if (read_text(path, buf, n) < 0) return NULL;
-  char* p = strrchr(buf, ')');
-  return p != NULL && p[1] == ' ' ? p + 2 : NULL;
-}
-
 /* The CPU a task last ran on: field 39 of its stat; -1 when unknown. */
 static int task_cpu(pid_t pid, pid_t tid) {
   char buf[1024];
-  const char* p = task_stat_fields(pid, tid, buf, sizeof(buf));
-  if (p == NULL) return -1;
-  int field = 3; /* p is at field 3, the state */
-  for (const char* q = p; *q; q++) {
-    if (*q != ' ') continue;
-    if (++field == 39) return atoi(q + 1);
-  }
-  return -1;
+  const char* p = procstat_fields((int)pid, (int)tid, buf, sizeof(buf));
+  const char* cpu = p ? procstat_field(p, 39) : NULL;
+  return cpu ? atoi(cpu) : -1;
 }
 
 /* Every thread of every other process, with the time it has run. */
@@ -850,7 +836,7 @@ int bind_thread_schedstat(int64_t* run_ns, int64_t* wait_ns) {
 
 int bind_thread_runnable(int pid, int tid) {
   char buf[512];
-  const char* p = task_stat_fields((pid_t)pid, (pid_t)tid, buf, sizeof(buf));
+  const char* p = procstat_fields(pid, tid, buf, sizeof(buf));
   return p == NULL ? -1 : *p == 'R';
 }
 

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "../core.h"
+#include "../procstat.h"
 
 ncclResult_t shmseg_create(size_t len, const char* what, struct shm_seg* s) {
   s->base = NULL;
@@ -41,16 +42,10 @@ ncclResult_t shmseg_create(size_t len, const char* what, struct shm_seg* s) {
  * are closed already, which is why its segment could not be opened). */
 static int pid_gone(int32_t pid) {
   if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return 1;
-  char path[64], buf[256];
-  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-  FILE* f = fopen(path, "re");
-  if (!f) return 1;
-  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  /* "pid (comm) S ...": the state follows the last ')' (comm may hold one). */
-  const char* close = strrchr(buf, ')');
-  return close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X' || close[2] == 'x');
+  char buf[256];
+  const char* state = procstat_fields((int)pid, 0, buf, sizeof(buf));
+  if (!state) return 1;
+  return *state == 'Z' || *state == 'X' || *state == 'x';
 }
 
 ncclResult_t shmseg_open(int32_t pid, int32_t fd, size_t len, int peer, const char* what, struct shm_seg* s) {

@@ -896,11 +896,12 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
       MP_CHECK(b->rate[0] > 0 && b->rate[1] > 0 && (!three || b->rate[2] > 0),
                "rank %d: %s of %zu bytes: rates %g / %g / %g, not every path measured", rank, kinds[k], sizes[si],
                b->rate[0], b->rate[1], b->rate[2]);
-      /* Single copy or not is agreed; the slots' stores alone are not. */
-      int agreed = large && k < 3 && on;
       MP_CHECK(b->last >= 0 && b->last < (three ? 3 : 2), "rank %d: %s of %zu bytes: last path %d", rank, kinds[k],
                sizes[si], b->last);
-      int64_t last = agreed ? b->last : 0, lo = last, hi = last;
+      /* Single copy or not is agreed (the same on every rank: `on` is); the
+       * slots' stores alone are each rank's own. */
+      if (!(large && k < 3 && on)) continue;
+      int64_t last = b->last, lo = last, hi = last;
       MP_NCCL(ncclAllReduce(&last, &lo, 1, ncclInt64, ncclMin, comm, NULL));
       MP_NCCL(ncclAllReduce(&last, &hi, 1, ncclInt64, ncclMax, comm, NULL));
       MP_CHECK(lo == hi, "rank %d: %s of %zu bytes: the ranks ended on different paths", rank,
@@ -924,20 +925,29 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
     free(buf);
   }
   /* The figures behind the slots' stores travel without waiting
-   * (direct_shm_rates): after a barrier every rank reads every other's post,
-   * and a rank's later post replaces its earlier one. Key 0 (broadcasts
+   * (direct_shm_rates): after a barrier every rank reads every other's post
+   * exactly, and a rank's later post replaces its earlier one. Key 0 (broadcasts
    * under 2 bytes) is never weighed. */
   if (nranks <= 8) {
     float mine[4] = {(float)rank + 1.0f, 2.0f, 3.0f, 4.0f}, all[4 * 8];
-    MP_NCCL(direct_shm_rates(comm, 0, mine, all));
     int32_t one = 1, sum = 0;
+    MP_NCCL(direct_shm_rates(comm, 0, mine, all));
     MP_NCCL(ncclAllReduce(&one, &sum, 1, ncclInt32, ncclSum, comm, NULL)); /* every rank has posted */
-    mine[1] = 5.0f;
     MP_NCCL(direct_shm_rates(comm, 0, mine, all));
     for (int r = 0; r < nranks; r++)
-      MP_CHECK(all[4 * r] == (float)r + 1.0f && (all[4 * r + 1] == 2.0f || all[4 * r + 1] == 5.0f) &&
-                   all[4 * r + 3] == 4.0f && (r != rank || all[4 * r + 1] == 5.0f),
-               "rank %d: rank %d's posted figures read as %g %g %g %g", rank, r, all[4 * r], all[4 * r + 1],
+      MP_CHECK(all[4 * r] == (float)r + 1.0f && all[4 * r + 1] == 2.0f && all[4 * r + 2] == 3.0f &&
+                   all[4 * r + 3] == 4.0f,
+               "rank %d: rank %d's first figures read as %g %g %g %g", rank, r, all[4 * r], all[4 * r + 1],
+               all[4 * r + 2], all[4 * r + 3]);
+    MP_NCCL(ncclAllReduce(&one, &sum, 1, ncclInt32, ncclSum, comm, NULL)); /* every rank has read them */
+    mine[1] = 5.0f;
+    MP_NCCL(direct_shm_rates(comm, 0, mine, all));
+    MP_NCCL(ncclAllReduce(&one, &sum, 1, ncclInt32, ncclSum, comm, NULL)); /* every rank has posted again */
+    MP_NCCL(direct_shm_rates(comm, 0, mine, all));
+    for (int r = 0; r < nranks; r++)
+      MP_CHECK(all[4 * r] == (float)r + 1.0f && all[4 * r + 1] == 5.0f && all[4 * r + 2] == 3.0f &&
+                   all[4 * r + 3] == 4.0f,
+               "rank %d: rank %d's later figures read as %g %g %g %g", rank, r, all[4 * r], all[4 * r + 1],
                all[4 * r + 2], all[4 * r + 3]);
     MP_CHECK(direct_shm_rates(comm, ADAPT_KINDS * ADAPT_BUCKETS, mine, all) == ncclInternalError,
              "rank %d: a key out of range was taken", rank);

@@ -1,7 +1,8 @@
 /* Unit tests for what the keep-alive ring asks before it declares a silent
- * neighbour failed (src/health.c, src/bootstrap/socket.c): whether a process
- * of this machine still runs (its /proc entry, its start time, its state) and
- * whether a connection stays within this network stack. */
+ * neighbour failed (src/procstat.c, src/bootstrap/socket.c): whether a
+ * process of this machine still runs (its /proc entry, its start time, its
+ * state) and whether a connection stays within this network stack; and the
+ * /proc/<pid>/stat fields other callers read (a thread's state and CPU). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,13 +15,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sched.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "bootstrap/socket.h"
 #include "core.h"
-#include "failures.h"
+#include "procstat.h"
 
 /* A child that sleeps until killed, named so that /proc/<pid>/stat's second
  * field holds blanks and parentheses. */
@@ -69,6 +72,25 @@ static void test_self(void** state) {
   assert_int_equal(proc_running((int)getpid(), 0), 0);      /* start unknown: no claim */
   assert_int_equal(proc_running(0, me), 0);
   assert_int_equal(proc_running(-5, me), 0);
+}
+
+static void test_fields(void** state) {
+  (void)state;
+  char buf[1024];
+  int tid = (int)syscall(SYS_gettid);
+  const char* f = procstat_fields((int)getpid(), tid, buf, sizeof(buf));
+  assert_non_null(f);
+  assert_int_equal(*f, 'R'); /* this thread, reading its own stat */
+  const char* cpu = procstat_field(f, 39);
+  assert_non_null(cpu);
+  int c = atoi(cpu);
+  assert_true(c >= 0 && c < CPU_SETSIZE);
+  const char* ppid = procstat_field(f, 4);
+  assert_non_null(ppid);
+  assert_int_equal(atoi(ppid), (int)getppid());
+  assert_null(procstat_field(f, 400)); /* past the last field */
+  assert_null(procstat_fields(999999999, 0, buf, sizeof(buf))); /* no such process */
+  assert_null(procstat_fields((int)getpid(), 999999999, buf, sizeof(buf)));   /* no such thread */
 }
 
 static void test_child_states(void** state) {
@@ -134,6 +156,7 @@ static void test_link_local(void** state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_self),
+      cmocka_unit_test(test_fields),
       cmocka_unit_test(test_child_states),
       cmocka_unit_test(test_link_local),
   };
