@@ -30,7 +30,7 @@ struct tune_memo {
   size_t count;
   int algo, nch; /* the plan made for it (coll.h): its row in algo_table, channels, chunk, out_far */
   size_t chunk;
-  int out_far;
+  int out_far, read_ahead;
 };
 
 struct ncclComm {
@@ -93,6 +93,8 @@ struct ncclComm {
   int stream_stores; /* COLLIE_STREAM_STORES: -1 auto (the tuner's out_far), 0 never, 1 always, 2 split */
   int slot_stream;   /* COLLIE_SLOT_STREAM: -1 auto (weighed, coll/adapt.c), 0 never, 1 always */
   int slot_far;      /* the running call fills shared-memory slots with non-temporal stores (prim_link.slot_far) */
+  int read_ahead_param; /* COLLIE_READ_AHEAD: -1 auto (the tuner's plan.read_ahead), 0 never, 1 always */
+  int read_ahead;    /* the running call reduces from shared-memory slots with prefetches ahead (prim_link.ahead) */
   /* Ring orders (graph/rings.c): position -> rank and back, this host's ring,
    * and the ring of host leaders. */
   int *ring, *ring_pos, *local_ring, *leader_ring;

@@ -82,6 +82,7 @@ static ncclResult_t exec_coll(struct coll_args* a) {
      * are in cache, and ordinary stores there cost no extra read (2 ranks,
      * 32 MiB: non-temporal stores made it 1.3x slower). */
     a->out_far = coll_in_place(a) ? 0 : p.out_far;
+    a->comm->read_ahead = p.read_ahead;
     log_call(a, a->op_id ? 0 : a->comm->opcount++, &p);
     if (aside) a->sendbuff = aside;
     res = p.algo->run(a, &p);

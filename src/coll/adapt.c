@@ -5,8 +5,10 @@
  * large allreduce, reduce or reduce-scatter (and a broadcast, allgather or
  * alltoall whose row fills slots, beside single copy where that is weighed:
  * adapt_pick3) runs the tuner's row with ordinary or with non-temporal
- * stores into the slots it fills (COLLIE_SLOT_STREAM). Each takes whichever
- * this communicator has measured faster for that collective and size lately.
+ * stores into the slots it fills (COLLIE_SLOT_STREAM), and a reduction that
+ * fits a core's cache also with plain stores and its reads of the peers'
+ * slots prefetched ahead (COLLIE_READ_AHEAD). Each takes whichever this
+ * communicator has measured faster for that collective and size lately.
  *
  * Why measured and not modelled: the FIFO's speed depends on how far apart
  * the ranks' CPUs are, and on a virtual machine that changes while the job
@@ -166,12 +168,22 @@ static const struct algo* cma_row(int kind) {
 
 /* The alternative to the tuner's row for this call: ALT_CMA, the
  * single-copy row; ALT_SLOTS, the same row with non-temporal stores into the
- * slots; ALT_CMA_SLOTS, both (adapt_pick3); ALT_NONE, not weighed. */
-enum { ALT_NONE, ALT_CMA, ALT_SLOTS, ALT_CMA_SLOTS };
+ * slots; ALT_CMA_SLOTS, both (adapt_pick3); ALT_SLOTS_AHEAD, a reduction's
+ * row with non-temporal slot stores [1] or with plain ones and its reads of
+ * the peers' slots prefetched ahead [2] (adapt_pick3 again: read-ahead is
+ * weighed against plain stores as the FIFO's other store kind is there, and
+ * non-temporal stores against the better of the two as single copy is);
+ * ALT_NONE, not weighed. */
+enum { ALT_NONE, ALT_CMA, ALT_SLOTS, ALT_CMA_SLOTS, ALT_SLOTS_AHEAD };
 
-/* Path `use` of alternative `alt`: single copy; the slots with non-temporal stores. */
+/* Path `use` of alternative `alt`: single copy; the slots with non-temporal
+ * stores; the slots read ahead. */
 static int is_cma(int alt, int use) { return use == 1 && (alt == ALT_CMA || alt == ALT_CMA_SLOTS); }
-static int nt_slots(int alt, int use) { return (alt == ALT_SLOTS && use == 1) || (alt == ALT_CMA_SLOTS && use == 2); }
+static int nt_slots(int alt, int use) {
+  return ((alt == ALT_SLOTS || alt == ALT_SLOTS_AHEAD) && use == 1) || (alt == ALT_CMA_SLOTS && use == 2);
+}
+static int read_ahead(int alt, int use) { return alt == ALT_SLOTS_AHEAD && use == 2; }
+static int three_paths(int alt) { return alt == ALT_CMA_SLOTS || alt == ALT_SLOTS_AHEAD; }
 
 static int adapt_alt(const struct coll_args* a, const struct plan* p) {
   const struct ncclComm* comm = a->comm;
@@ -190,6 +202,16 @@ static int adapt_alt(const struct coll_args* a, const struct plan* p) {
   /* The slots' stores (COLLIE_SLOT_STREAM=auto), where the row fills slots
    * at all: the one-shot rows copy through their own mailboxes. */
   int slots = comm->slot_stream < 0 && p->algo->name != ALGO_DIRECT;
+  /* A reduction's reads of its peers' slots (COLLIE_READ_AHEAD=auto),
+   * where what it reads of its own buffer fits its core's private cache:
+   * read ahead, a reduce of 128 KiB between 2 ranks on 2 CPUs took 6.8 us
+   * against 10.3 one hour and 7.2 against 6.0 the next (the VM's two vCPUs
+   * nearer each other then: Open MPI's 9.7 and 12.7); beyond that cache the
+   * local source's own stream limits it (a reduce-scatter reading 4 MiB a
+   * rank 1.04-1.08x slower read ahead, a reduce of 1-8 MiB even). */
+  int reduction = a->kind == COLL_ALLREDUCE || a->kind == COLL_REDUCE || a->kind == COLL_REDUCESCATTER;
+  if (slots && !cma && reduction && comm->read_ahead_param < 0 && (double)bytes <= comm->tune.near_bytes)
+    return ALT_SLOTS_AHEAD;
   return cma && slots ? ALT_CMA_SLOTS : cma ? ALT_CMA : slots ? ALT_SLOTS : ALT_NONE;
 }
 
@@ -277,7 +299,7 @@ static ncclResult_t pick(struct ncclComm* comm, const struct coll_args* a, const
    * (a broadcast root or a reduce's sender that runs calls ahead kept
    * losing that lead at every exchange: 2 ranks, broadcast of 128 KiB in
    * place 4.65 us a call against 4.05 without the exchanges). */
-  if (alt == ALT_SLOTS)
+  if (alt == ALT_SLOTS || alt == ALT_SLOTS_AHEAD)
     NCCLCHECK(direct_shm_rates(comm, kind_index(a->kind) * ADAPT_BUCKETS + bucket_of(bytes), mine, all));
   else
     NCCLCHECK(direct_shm_share(comm, mine, sizeof(mine), all));
@@ -289,9 +311,8 @@ static ncclResult_t pick(struct ncclComm* comm, const struct coll_args* a, const
   double low[3] = {all[0], all[1], all[2]};
   for (int r = 1; r < comm->nranks; r++)
     for (int k = 0; k < 3; k++) low[k] = COLLIE_MIN(low[k], (double)all[4 * r + k]);
-  int trial, use = alt == ALT_CMA_SLOTS ? adapt_pick3(b->calls, low, &trial)
-                                        : adapt_pick(b->calls, low[0], low[1], &trial);
-  uint32_t tries = alt == ALT_CMA_SLOTS ? ADAPT_TRIES3 : ADAPT_TRIES;
+  int trial, use = three_paths(alt) ? adapt_pick3(b->calls, low, &trial) : adapt_pick(b->calls, low[0], low[1], &trial);
+  uint32_t tries = three_paths(alt) ? ADAPT_TRIES3 : ADAPT_TRIES;
   uint32_t window = adapt_window(bytes, b->calls, tries);
   /* While a rank waits for a CPU, the tuner's row runs ADAPT_WINDOW calls
    * at a time without an exchange: a call's time there says more about the
@@ -305,8 +326,10 @@ static ncclResult_t pick(struct ncclComm* comm, const struct coll_args* a, const
   if (!trial && use != b->last && comm->rank == 0)
     INFO(LOG_TUNING, "%s of %zu bytes a rank: now %s%s (measured %.2f GB/s against %.2f, the slowest rank's%s)",
          coll_name(a->kind), bytes, is_cma(alt, use) ? "single copy" : algo_name(p->algo->name),
-         is_cma(alt, use) || alt == ALT_CMA ? "" : nt_slots(alt, use) ? " with non-temporal slot stores"
-                                                                      : " with plain slot stores",
+         is_cma(alt, use) || alt == ALT_CMA ? ""
+         : nt_slots(alt, use)               ? " with non-temporal slot stores"
+         : read_ahead(alt, use)             ? " with plain slot stores, reading the slots ahead"
+                                            : " with plain slot stores",
          low[use] / 1e3, low[b->last] / 1e3,
          busy         ? "; a rank waits for a CPU: held for a window of calls"
          : window > 1 ? ", weighed once a window of calls"
@@ -330,7 +353,8 @@ ncclResult_t adapt_plan(struct coll_args* a, struct plan* p, struct adapt_ticket
   b->left--;
   int use = b->cur;
   /* Elsewhere the slots' stores stay as COLLIE_SLOT_STREAM set them. */
-  if (alt == ALT_SLOTS || alt == ALT_CMA_SLOTS) comm->slot_far = nt_slots(alt, use);
+  if (alt != ALT_CMA) comm->slot_far = nt_slots(alt, use);
+  if (alt == ALT_SLOTS_AHEAD) p->read_ahead = read_ahead(alt, use);
   if (is_cma(alt, use)) {
     p->algo = cma_row(a->kind);
     for (int i = 0; i < algo_table_len; i++)

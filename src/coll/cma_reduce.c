@@ -134,7 +134,7 @@ static ncclResult_t run_root(struct coll_args* a, struct conn* rc, uint64_t tok,
       if (res != ncclSuccess) break;
       red_pre(&a->op, tmp, tmp, len); /* nothing unless premultiplied */
       if (a->out_far) { /* never in place (exec.c) */
-        red_reduce_out(&a->op, out + off * esz, NULL, tmp, in + off * esz, len, avg_n);
+        red_reduce_out(&a->op, out + off * esz, NULL, tmp, in + off * esz, len, avg_n, 0);
       } else {
         red_reduce(&a->op, out + off * esz, tmp, in + off * esz, len);
         if (avg_n) red_div(a->dt, out + off * esz, out + off * esz, len, avg_n);

@@ -107,6 +107,9 @@ struct plan {
    * result goes out to memory, written with non-temporal stores (prims.h).
    * OUT_FAR_* bits (graph/tuning.c). */
   int out_far;
+  /* A reduction that reads its peers' shared-memory slots with software
+   * prefetches ahead (comm->read_ahead for the call; graph/tuning.c). */
+  int read_ahead;
 };
 /* plan.out_far: results and copies into the caller's buffer are streamed... */
 #define OUT_FAR_STREAM 1

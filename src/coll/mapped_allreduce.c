@@ -80,6 +80,7 @@ static ncclResult_t run_instead(struct coll_args* a, struct mapped_state* m) {
   const struct plan* p = &m->other.p;
   a->chunk = p->chunk;
   a->out_far = coll_in_place(a) ? 0 : p->out_far;
+  a->comm->read_ahead = p->read_ahead;
   return p->algo->run(a, p);
 }
 

@@ -28,6 +28,14 @@ void prim_begin(struct prim_link* l, struct conn* c, uint64_t total) {
   l->total = total;
   l->out_far = 0;
   l->slot_far = c->comm->slot_far && (conn_caps(c) & TRANSPORT_CAP_SHARED_SLOTS);
+  l->ahead = c->comm->read_ahead && (conn_caps(c) & TRANSPORT_CAP_SHARED_SLOTS);
+}
+
+/* dst = in OP pre(local), `in` a received slot (red_reduce_far on an `ahead` link). */
+static void reduce_in(const struct prim_link* r, const struct red_op* op, void* dst, const void* in, const void* local,
+                      size_t count) {
+  if (r->ahead) red_reduce_far(op, dst, in, local, count);
+  else red_reduce(op, dst, in, local, count);
 }
 
 void prim_slot_copy(const struct prim_link* l, void* slot, const void* src, size_t bytes) {
@@ -452,8 +460,8 @@ ncclResult_t prim_recv_reduce_send(struct prim_link* r, struct prim_link* s, con
   NCCLCHECK(prim_recv_slot(r, bytes, &in));
   NCCLCHECK(prim_send_slot(s, bytes, &out));
   if (count) {
-    if (prim_slot_far(s, bytes)) red_reduce_out(op, out, NULL, in, local, count, 1);
-    else red_reduce(op, out, in, local, count);
+    if (prim_slot_far(s, bytes)) red_reduce_out(op, out, NULL, in, local, count, 1, r->ahead);
+    else reduce_in(r, op, out, in, local, count);
   }
   NCCLCHECK(prim_send_commit(s, bytes));
   return prim_recv_release(r);
@@ -471,19 +479,19 @@ ncclResult_t prim_recv_reduce_copy(struct prim_link* r, struct prim_link* s, con
      * sends from the caller's memory (send_commit_ext) reads dst, so it
      * keeps the plain path. */
     if (!s) {
-      red_reduce_out(op, dst, NULL, in, local, count, avg_n);
+      red_reduce_out(op, dst, NULL, in, local, count, avg_n, r->ahead);
       return prim_recv_release(r);
     }
     if (!s->c->ops->send_commit_ext && (r->out_far & OUT_FAR_FUSE)) {
       void* out;
       NCCLCHECK(prim_send_slot(s, bytes, &out));
-      red_reduce_out(op, dst, out, in, local, count, avg_n);
+      red_reduce_out(op, dst, out, in, local, count, avg_n, r->ahead);
       NCCLCHECK(prim_send_commit(s, bytes));
       return prim_recv_release(r);
     }
   }
   if (count) {
-    red_reduce(op, dst, in, local, count);
+    reduce_in(r, op, dst, in, local, count);
     if (avg_n > 1) red_div(op->dt, dst, dst, count, avg_n);
   }
   NCCLCHECK(prim_recv_release(r));

@@ -19,6 +19,8 @@ struct prim_link {
                   out_far): reductions and copies there use non-temporal stores */
   int slot_far; /* this sending side fills shared-memory slots with non-temporal stores (the call's
                    comm->slot_far, set by prim_begin; coll/adapt.c) */
+  int ahead;    /* this receiving side reduces from shared-memory slots with software prefetches ahead
+                   (red_reduce_far; the call's comm->read_ahead, set by prim_begin) */
 };
 
 /* Starts an operation on a connector: both sides must call it once per op

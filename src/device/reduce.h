@@ -79,6 +79,10 @@ int red_op_init_premulsum(struct red_op* r, const void* scalar, ncclDataType_t d
  * RED_PREMULSUM (multiply by the scalar, rounded to the type). `a` is a
  * partial result that already went through pre(). dst may equal a or b. */
 void red_reduce(const struct red_op* r, void* dst, const void* a, const void* b, size_t count);
+/* red_reduce where `far` was written just now by another CPU (a shared-memory
+ * slot its peer filled): read in blocks, with software prefetches of the lines
+ * a few KiB ahead (reduce_host.c says why). Same result as red_reduce. */
+void red_reduce_far(const struct red_op* r, void* dst, const void* far, const void* b, size_t count);
 /* dst[i] = pre(src[i]): a copy, or scaled for RED_PREMULSUM. dst may equal src. */
 void red_pre(const struct red_op* r, void* dst, const void* src, size_t count);
 /* dst[i] = OP over k of pre(src[k][i]), k = 0..n-1 (n >= 1; nothing happens
@@ -91,11 +95,12 @@ void red_reduce_n(const struct red_op* r, void* dst, const void* const* src, int
  * stores where the CPU has them (x86-64), so its lines are neither read
  * first (no read-for-ownership) nor kept in cache. If `copy` is not NULL it
  * receives the same result with ordinary stores (a slot that is sent on at
- * once). The work runs in blocks that stay in the first-level cache. dst
- * must not overlap a, b or copy; copy may equal a or b. The stores are
- * globally visible on return (a store fence). */
+ * once). The work runs in blocks that stay in the first-level cache; with
+ * a_far, `a` is read as red_reduce_far reads its far source. dst must not
+ * overlap a, b or copy; copy may equal a or b. The stores are globally
+ * visible on return (a store fence). */
 void red_reduce_out(const struct red_op* r, void* dst, void* copy, const void* a, const void* b, size_t count,
-                    int avg_n);
+                    int avg_n, int a_far);
 /* memcpy for a destination that goes out to memory and is not read again
  * soon: non-temporal stores where the CPU has them (see red_reduce_out);
  * visible on return. dst and src must not overlap. */

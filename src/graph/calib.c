@@ -98,7 +98,7 @@ static double reduce_step_rate(char* local, char* dst, size_t bytes, char* in, c
   double t0 = now_us();
   for (size_t off = 0; off + chunk <= bytes; off += chunk) {
     if (fused) {
-      red_reduce_out(&op, dst + off, out, in, local + off, count, 0);
+      red_reduce_out(&op, dst + off, out, in, local + off, count, 0, 0);
     } else {
       red_reduce(&op, dst + off, in, local + off, count);
       memcpy(out, dst + off, chunk);

@@ -115,6 +115,7 @@ static ncclResult_t tuning_masks(struct ncclComm* comm) {
   else if (strcmp(s, "split") == 0) comm->stream_stores = 2;
   else return err_set(ncclInvalidArgument, "COLLIE_STREAM_STORES=\"%s\": expected auto, 0, 1 or split", s);
   NCCLCHECK(param_auto01(P_COLLIE_SLOT_STREAM, &comm->slot_stream));
+  NCCLCHECK(param_auto01(P_COLLIE_READ_AHEAD, &comm->read_ahead_param));
   NCCLCHECK(param_auto01(P_COLLIE_ADAPT_LOAD, &comm->adapt_load));
   comm->slot_far = comm->slot_stream == 1;
   return param_auto01(P_COLLIE_SLOT_ROTATE, &comm->slot_rotate);
@@ -382,13 +383,19 @@ static int out_far(const struct coll_args* a) {
   return OUT_FAR_STREAM | (comm->tune.fuse_gain > 1.0 ? OUT_FAR_FUSE : 0);
 }
 
+/* Reductions read their peers' slots with software prefetches ahead
+ * (red_reduce_far) where COLLIE_READ_AHEAD=1; with auto, only where the
+ * weighing by measurement picks it (coll/adapt.c, ALT_SLOTS_AHEAD): it was
+ * 1.3-1.5x faster or 1.2x slower on the same machine an hour apart. */
+static int read_ahead(const struct coll_args* a) { return a->comm->read_ahead_param == 1; }
+
 ncclResult_t tuning_plan(const struct coll_args* a, struct plan* p) {
   struct ncclComm* comm = a->comm;
   /* Same call shape as last time: same plan (the model, the channel count and
    * the chunk are pure functions of it and of the communicator). */
   struct tune_memo* m = a->kind < (int)(sizeof(comm->memo) / sizeof(comm->memo[0])) ? &comm->memo[a->kind] : NULL;
   if (m && m->valid && m->count == a->count && m->dt == a->dt) {
-    *p = (struct plan){algo_table[m->algo], m->algo, m->nch, m->chunk, m->out_far};
+    *p = (struct plan){algo_table[m->algo], m->algo, m->nch, m->chunk, m->out_far, m->read_ahead};
     return ncclSuccess;
   }
   double t = 0;
@@ -423,7 +430,8 @@ ncclResult_t tuning_plan(const struct coll_args* a, struct plan* p) {
   p->nch = channels_for(a, p->algo);
   p->chunk = plan_chunk(a);
   p->out_far = out_far(a);
-  if (m) *m = (struct tune_memo){1, a->dt, a->count, idx, p->nch, p->chunk, p->out_far};
+  p->read_ahead = read_ahead(a);
+  if (m) *m = (struct tune_memo){1, a->dt, a->count, idx, p->nch, p->chunk, p->out_far, p->read_ahead};
   return ncclSuccess;
 }
 
@@ -435,6 +443,7 @@ ncclResult_t tuning_plan_but(const struct coll_args* a, int skip, struct plan* p
   p->nch = channels_for(a, p->algo);
   p->chunk = plan_chunk(a);
   p->out_far = out_far(a);
+  p->read_ahead = read_ahead(a);
   return ncclSuccess;
 }
 
@@ -528,6 +537,15 @@ ncclResult_t tuning_report(FILE* f, int nranks, int factor) {
             "receive buffers beyond the cache); %s a ring step that also fills a send slot (that pass at %.2fx of "
             "plain stores and a copy, %s)\n", t->cache_bytes / nranks / 1024, nranks,
             t->fuse_gain > 1.0 ? "also in" : "not in", t->fuse_gain, t->measured & 256 ? "measured" : "built-in");
+  if (comm->read_ahead_param >= 0)
+    fprintf(f, "slots read ahead by reductions: %s (COLLIE_READ_AHEAD=%d)\n",
+            comm->read_ahead_param ? "always" : "never", comm->read_ahead_param);
+  else if (comm->oversub > 1.0 || comm->slot_stream >= 0)
+    fprintf(f, "slots read ahead by reductions: never here (COLLIE_READ_AHEAD=auto: weighed where the slots' stores "
+            "are, %s)\n", comm->oversub > 1.0 ? "and ranks share CPUs here" : "and COLLIE_SLOT_STREAM is set");
+  else
+    fprintf(f, "slots read ahead by reductions: weighed from 32 KiB to %.0f KiB of the rank's own buffer (COLLIE_READ_AHEAD="
+            "auto: a core's private cache)\n", t->near_bytes / 1024);
   fprintf(f, "choices at %d ranks on one host (%d CPUs), float32, sum; bytes per rank:\n", nranks, ncpu);
   fprintf(f, "%-14s %12s %-10s %-8s %8s %10s %14s\n", "collective", "bytes", "algorithm", "protocol", "channels",
           "chunk", "predicted_us");

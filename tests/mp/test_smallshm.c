@@ -853,9 +853,16 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
        * slots' stores. */
       int large = sizes[si] >= ((size_t)256 << 10);
       int weighed = row != ALGO_CMA && ((large && k < 3 && on) || (slots && row != ALGO_DIRECT));
-      /* Single copy and both slot stores (adapt_pick3): four first trials. */
-      int three = weighed && large && k < 3 && on && slots && row != ALGO_DIRECT;
+      size_t wbytes = count * sizeof(float) * (kind_of[k] == COLL_ALLTOALL || kind_of[k] == COLL_REDUCESCATTER
+                                                   ? (size_t)nranks : 1u);
+      /* Single copy and both slot stores (adapt_pick3): four first trials;
+       * a reduction that fits a core's cache weighs both slot stores and
+       * plain ones with its reads ahead (COLLIE_READ_AHEAD=auto) alike. */
+      int ahead = weighed && k >= 3 && slots && row != ALGO_DIRECT && comm->read_ahead_param < 0 &&
+                  (double)wbytes <= comm->tune.near_bytes;
+      int three = (weighed && large && k < 3 && on && slots && row != ALGO_DIRECT) || ahead;
       unsigned tries = three ? ADAPT_TRIES3 : ADAPT_TRIES;
+      static const int first2[ADAPT_TRIES] = {0, 1, 0}, first3[ADAPT_TRIES3] = {0, 1, 2, 0};
       /* The picks, as every rank counts them: a window of ADAPT_WINDOW calls
        * below 256 KiB; from there one call for each of the first three picks
        * (four where three paths are weighed), then windows of about 8 MiB a
@@ -866,8 +873,6 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
        * 11 left; three paths: 4 + 3, 36-39 with 12 left); at 1 MiB 3 + 6
        * (the last window 2 of 7 calls run; three paths 4 + 6, 1 run). The alltoall and the
        * reduce-scatter are weighed by all a rank sends. */
-      size_t wbytes = count * sizeof(float) * (kind_of[k] == COLL_ALLTOALL || kind_of[k] == COLL_REDUCESCATTER
-                                                   ? (size_t)nranks : 1u);
       unsigned picks = 0, left = 0, nwin = 0;
       for (int it = 0; weighed && it < ITERS; it++) {
         if (left == 0) {
@@ -884,18 +889,22 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
       MP_CHECK(b->left == left && b->nwin == nwin,
                "rank %d: %s of %zu bytes: window with %u calls left and %u timed, expected %u and %u", rank, kinds[k],
                sizes[si], b->left, b->nwin, left, nwin);
-      MP_CHECK(!held || (b->cur == 0 && b->last == 0), "rank %d: %s of %zu bytes: held, but on path %d (last %d)", rank,
-               kinds[k], sizes[si], b->cur, b->last);
+      /* The path of the current window while the first picks try each: */
+      int trying = picks <= tries ? (three ? first3 : first2)[picks - 1] : -1;
+      MP_CHECK(!held || (b->cur == (trying >= 0 ? trying : 0) && b->last == 0),
+               "rank %d: %s of %zu bytes: held, but on path %d (last %d)", rank, kinds[k], sizes[si], b->cur, b->last);
       if (!large) {
         int64_t cur = b->cur, clo = cur, chi = cur;
         MP_NCCL(ncclAllReduce(&cur, &clo, 1, ncclInt64, ncclMin, comm, NULL));
         MP_NCCL(ncclAllReduce(&cur, &chi, 1, ncclInt64, ncclMax, comm, NULL));
-        MP_CHECK(clo == chi && cur == 0, "rank %d: %s of %zu bytes: the ranks' windows on paths %lld-%lld (the third "
-                 "pick is a trial of the tuner's row)", rank, kinds[k], sizes[si], (long long)clo, (long long)chi);
+        MP_CHECK(clo == chi && cur == trying, "rank %d: %s of %zu bytes: the ranks' windows on paths %lld-%lld (the "
+                 "third pick tries path %d)", rank, kinds[k], sizes[si], (long long)clo, (long long)chi, trying);
       }
-      MP_CHECK(b->rate[0] > 0 && b->rate[1] > 0 && (!three || b->rate[2] > 0),
-               "rank %d: %s of %zu bytes: rates %g / %g / %g, not every path measured", rank, kinds[k], sizes[si],
-               b->rate[0], b->rate[1], b->rate[2]);
+      /* Every path a finished window ran has its rate. */
+      for (unsigned j = 0; j < (picks > tries ? tries : picks - 1); j++)
+        MP_CHECK(b->rate[(three ? first3 : first2)[j]] > 0,
+                 "rank %d: %s of %zu bytes: rates %g / %g / %g, path %d not measured", rank, kinds[k], sizes[si],
+                 b->rate[0], b->rate[1], b->rate[2], (three ? first3 : first2)[j]);
       MP_CHECK(b->last >= 0 && b->last < (three ? 3 : 2), "rank %d: %s of %zu bytes: last path %d", rank, kinds[k],
                sizes[si], b->last);
       /* Single copy or not is agreed (the same on every rank: `on` is); the

@@ -620,13 +620,14 @@ static void test_reduce_out(void** state) {
         for (int avg = 0; avg <= 3; avg += 3) {
           red_reduce(&r, want, a, b, n);
           if (avg) red_div((ncclDataType_t)dt, want, want, n, avg);
-          for (size_t mis = 0; mis < 16; mis += es) {
+          for (size_t mis = 0; mis < 32; mis += es) {
+            int far = mis >= 16; /* the same offsets again, `a` prefetched ahead */
             /* dst 64 bytes into base (a line boundary) plus the offset. */
-            char* dst = (char*)(((uintptr_t)base + 63) & ~(uintptr_t)63) + mis;
+            char* dst = (char*)(((uintptr_t)base + 63) & ~(uintptr_t)63) + mis % 16;
             memset(base, 0x5a, bytes + 128);
-            red_reduce_out(&r, dst, mis ? NULL : copy, a, b, n, avg);
+            red_reduce_out(&r, dst, mis % 16 ? NULL : copy, a, b, n, avg, far);
             compare_buf(dt, kind, "reduce_out", dst, want, n);
-            if (!mis) compare_buf(dt, kind, "reduce_out copy", copy, want, n);
+            if (!(mis % 16)) compare_buf(dt, kind, "reduce_out copy", copy, want, n);
             for (char* p = base; p < dst; p++) assert_int_equal((unsigned char)*p, 0x5a);
             for (char* p = dst + n * es; p < base + bytes + 128; p++) assert_int_equal((unsigned char)*p, 0x5a);
           }
@@ -637,6 +638,54 @@ static void test_reduce_out(void** state) {
     free(b);
     free(want);
     free(copy);
+    free(base);
+  }
+}
+
+/* red_reduce_far equals red_reduce bit for bit, for every type and operator,
+ * at counts that end before, at and after its blocks and prefetch distance,
+ * with the far source at every offset from a line, the destination distinct
+ * or the local source or the far one, and writes nothing outside dst. */
+static void test_reduce_far(void** state) {
+  (void)state;
+  const size_t counts[] = {1, 17, 1024, 1025, 2048, 4097, 9000, 20011};
+  for (int dt = 0; dt < ncclNumTypes; dt++) {
+    size_t es = dtype_size((ncclDataType_t)dt), nmax = 20011, bytes = nmax * es;
+    char *fbase = malloc(bytes + 64), *b = malloc(bytes), *want = malloc(bytes), *base = malloc(bytes + 128);
+    assert_true(fbase && b && want && base);
+    fill(dt, fbase, nmax + 64 / es);
+    fill(dt, b, nmax);
+    for (int kind = 0; kind <= RED_PREMULSUM; kind++) {
+      struct red_op r;
+      make_op(&r, dt, kind);
+      for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+        size_t n = counts[ci];
+        for (size_t mis = 0; mis < 64; mis += 16 > es ? 16 : es) {
+          char* far = fbase + mis;
+          red_reduce(&r, want, far, b, n);
+          char* dst = (char*)(((uintptr_t)base + 63) & ~(uintptr_t)63);
+          memset(base, 0x5a, bytes + 128);
+          red_reduce_far(&r, dst, far, b, n);
+          compare_buf(dt, kind, "reduce_far", dst, want, n);
+          for (char* p = base; p < dst; p++) assert_int_equal((unsigned char)*p, 0x5a);
+          for (char* p = dst + n * es; p < base + bytes + 128; p++) assert_int_equal((unsigned char)*p, 0x5a);
+          /* In place, into the local source, then into the far one. */
+          memcpy(dst, b, n * es);
+          red_reduce_far(&r, dst, far, dst, n);
+          compare_buf(dt, kind, "reduce_far into b", dst, want, n);
+          char* keep = malloc(n * es);
+          assert_non_null(keep);
+          memcpy(keep, far, n * es);
+          red_reduce_far(&r, far, far, b, n);
+          compare_buf(dt, kind, "reduce_far into far", far, want, n);
+          memcpy(far, keep, n * es);
+          free(keep);
+        }
+      }
+    }
+    free(fbase);
+    free(b);
+    free(want);
     free(base);
   }
 }
@@ -872,6 +921,7 @@ int main(void) {
       cmocka_unit_test(test_reduce_alias),
       cmocka_unit_test(test_reduce_n),
       cmocka_unit_test(test_reduce_out),
+      cmocka_unit_test(test_reduce_far),
       cmocka_unit_test(test_copy_far),
       cmocka_unit_test(test_premulsum_scalars),
       cmocka_unit_test(test_maxmin_special),
