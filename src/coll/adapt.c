@@ -317,10 +317,19 @@ static ncclResult_t pick(struct ncclComm* comm, const struct coll_args* a, const
   /* While a rank waits for a CPU, the tuner's row runs ADAPT_WINDOW calls
    * at a time without an exchange: a call's time there says more about the
    * scheduler than about the path, the weighing flipped between the paths
-   * on such times, and each exchange needs every rank on a CPU at once. */
+   * on such times, and each exchange needs every rank on a CPU at once. A
+   * reduction that may read ahead holds on that (plain slot stores, reads
+   * ahead): beside a busy process it was the faster in three runs of four
+   * (2 ranks, bound, medians of 3-5 interleaved rounds, us, read ahead /
+   * plain: reduce 32 KiB 4.45 / 6.02, 5.29 / 7.45, 5.76 / 8.02; 128 KiB 15.8
+   * / 22.6, 16.6 / 27.7, 20.0 / 27.8; Open MPI 21.7-26.5; allreduce 128 KiB
+   * 22.3 / 27.6). In the fourth, with the busy process slowing the ranks
+   * little (reduce 128 KiB 9.4 us plain), the reduce lost 1.08x at 128 KiB
+   * and 1.2x at 512 KiB, the allreduce and reduce-scatter of 128 KiB still
+   * gained 1.2-1.3x. */
   if (busy && b->calls >= tries) {
     trial = 0;
-    use = 0;
+    use = alt == ALT_SLOTS_AHEAD ? 2 : 0;
     window = ADAPT_WINDOW;
   }
   if (!trial && use != b->last && comm->rank == 0)

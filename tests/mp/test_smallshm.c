@@ -889,9 +889,11 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
       MP_CHECK(b->left == left && b->nwin == nwin,
                "rank %d: %s of %zu bytes: window with %u calls left and %u timed, expected %u and %u", rank, kinds[k],
                sizes[si], b->left, b->nwin, left, nwin);
-      /* The path of the current window while the first picks try each: */
-      int trying = picks <= tries ? (three ? first3 : first2)[picks - 1] : -1;
-      MP_CHECK(!held || (b->cur == (trying >= 0 ? trying : 0) && b->last == 0),
+      /* The path of the current window while the first picks try each; held
+       * after them, the tuner's row (a reduction that may read ahead: plain
+       * stores read ahead, path 2). */
+      int trying = picks <= tries ? (three ? first3 : first2)[picks - 1] : -1, hold = ahead ? 2 : 0;
+      MP_CHECK(!held || (trying >= 0 ? b->cur == trying && b->last == 0 : b->cur == hold && b->last == hold),
                "rank %d: %s of %zu bytes: held, but on path %d (last %d)", rank, kinds[k], sizes[si], b->cur, b->last);
       if (!large) {
         int64_t cur = b->cur, clo = cur, chi = cur;
