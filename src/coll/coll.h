@@ -249,7 +249,8 @@ ncclResult_t direct_shm_share(struct ncclComm* comm, const void* mine, size_t by
 /* Without waiting for anyone: posts this rank's four figures under `key`
  * (below ADAPT_KINDS * ADAPT_BUCKETS) in its mailbox control page and copies
  * every rank's latest under that key, in rank order, to all[4 * nranks]
- * (zeros from a rank that posted none yet). For choices each rank may make
+ * (zeros from a rank that posted none yet, or whose post was being written
+ * through a dozen tries, the later ones after giving the CPU away). For choices each rank may make
  * on its own (coll/adapt.c: the slots' stores). Set up on first use, inside
  * a collective, as direct_shm_share. */
 ncclResult_t direct_shm_rates(struct ncclComm* comm, int key, const float mine[4], float* all);

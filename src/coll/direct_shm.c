@@ -978,9 +978,11 @@ ncclResult_t direct_shm_rates(struct ncclComm* comm, int key, const float mine[4
     }
     const struct rate_post* p = &d->ctrl[r]->rates[key];
     memset(out, 0, 4 * sizeof(float));
-    /* A post being written is read again; one that keeps changing (its
-     * writer posts between every two reads) counts as none this time. */
-    for (int tries = 0; tries < 8; tries++) {
+    /* A post being written is read again, after the first few tries
+     * giving the CPU away (its writer may have lost the CPU in the middle);
+     * one that keeps changing counts as none this time. */
+    for (int tries = 0; tries < 12; tries++) {
+      if (tries >= 4) sched_yield();
       uint32_t s1 = __atomic_load_n(&p->seq, __ATOMIC_ACQUIRE), v[4];
       if (s1 & 1) continue;
       for (int k = 0; k < 4; k++) v[k] = __atomic_load_n(&p->v[k], __ATOMIC_RELAXED);

@@ -938,13 +938,18 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
   /* The figures behind the slots' stores travel without waiting
    * (direct_shm_rates): after a barrier every rank reads every other's post
    * exactly, and a rank's later post replaces its earlier one. Key 0 (broadcasts
-   * under 2 bytes) is never weighed. */
+   * under 2 bytes) is never weighed. Each read posts this rank's figures
+   * again, so the ranks read in turn: a read that meets a post being written
+   * (its writer taken off the CPU in the middle) may count it as none. */
   if (nranks <= 8) {
     float mine[4] = {(float)rank + 1.0f, 2.0f, 3.0f, 4.0f}, all[4 * 8];
     int32_t one = 1, sum = 0;
     MP_NCCL(direct_shm_rates(comm, 0, mine, all));
     MP_NCCL(ncclAllReduce(&one, &sum, 1, ncclInt32, ncclSum, comm, NULL)); /* every rank has posted */
-    MP_NCCL(direct_shm_rates(comm, 0, mine, all));
+    for (int turn = 0; turn < nranks; turn++) {
+      if (turn == rank) MP_NCCL(direct_shm_rates(comm, 0, mine, all));
+      MP_NCCL(ncclAllReduce(&one, &sum, 1, ncclInt32, ncclSum, comm, NULL));
+    }
     for (int r = 0; r < nranks; r++)
       MP_CHECK(all[4 * r] == (float)r + 1.0f && all[4 * r + 1] == 2.0f && all[4 * r + 2] == 3.0f &&
                    all[4 * r + 3] == 4.0f,
@@ -954,7 +959,10 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
     mine[1] = 5.0f;
     MP_NCCL(direct_shm_rates(comm, 0, mine, all));
     MP_NCCL(ncclAllReduce(&one, &sum, 1, ncclInt32, ncclSum, comm, NULL)); /* every rank has posted again */
-    MP_NCCL(direct_shm_rates(comm, 0, mine, all));
+    for (int turn = 0; turn < nranks; turn++) {
+      if (turn == rank) MP_NCCL(direct_shm_rates(comm, 0, mine, all));
+      MP_NCCL(ncclAllReduce(&one, &sum, 1, ncclInt32, ncclSum, comm, NULL));
+    }
     for (int r = 0; r < nranks; r++)
       MP_CHECK(all[4 * r] == (float)r + 1.0f && all[4 * r + 1] == 5.0f && all[4 * r + 2] == 3.0f &&
                    all[4 * r + 3] == 4.0f,
