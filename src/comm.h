@@ -30,7 +30,7 @@ struct tune_memo {
   size_t count;
   int algo, nch; /* the plan made for it (coll.h): its row in algo_table, channels, chunk, out_far */
   size_t chunk;
-  int out_far, read_ahead;
+  int out_far;
 };
 
 struct ncclComm {

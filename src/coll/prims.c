@@ -27,8 +27,9 @@ void prim_begin(struct prim_link* l, struct conn* c, uint64_t total) {
   l->opseq = c->opseq++;
   l->total = total;
   l->out_far = 0;
-  l->slot_far = c->comm->slot_far && (conn_caps(c) & TRANSPORT_CAP_SHARED_SLOTS);
-  l->ahead = c->comm->read_ahead && (conn_caps(c) & TRANSPORT_CAP_SHARED_SLOTS);
+  int shared = (conn_caps(c) & TRANSPORT_CAP_SHARED_SLOTS) != 0;
+  l->slot_far = c->comm->slot_far && shared;
+  l->ahead = c->comm->read_ahead && shared;
 }
 
 /* dst = in OP pre(local), `in` a received slot (red_reduce_far on an `ahead` link). */

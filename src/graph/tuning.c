@@ -395,7 +395,7 @@ ncclResult_t tuning_plan(const struct coll_args* a, struct plan* p) {
    * the chunk are pure functions of it and of the communicator). */
   struct tune_memo* m = a->kind < (int)(sizeof(comm->memo) / sizeof(comm->memo[0])) ? &comm->memo[a->kind] : NULL;
   if (m && m->valid && m->count == a->count && m->dt == a->dt) {
-    *p = (struct plan){algo_table[m->algo], m->algo, m->nch, m->chunk, m->out_far, m->read_ahead};
+    *p = (struct plan){algo_table[m->algo], m->algo, m->nch, m->chunk, m->out_far, read_ahead(a)};
     return ncclSuccess;
   }
   double t = 0;
@@ -431,7 +431,7 @@ ncclResult_t tuning_plan(const struct coll_args* a, struct plan* p) {
   p->chunk = plan_chunk(a);
   p->out_far = out_far(a);
   p->read_ahead = read_ahead(a);
-  if (m) *m = (struct tune_memo){1, a->dt, a->count, idx, p->nch, p->chunk, p->out_far, p->read_ahead};
+  if (m) *m = (struct tune_memo){1, a->dt, a->count, idx, p->nch, p->chunk, p->out_far};
   return ncclSuccess;
 }
 

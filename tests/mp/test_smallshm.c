@@ -746,6 +746,17 @@ static int rank_duplex(int rank, int nranks, const ncclUniqueId* ids, int nids, 
  * alternative, the tuner's row: both measured, on every rank alike). With ranks sharing CPUs, or with both switched off, nothing is
  * weighed. Held (COLLIE_ADAPT_LOAD=1), the tuner's row runs in windows of
  * ADAPT_WINDOW calls at every size once both paths were tried. */
+/* direct_shm_rates under key 0, one rank at a time (a barrier after each):
+ * no read meets a post being written. */
+static ncclResult_t rates_in_turn(ncclComm_t comm, int rank, int nranks, const float mine[4], float* all) {
+  int32_t one = 1, sum = 0;
+  for (int turn = 0; turn < nranks; turn++) {
+    if (turn == rank) NCCLCHECK(direct_shm_rates(comm, 0, mine, all));
+    NCCLCHECK(ncclAllReduce(&one, &sum, 1, ncclInt32, ncclSum, comm, NULL));
+  }
+  return ncclSuccess;
+}
+
 static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
   (void)nids;
   (void)arg;
@@ -946,10 +957,7 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
     int32_t one = 1, sum = 0;
     MP_NCCL(direct_shm_rates(comm, 0, mine, all));
     MP_NCCL(ncclAllReduce(&one, &sum, 1, ncclInt32, ncclSum, comm, NULL)); /* every rank has posted */
-    for (int turn = 0; turn < nranks; turn++) {
-      if (turn == rank) MP_NCCL(direct_shm_rates(comm, 0, mine, all));
-      MP_NCCL(ncclAllReduce(&one, &sum, 1, ncclInt32, ncclSum, comm, NULL));
-    }
+    MP_NCCL(rates_in_turn(comm, rank, nranks, mine, all));
     for (int r = 0; r < nranks; r++)
       MP_CHECK(all[4 * r] == (float)r + 1.0f && all[4 * r + 1] == 2.0f && all[4 * r + 2] == 3.0f &&
                    all[4 * r + 3] == 4.0f,
@@ -959,10 +967,7 @@ static int rank_adapt(int rank, int nranks, const ncclUniqueId* ids, int nids, v
     mine[1] = 5.0f;
     MP_NCCL(direct_shm_rates(comm, 0, mine, all));
     MP_NCCL(ncclAllReduce(&one, &sum, 1, ncclInt32, ncclSum, comm, NULL)); /* every rank has posted again */
-    for (int turn = 0; turn < nranks; turn++) {
-      if (turn == rank) MP_NCCL(direct_shm_rates(comm, 0, mine, all));
-      MP_NCCL(ncclAllReduce(&one, &sum, 1, ncclInt32, ncclSum, comm, NULL));
-    }
+    MP_NCCL(rates_in_turn(comm, rank, nranks, mine, all));
     for (int r = 0; r < nranks; r++)
       MP_CHECK(all[4 * r] == (float)r + 1.0f && all[4 * r + 1] == 5.0f && all[4 * r + 2] == 3.0f &&
                    all[4 * r + 3] == 4.0f,

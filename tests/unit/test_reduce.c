@@ -597,6 +597,13 @@ static void test_reduce_n(void** state) {
   }
 }
 
+/* Every byte of [base, base + total) outside [dst, dst + len) still holds
+ * the 0x5a it was filled with. */
+static void assert_only_dst(const char* base, size_t total, const char* dst, size_t len) {
+  for (const char* p = base; p < dst; p++) assert_int_equal((unsigned char)*p, 0x5a);
+  for (const char* p = dst + len; p < base + total; p++) assert_int_equal((unsigned char)*p, 0x5a);
+}
+
 /* red_reduce_out equals red_reduce (then red_div for avg_n > 1), into dst
  * and into copy, for every type and operator, over several internal blocks,
  * with dst at every offset from a 16-byte boundary (the non-temporal body
@@ -628,8 +635,7 @@ static void test_reduce_out(void** state) {
             red_reduce_out(&r, dst, mis % 16 ? NULL : copy, a, b, n, avg, far);
             compare_buf(dt, kind, "reduce_out", dst, want, n);
             if (!(mis % 16)) compare_buf(dt, kind, "reduce_out copy", copy, want, n);
-            for (char* p = base; p < dst; p++) assert_int_equal((unsigned char)*p, 0x5a);
-            for (char* p = dst + n * es; p < base + bytes + 128; p++) assert_int_equal((unsigned char)*p, 0x5a);
+            assert_only_dst(base, bytes + 128, dst, n * es);
           }
         }
       }
@@ -667,8 +673,7 @@ static void test_reduce_far(void** state) {
           memset(base, 0x5a, bytes + 128);
           red_reduce_far(&r, dst, far, b, n);
           compare_buf(dt, kind, "reduce_far", dst, want, n);
-          for (char* p = base; p < dst; p++) assert_int_equal((unsigned char)*p, 0x5a);
-          for (char* p = dst + n * es; p < base + bytes + 128; p++) assert_int_equal((unsigned char)*p, 0x5a);
+          assert_only_dst(base, bytes + 128, dst, n * es);
           /* In place, into the local source, then into the far one. */
           memcpy(dst, b, n * es);
           red_reduce_far(&r, dst, far, dst, n);
