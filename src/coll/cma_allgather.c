@@ -48,7 +48,8 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
   char* mine = (char*)a->recvbuff + (size_t)r * bytes;
   if (mine != a->sendbuff) {
     ops[k++] = (struct p2p_op){.peer = r, .is_send = 1, .buf = (char*)a->sendbuff, .bytes = bytes, .token = tok};
-    ops[k++] = (struct p2p_op){.peer = r, .is_send = 0, .buf = mine, .bytes = bytes, .token = tok};
+    ops[k++] = (struct p2p_op){.peer = r, .is_send = 0, .buf = mine, .bytes = bytes, .token = tok,
+                               .far = a->out_far != 0};
   }
   ncclResult_t res = p2p_run(comm, ops, k, 0);
   free(ops);

@@ -80,7 +80,11 @@ static ncclResult_t run_split(struct coll_args* a) {
    * buffer in one read: the root's copy takes about as long, and the split
    * only added system calls (2 ranks, 32-128 KiB: 0.7-0.9 us a call). */
   int all_at_once = !is_root && all[root].out_of_place && bytes <= SPLIT_ALONE;
-  if (is_root && a->recvbuff != a->sendbuff) memcpy(a->recvbuff, a->sendbuff, bytes);
+  if (is_root && a->recvbuff != a->sendbuff) {
+    /* Streamed where the results bypass the cache (out_far), as the copies to self of an allgather are (p2p.c). */
+    if (a->out_far) red_copy_far(a->recvbuff, a->sendbuff, bytes);
+    else memcpy(a->recvbuff, a->sendbuff, bytes);
+  }
   uint64_t cur, k, end;
   for (;;) {
     cur = __atomic_load_n(w, __ATOMIC_ACQUIRE);

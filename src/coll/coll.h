@@ -217,6 +217,9 @@ struct p2p_op {
    * ends run the same row, so both decide alike; without it p2p_cma decides. */
   int single_copy;
   int devmem; /* send: buf is device memory only the NIC reads (GPUDirect RDMA: send_commit_dev) */
+  /* A message to this rank itself, of a collective whose results bypass the
+   * cache (coll_args.out_far): copied with non-temporal stores. */
+  int far;
   /* progress */
   size_t done;
   int slots_done, nslots;
