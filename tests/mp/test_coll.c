@@ -782,6 +782,24 @@ static int rank_bcast_split(int rank, int nranks, const ncclUniqueId* ids, int n
       for (size_t i = 0; i < count; i++)
         if (check_val("broadcast", dt, ncclSum, 1, load(dt, recv, i), in_val(dt, ncclSum, 1, i), i, rank)) return 1;
     }
+  /* A message of one block (16 KiB) is the reader's alone: its root writes
+   * none of it, whoever comes first. */
+  uint64_t before1 = comm->bcast_pushed;
+  for (int it = 0; it < 64; it++) {
+    size_t one = 4096; /* floats: 16 KiB, one block */
+    float* buf = (float*)a;
+    if (rank == 0) fill_input(ncclFloat32, ncclSum, 1, buf, one);
+    else memset(buf, 0, one * 4);
+    if (it % 3 == 1 && rank == 1) usleep(200); /* now and then the root first */
+    MP_NCCL(ncclBroadcast(buf, buf, one, ncclFloat32, 0, comm, NULL));
+    for (size_t i = 0; i < one; i++)
+      if (check_val("one-block broadcast", ncclFloat32, ncclSum, 1, buf[i], in_val(ncclFloat32, ncclSum, 1, i), i,
+                    rank))
+        return 1;
+  }
+  if (rank == 0)
+    MP_CHECK(comm->bcast_pushed == before1, "the root wrote %llu blocks of one-block broadcasts into its reader's buffer",
+             (unsigned long long)(comm->bcast_pushed - before1));
   uint64_t before = comm->bcast_pushed;
   for (int it = 0; it < 4; it++) {
     int root = 0, stop_reader = it < 2; /* rank 0 stops rank 1, the reader or (as root) ... */
