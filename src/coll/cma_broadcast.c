@@ -46,6 +46,15 @@ struct split_desc {
 };
 _Static_assert(sizeof(struct split_desc) == 64, "one cache line a rank");
 
+/* The root takes blocks only from this many in a message: a message of one
+ * block is the reader's alone. Had the root written it, the reader would
+ * wait for the root's post and the root for the reader's, a round trip a
+ * call (2 ranks, 16 KiB in place, 5 interleaved rounds: 3.39 us a call
+ * against 1.60 left to the reader; Open MPI 1.58). From two blocks the
+ * root's share pays (32 KiB, the root leaving the last block too: 3.78
+ * against 1.98). */
+#define SPLIT_ROOT_BLOCKS 2
+
 /* Up to this many bytes an out-of-place root only copies its own buffer and
  * its reader reads everything. */
 #define SPLIT_ALONE ((size_t)512 << 10)
@@ -80,18 +89,9 @@ static ncclResult_t run_split(struct coll_args* a) {
    * buffer in one read: the root's copy takes about as long, and the split
    * only added system calls (2 ranks, 32-128 KiB: 0.7-0.9 us a call). */
   int all_at_once = !is_root && all[root].out_of_place && bytes <= SPLIT_ALONE;
-  if (is_root && a->recvbuff != a->sendbuff) {
-    /* Streamed where the results bypass the cache (out_far), as the copies to self of an allgather are (p2p.c). */
-    if (a->out_far) red_copy_far(a->recvbuff, a->sendbuff, bytes);
-    else memcpy(a->recvbuff, a->sendbuff, bytes);
-  }
+  if (is_root && a->recvbuff != a->sendbuff) prim_copy_out(a->recvbuff, a->sendbuff, bytes, a->out_far);
   uint64_t cur = 0, k, end;
-  /* A message of one block is the reader's alone: had the root written it,
-   * the reader would wait for the root's post and the root for the
-   * reader's, a round trip a call (2 ranks, 16 KiB in place, 5 interleaved
-   * rounds: 3.39 us a call against 1.60 left to the reader; Open MPI 1.58).
-   * From two blocks the root's share pays (32 KiB: 1.98 against 3.78). */
-  if (is_root && nblocks < 2) goto done;
+  if (is_root && nblocks < SPLIT_ROOT_BLOCKS) goto done;
   for (;;) {
     cur = __atomic_load_n(w, __ATOMIC_ACQUIRE);
     do {
@@ -152,7 +152,7 @@ static double estimate(const struct coll_args* a, const struct tune_cost* c) {
      * block, two exchanges; each copier's blocks are its share of a block's
      * footprint. */
     double blk = (double)split_block((size_t)bytes), blocks = ceil(bytes / blk);
-    double copiers = COLLIE_MIN(blocks < 2 ? 1.0 : 2.0, COLLIE_MAX(1.0, comm->cpus_per_rank * 2.0));
+    double copiers = COLLIE_MIN(blocks < SPLIT_ROOT_BLOCKS ? 1.0 : 2.0, COLLIE_MAX(1.0, comm->cpus_per_rank * 2.0));
     return 2.0 * c->link.alpha_us + ceil(blocks / copiers) * c->cma_call_us +
            bytes / (copiers * tune_cma_bw(c, 2.0 * bytes / copiers) * comm->oversub);
   }

@@ -69,10 +69,7 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
   struct gather_post mine = {(uint64_t)(uintptr_t)a->recvbuff, (int32_t)getpid(), 1, 0};
   NCCLCHECK(direct_shm_post(comm, &mine, sizeof(mine)));
   char* own = (char*)a->recvbuff + (size_t)me * bytes;
-  if (own != a->sendbuff) {
-    if (a->out_far) red_copy_far(own, a->sendbuff, bytes); /* as an allgather's copy to self (p2p.c) */
-    else memcpy(own, a->sendbuff, bytes);
-  }
+  if (own != a->sendbuff) prim_copy_out(own, a->sendbuff, bytes, a->out_far);
   struct gather_post stack[16];
   struct gather_post* all = n <= 16 ? stack : malloc(sizeof(*all) * (size_t)n);
   if (!all) return err_set(ncclSystemError, "out of memory in a single-copy gather");

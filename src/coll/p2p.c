@@ -44,11 +44,8 @@ ncclResult_t p2p_self_pairs(struct ncclComm* comm, const struct p2p_op* ops, int
 static ncclResult_t host_move(void* arg, const struct p2p_op* send, const struct p2p_op* recv) {
   (void)arg;
   size_t n = send->bytes;
-  if (recv->far && (recv->buf + n <= send->buf || send->buf + n <= recv->buf)) {
-    red_copy_far(recv->buf, send->buf, n);
-    return ncclSuccess;
-  }
-  memmove(recv->buf, send->buf, n);
+  if (recv->buf + n <= send->buf || send->buf + n <= recv->buf) prim_copy_out(recv->buf, send->buf, n, recv->far);
+  else memmove(recv->buf, send->buf, n); /* overlapping buffers of the caller's */
   return ncclSuccess;
 }
 

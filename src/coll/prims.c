@@ -332,8 +332,7 @@ ncclResult_t prim_recv(struct prim_link* r, void* dst, size_t bytes) {
   if (r->c->ops->recv_post && bytes) r->c->ops->recv_post(r->c, dst, bytes);
   NCCLCHECK(prim_recv_slot(r, bytes, &slot));
   if (bytes && slot != dst) {
-    if (r->out_far) red_copy_far(dst, slot, bytes);
-    else memcpy(dst, slot, bytes);
+    prim_copy_out(dst, slot, bytes, r->out_far);
   }
   return prim_recv_release(r);
 }
@@ -444,10 +443,7 @@ ncclResult_t prim_recv_copy_send(struct prim_link* r, struct prim_link* s, void*
   NCCLCHECK(prim_send_slot(s, bytes, &out));
   if (bytes) {
     prim_slot_copy(s, out, in, bytes);
-    if (dst && dst != in) {
-      if (r->out_far) red_copy_far(dst, in, bytes);
-      else memcpy(dst, in, bytes);
-    }
+    if (dst && dst != in) prim_copy_out(dst, in, bytes, r->out_far);
   }
   NCCLCHECK(prim_send_commit(s, bytes));
   return prim_recv_release(r);

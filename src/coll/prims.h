@@ -7,6 +7,8 @@
 #ifndef COLLIE_PRIMS_H
 #define COLLIE_PRIMS_H
 
+#include <string.h>
+
 #include "../comm.h"
 #include "../device/reduce.h"
 
@@ -29,6 +31,13 @@ void prim_begin(struct prim_link* l, struct conn* c, uint64_t total);
 /* Whether `bytes` written into a send slot of l go with non-temporal
  * stores: a slot_far link, at least 4 KiB (smaller slots stay plain). */
 static inline int prim_slot_far(const struct prim_link* l, size_t bytes) { return l->slot_far && bytes >= 4096; }
+/* A copy into the caller's buffer: with non-temporal stores where the
+ * result is to bypass the cache (`far`: the plan's out_far), else memcpy.
+ * dst and src must not overlap. */
+static inline void prim_copy_out(void* dst, const void* src, size_t bytes, int far) {
+  if (far) red_copy_far(dst, src, bytes);
+  else memcpy(dst, src, bytes);
+}
 /* Copies `bytes` from src into an acquired send slot (prim_slot_far: with
  * non-temporal stores, else memcpy). */
 void prim_slot_copy(const struct prim_link* l, void* slot, const void* src, size_t bytes);

@@ -29,10 +29,7 @@ ncclResult_t ring_broadcast_view(struct coll_args* a, const struct ring_view* v,
    * output is to bypass the cache (out_far), the whole copy goes first, with
    * streaming stores. */
   int copy_after = pos == 0 && sendbuff != recvbuff && ((conn_caps(sc) & TRANSPORT_CAP_SYSCALL_DATA) || !a->out_far);
-  if (pos == 0 && sendbuff != recvbuff && !copy_after) {
-    if (a->out_far) red_copy_far(recvbuff, sendbuff, bytes);
-    else memcpy(recvbuff, sendbuff, bytes);
-  }
+  if (pos == 0 && sendbuff != recvbuff && !copy_after) prim_copy_out(recvbuff, sendbuff, bytes, a->out_far);
   struct prim_link l[2] = {{0}, {0}};
   if (nsend) prim_begin(&l[0], sc, coll_token(a, bytes));
   if (nrecv) prim_begin(&l[1], rc, coll_token(a, bytes));
