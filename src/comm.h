@@ -65,6 +65,9 @@ struct ncclComm {
   uint64_t split_calls;  /* 2-rank single-copy broadcasts so far: the claim word's tag (cma_broadcast.c) */
   uint64_t bcast_pushed; /* blocks a 2-rank single-copy broadcast's root wrote to its reader (cma_broadcast.c; tests) */
   uint64_t reduce_steals; /* chunks a single-copy reduce's root read itself (cma_reduce.c; tests) */
+  uint64_t reduce_shared; /* chunks a 2-rank reduce's non-root reduced and wrote to its root (cma_reduce.c; tests) */
+  void* reduce_tmp;       /* cma_reduce.c's block buffer (reduce_tmp_bytes), kept between calls */
+  size_t reduce_tmp_bytes;
   uint64_t bcast_left;    /* streamed broadcasts' readers this root went on without (direct_shm.c; tests) */
   uint64_t bcast_pulled;  /* streamed broadcasts this reader finished from the root's buffer (direct_shm.c; tests) */
   uint64_t allgather_pulled; /* streamed allgathers run as single copy beside other load (direct_shm.c; tests) */

@@ -290,6 +290,8 @@ static void comm_release(ncclComm_t comm) {
     INFO(LOG_TUNING, "rank %d ran %llu allgather(s) as single copy, as other tasks wanted a CPU", comm->rank,
          (unsigned long long)comm->allgather_pulled);
   bind_comm_release(comm);
+  free(comm->reduce_tmp);
+  comm->reduce_tmp = NULL;
   mapped_free(comm);
   window_free_all(comm);
   direct_free(comm);

@@ -77,10 +77,11 @@ struct shm_ctrl {
   uint32_t send_failed;
   uint32_t recv_failed;
   char pad2[56];
-  uint64_t shared[CONN_SHARED_WORDS]; /* shared_words: the algorithms' own */
-  char pad3[64 - 8 * CONN_SHARED_WORDS];
+  uint64_t shared[CONN_SHARED_WORDS]; /* shared_words: the algorithms' own (one cache line) */
   struct shm_hdr hdr[SHM_MAX_SLOTS];
 };
+
+_Static_assert(8 * CONN_SHARED_WORDS == 64, "the shared words fill one cache line");
 
 struct shm_conn {
   struct shm_ctrl* ctrl;

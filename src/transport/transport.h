@@ -129,7 +129,7 @@ struct conn_ops {
    * coordination with atomics (cma_reduce.c); the transport never reads them. */
   uint64_t* (*shared_words)(struct conn* c);
 };
-#define CONN_SHARED_WORDS 4
+#define CONN_SHARED_WORDS 8
 
 /* Gets (setting up on first use) the connectors with the given peers.
  * `send_peers` / `recv_peers` list peers this rank sends to / receives from;

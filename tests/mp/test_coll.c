@@ -647,7 +647,13 @@ static int rank_late(int rank, int nranks, const ncclUniqueId* ids, int nids, vo
  * place, both roots, with the root or the non-root late; then rounds where
  * the root stops the non-root (SIGSTOP) once it has had time to fill the
  * FIFO, so the root must read the rest itself (counted: comm->reduce_steals)
- * and the non-root, continued 150 ms later, finds every chunk taken. */
+ * and the non-root, continued 150 ms later, finds every chunk taken; then
+ * rounds where the non-root stops the root while it waits inside its call:
+ * the root, asleep in the FIFO, no longer says it is ready, so the non-root
+ * sends there until the root, continued, reads its first chunk and says it
+ * again; the non-root then reduces chunks itself and writes them to the root
+ * (counted: comm->reduce_shared). Where results are not streamed, messages
+ * from 256 KiB are shared between both ranks in the first rounds too. */
 struct cont_arg {
   pid_t pid;
 };
@@ -679,7 +685,7 @@ static int rank_steal(int rank, int nranks, const ncclUniqueId* ids, int nids, v
   MP_CHECK(nranks == 2, "the single-copy reduce runs on 2 ranks");
   MP_NCCL(ncclCommInitRank(&c.comm, nranks, ids[0], rank));
   size_t chunk = transport_chunk_bytes(c.comm) / 4;
-  size_t counts[] = {1, 7, chunk - 1, chunk, chunk + 5, 3 * chunk + 1, 1000003};
+  size_t counts[] = {1, 7, chunk - 1, chunk, chunk + 5, 3 * chunk + 1, 65536 + 3, 262144 - 5, 1000003};
   ncclDataType_t dts[] = {ncclFloat32, ncclInt32, ncclFloat64, ncclBfloat16};
   size_t big = 8u << 20;
   c.a = malloc(big * 4 + 64);
@@ -691,7 +697,7 @@ static int rank_steal(int rank, int nranks, const ncclUniqueId* ids, int nids, v
       for (int op = 0; op <= 5; op++) {
         size_t count = counts[ci];
         ncclDataType_t dt = dts[di];
-        if (count > 100000 && op != ncclSum && op != ncclAvg && op != 5) continue;
+        if (count > 60000 && op != ncclSum && op != ncclAvg && op != 5) continue;
         int root = round % 2, inplace = (round / 2) % 2, late = round % 3; /* 0 none, 1 root, 2 non-root */
         round++;
         ncclRedOp_t rop = (ncclRedOp_t)op;
@@ -711,6 +717,12 @@ static int rank_steal(int rank, int nranks, const ncclUniqueId* ids, int nids, v
         for (size_t i = 0; i < count; i++)
           if (check_val("reduce", dt, op, 2, load(dt, recv, i), expect_red(dt, op, 2, i), i, rank)) return 1;
       }
+  /* Where results go out to memory (COLLIE_STREAM_STORES=1) nothing is shared. */
+  const char* ss = getenv("COLLIE_STREAM_STORES");
+  int streamed = ss && strcmp(ss, "1") == 0;
+  uint64_t shared = c.comm->reduce_shared;
+  fprintf(stderr, "rank %d: %llu chunks reduced for the root\n", rank, (unsigned long long)shared);
+  MP_CHECK(streamed || shared > 0, "the non-root of 2-rank reduces from 256 KiB never reduced a chunk itself");
   uint64_t before = c.comm->reduce_steals;
   for (int it = 0; it < 4; it++) {
     int root = it % 2, op = it < 2 ? ncclSum : ncclAvg;
@@ -738,6 +750,37 @@ static int rank_steal(int rank, int nranks, const ncclUniqueId* ids, int nids, v
   uint64_t stolen = c.comm->reduce_steals - before;
   fprintf(stderr, "rank %d: %llu chunks read from the stopped peer\n", rank, (unsigned long long)stolen);
   MP_CHECK(stolen > 0, "the root of a reduce whose peer was stopped read nothing itself");
+  /* The root stopped while it sleeps in its call: 4 MiB, both roots, in and
+   * out of place, 12 rounds (a non-root that loses its CPU to other load
+   * while the continued root takes every chunk reduces none in that round). */
+  size_t mid = 1u << 20;
+  uint64_t for_stopped = 0;
+  for (int it = 4; it < 16; it++) {
+    int root = it % 2, op = it % 4 < 2 ? ncclSum : ncclAvg;
+    float* send = (float*)c.a;
+    float* recv = it % 4 == 3 ? send : (float*)c.b;
+    fill_input(ncclFloat32, op, rank, send, mid);
+    if (rank == root) {
+      mp_arrive(it);
+      MP_NCCL(ncclReduce(send, recv, mid, ncclFloat32, (ncclRedOp_t)op, root, c.comm, NULL));
+      for (size_t i = 0; i < mid; i++)
+        if (check_val("reduce of a stopped root", ncclFloat32, op, 2, recv[i], expect_red(ncclFloat32, op, 2, i), i,
+                      rank))
+          return 1;
+    } else {
+      struct cont_arg ca;
+      pthread_t th;
+      uint64_t mine = c.comm->reduce_shared;
+      if (stop_inside_call(c.comm, 1 - rank, it, &ca, &th)) return 1;
+      ncclResult_t r = ncclReduce(send, recv, mid, ncclFloat32, (ncclRedOp_t)op, root, c.comm, NULL);
+      pthread_join(th, NULL);
+      MP_NCCL(r);
+      fprintf(stderr, "rank %d: %llu chunks reduced for the stopped root\n", rank,
+              (unsigned long long)(c.comm->reduce_shared - mine));
+      for_stopped += c.comm->reduce_shared - mine;
+    }
+  }
+  MP_CHECK(streamed || for_stopped > 0, "in 6 rounds the non-root reduced nothing for a root that woke up");
   free(c.a);
   free(c.b);
   MP_NCCL(ncclCommDestroy(c.comm));
