@@ -208,12 +208,11 @@ static ncclResult_t run_nonroot(struct coll_args* a, struct conn* sc, uint64_t t
     red_pre(&a->op, slot, in + off * esz, len); /* a copy unless premultiplied */
     NCCLCHECK(prim_send_commit(&l, len * esz));
   }
-taken:
-  if (!switched && f == nchunks) return ncclSuccess;
-  {
-    void* slot;
-    NCCLCHECK(prim_send_slot(&l, 0, &slot));
-  }
+taken: {
+  /* Switched: the closing slot is due in any case. */
+  void* slot;
+  NCCLCHECK(prim_send_slot(&l, 0, &slot));
+}
 closing:
   /* Every chunk came through the FIFO: the root reads nothing here. */
   if (!switched && f == nchunks) return ncclSuccess;
