@@ -44,12 +44,8 @@
  * it reads nothing more of the non-root's buffer, and the non-root writes
  * nothing more to its own), after clearing W_CLAIM and W_STATE. */
 #include <stdlib.h>
-#include <string.h>
-#include <stdio.h>
-#include <unistd.h>
 
 #include "coll.h"
-#include "../comm_err.h"
 
 /* How long the non-root's front must stand still before the root reads a
  * chunk itself: a few chunk copies (128 KiB at 5-10 GB/s: 13-26 us). Reading
@@ -128,14 +124,6 @@ static ncclResult_t block_buffer(struct ncclComm* comm, size_t bytes, char** out
   return ncclSuccess;
 }
 
-static ncclResult_t write_root(struct conn* c, uint64_t addr, const void* src, size_t bytes) {
-  int err = 0;
-  if (cma_write((int)c->comm->peers[c->peer].pid, addr, src, bytes, &err) == ncclSuccess) return ncclSuccess;
-  NCCLCHECK(comm_await_cause(c->comm, CAUSE_WAIT_MS));
-  return err_set(ncclRemoteError, "rank %d: single-copy write of %zu bytes to rank %d failed: %s", c->comm->rank,
-                 bytes, c->peer, strerror(err));
-}
-
 /* Non-root, chunks [f, f + k): the root's inputs read, reduced with this
  * rank's, and written into the root's receive buffer. */
 static ncclResult_t nonroot_direct(struct coll_args* a, struct conn* sc, const uint64_t* w, size_t chunk, uint64_t f,
@@ -150,7 +138,7 @@ static ncclResult_t nonroot_direct(struct coll_args* a, struct conn* sc, const u
   red_pre(&a->op, tmp, tmp, len); /* nothing unless premultiplied */
   red_reduce(&a->op, tmp, tmp, (const char*)a->sendbuff + off * esz, len);
   if (a->avg) red_div(a->dt, tmp, tmp, len, 2);
-  NCCLCHECK(write_root(sc, rout + off * esz, tmp, len * esz));
+  NCCLCHECK(sc->ops->write_peer(sc, rout + off * esz, tmp, len * esz));
   a->comm->reduce_shared += k;
   return ncclSuccess;
 }
@@ -165,7 +153,7 @@ static ncclResult_t run_nonroot(struct coll_args* a, struct conn* sc, uint64_t t
   __atomic_store_n(&w[W_NR_TOK], tok, __ATOMIC_RELAXED);
   __atomic_store_n(&w[W_CLAIM], claim_pack(tag, 0, nchunks), __ATOMIC_RELEASE);
   const char* in = a->sendbuff;
-  int shared = shared_mode(a), switched = 0;
+  int shared = shared_mode(a) && sc->ops->write_peer, switched = 0;
   uint64_t f;
   for (;;) {
     /* A root that is ready (awake, its buffers said) shares the work: from
@@ -286,12 +274,12 @@ static ncclResult_t run_root(struct coll_args* a, struct conn* rc, uint64_t tok,
     int pub = claim_tag(cur) == tag; /* the non-root has started this operation */
     uint64_t f = pub ? claim_front(cur) : 0, b = pub ? claim_back(cur) : nchunks;
     /* Read after the claim word: a front that counts a chunk the non-root
-     * reduced itself comes with its switch. */
-    uint64_t st = __atomic_load_n(&w[W_STATE], __ATOMIC_ACQUIRE);
+     * reduced itself comes with its switch (only ever to a sharing root). */
+    uint64_t st = shared ? __atomic_load_n(&w[W_STATE], __ATOMIC_ACQUIRE) : 0;
     int switched = claim_tag(st) == tag && claim_front(st) == SWITCHED;
     uint64_t fifo_end = switched ? claim_back(st) : f; /* the non-root's chunks [0, fifo_end) come through the FIFO */
+    if (!pub && next == nchunks) break; /* all came through the FIFO; the non-root went on */
     if (!pub && ready) {
-      if (next == nchunks) break; /* all came through the FIFO; the non-root went on */
       if (prim_conn_ready(rc)) {
         /* A slot came after that look at the claim word: look again. It
          * may be a closing slot, from a non-root that started, switched at
@@ -311,8 +299,6 @@ static ncclResult_t run_root(struct coll_args* a, struct conn* rc, uint64_t tok,
         if (__atomic_compare_exchange_n(&w[W_STATE], &rd, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) ready = 0;
         continue; /* (or it switched: then it has started) */
       }
-    } else if (!pub && next == nchunks) {
-      break;
     }
     if (pub && f == b && next == fifo_end) {
       if (!switched && b == nchunks) break; /* all came through the FIFO */

@@ -282,14 +282,23 @@ static int shm_pending(struct conn* c) {
   return 0; /* a committed slot is already in the peer's memory */
 }
 
-/* Single copy: read the sender's buffer (cma.c does the system calls). */
-static ncclResult_t shm_read_peer(struct conn* c, void* dst, uint64_t addr, size_t bytes) {
-  int err = 0;
-  if (cma_read((int)c->comm->peers[c->peer].pid, dst, addr, bytes, &err) == ncclSuccess) return ncclSuccess;
+/* Single copy: read or write the peer's memory (cma.c does the system calls). */
+static ncclResult_t shm_peer_copy(struct conn* c, void* local, uint64_t addr, size_t bytes, int write) {
+  int err = 0, pid = (int)c->comm->peers[c->peer].pid;
+  if ((write ? cma_write(pid, addr, local, bytes, &err) : cma_read(pid, local, addr, bytes, &err)) == ncclSuccess)
+    return ncclSuccess;
   /* The peer died (ESRCH) or passed a range that is not its memory. */
   NCCLCHECK(comm_await_cause(c->comm, CAUSE_WAIT_MS));
-  return err_set(ncclRemoteError, "rank %d: single-copy read of %zu bytes from rank %d failed: %s", c->comm->rank,
-                 bytes, c->peer, strerror(err));
+  return err_set(ncclRemoteError, "rank %d: single-copy %s of %zu bytes %s rank %d failed: %s", c->comm->rank,
+                 write ? "write" : "read", bytes, write ? "to" : "from", c->peer, strerror(err));
+}
+
+static ncclResult_t shm_read_peer(struct conn* c, void* dst, uint64_t addr, size_t bytes) {
+  return shm_peer_copy(c, dst, addr, bytes, 0);
+}
+
+static ncclResult_t shm_write_peer(struct conn* c, uint64_t addr, const void* src, size_t bytes) {
+  return shm_peer_copy(c, (void*)src, addr, bytes, 1); /* process_vm_writev only reads the local side */
 }
 
 static int shm_unreleased(struct conn* c) {
@@ -323,6 +332,7 @@ static const struct conn_ops shm_ops = {
     .close = shm_close,
     .wake = shm_wake,
     .read_peer = shm_read_peer,
+    .write_peer = shm_write_peer,
     .unreleased = shm_unreleased,
     .wait_released = shm_wait_released,
     .wait_arm = shm_wait_arm,

@@ -112,6 +112,9 @@ struct conn_ops {
    * `addr` into dst (single copy); an error if the peer is gone or the range
    * is not its memory. */
   ncclResult_t (*read_peer)(struct conn* c, void* dst, uint64_t addr, size_t bytes);
+  /* Optional (NULL: not offered), TRANSPORT_CAP_READ_PEER_MEM: copies
+   * `bytes` from src into the peer's address `addr`; errors as read_peer. */
+  ncclResult_t (*write_peer)(struct conn* c, uint64_t addr, const void* src, size_t bytes);
   /* Sender, TRANSPORT_CAP_READ_PEER_MEM: committed slots the receiver has not
    * released yet (a single-copy sender waits for 0 before its buffer is free). */
   int (*unreleased)(struct conn* c);

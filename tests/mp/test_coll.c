@@ -652,8 +652,9 @@ static int rank_late(int rank, int nranks, const ncclUniqueId* ids, int nids, vo
  * the root, asleep in the FIFO, no longer says it is ready, so the non-root
  * sends there until the root, continued, reads its first chunk and says it
  * again; the non-root then reduces chunks itself and writes them to the root
- * (counted: comm->reduce_shared). Where results are not streamed, messages
- * from 256 KiB are shared between both ranks in the first rounds too. */
+ * (counted: comm->reduce_shared). Messages from 256 KiB are shared between
+ * both ranks in the first rounds too, except out of place where results are
+ * streamed (COLLIE_STREAM_STORES=1), which must share nothing. */
 struct cont_arg {
   pid_t pid;
 };
@@ -692,6 +693,7 @@ static int rank_steal(int rank, int nranks, const ncclUniqueId* ids, int nids, v
   c.b = malloc(big * 4 + 64);
   MP_CHECK(c.a && c.b, "out of memory");
   int round = 0;
+  uint64_t shared[2] = {0, 0}; /* chunks this rank reduced for its root, out of place / in place */
   for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++)
     for (size_t di = 0; di < sizeof(dts) / sizeof(dts[0]); di++)
       for (int op = 0; op <= 5; op++) {
@@ -711,18 +713,25 @@ static int rank_steal(int rank, int nranks, const ncclUniqueId* ids, int nids, v
         char* recv = inplace ? send : c.b + esz;
         fill_input(dt, op, rank, send, count);
         if ((late == 1 && rank == root) || (late == 2 && rank != root)) usleep(2000);
+        uint64_t was = c.comm->reduce_shared;
         MP_NCCL(ncclReduce(send, recv, count, dt, rop, root, c.comm, NULL));
+        shared[inplace] += c.comm->reduce_shared - was;
         if (op == 5) MP_NCCL(ncclRedOpDestroy(rop, c.comm));
         if (rank != root) continue;
         for (size_t i = 0; i < count; i++)
           if (check_val("reduce", dt, op, 2, load(dt, recv, i), expect_red(dt, op, 2, i), i, rank)) return 1;
       }
-  /* Where results go out to memory (COLLIE_STREAM_STORES=1) nothing is shared. */
+  /* From 256 KiB both ranks reduce where results stay in cache; where they
+   * are streamed (COLLIE_STREAM_STORES=1: every out-of-place call; never in
+   * place) the chain runs and nothing is shared. */
   const char* ss = getenv("COLLIE_STREAM_STORES");
   int streamed = ss && strcmp(ss, "1") == 0;
-  uint64_t shared = c.comm->reduce_shared;
-  fprintf(stderr, "rank %d: %llu chunks reduced for the root\n", rank, (unsigned long long)shared);
-  MP_CHECK(streamed || shared > 0, "the non-root of 2-rank reduces from 256 KiB never reduced a chunk itself");
+  fprintf(stderr, "rank %d: %llu / %llu chunks reduced for the root out of / in place\n", rank,
+          (unsigned long long)shared[0], (unsigned long long)shared[1]);
+  if (streamed) MP_CHECK(shared[0] == 0, "a non-root reduced %llu chunks where results are streamed",
+                         (unsigned long long)shared[0]);
+  else MP_CHECK(shared[0] > 0, "the non-root of out-of-place 2-rank reduces from 256 KiB never reduced a chunk");
+  MP_CHECK(shared[1] > 0, "the non-root of in-place 2-rank reduces from 256 KiB never reduced a chunk");
   uint64_t before = c.comm->reduce_steals;
   for (int it = 0; it < 4; it++) {
     int root = it % 2, op = it < 2 ? ncclSum : ncclAvg;
@@ -777,10 +786,11 @@ static int rank_steal(int rank, int nranks, const ncclUniqueId* ids, int nids, v
       MP_NCCL(r);
       fprintf(stderr, "rank %d: %llu chunks reduced for the stopped root\n", rank,
               (unsigned long long)(c.comm->reduce_shared - mine));
-      for_stopped += c.comm->reduce_shared - mine;
+      if (it % 4 != 3) for_stopped += c.comm->reduce_shared - mine; /* out of place */
     }
   }
-  MP_CHECK(streamed || for_stopped > 0, "in 6 rounds the non-root reduced nothing for a root that woke up");
+  if (streamed) MP_CHECK(for_stopped == 0, "a non-root reduced chunks for a stopped root where results are streamed");
+  else MP_CHECK(for_stopped > 0, "in 4-6 out-of-place rounds the non-root reduced nothing for a root that woke up");
   free(c.a);
   free(c.b);
   MP_NCCL(ncclCommDestroy(c.comm));
