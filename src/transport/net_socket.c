@@ -64,6 +64,30 @@
  * are even (7 rounds, allgather and alltoall 2-128 KiB within 3% either way). */
 #define SOCK_DRY_RECVS 4
 
+/* A receiver of a one-way stream of small slots reads it in batches.
+ * Over loopback the sender's own system call runs the receiving side's TCP
+ * processing too (queueing the segment, waking the reader), and a reader
+ * that takes each segment as it lands makes every one cost the most: a
+ * socket queue found empty (nothing to merge the segment into), a buffer
+ * freed back to the sender's CPU for each segment, an acknowledgement for
+ * every second one. Left in the kernel a few microseconds, the segments
+ * that follow are merged into the queued one and read by one recv(). So a
+ * link whose last SOCK_LAG_STREAK reads brought data with no slot sent by
+ * this process on any socket in between (nothing of this rank's can be what
+ * the peer waits for) reads again only COLLIE_SOCKET_LAG_NS after its last
+ * small read (one that neither filled the stage nor was a header read alone
+ * after a large slot: more may wait after those). An exchange (this rank
+ * sends between its reads) never waits, nor does a slot that comes after a
+ * pause, nor a rank whose sender (on this machine) last ran on this rank's
+ * CPU, which the wait would take from it. 2 ranks a host each over
+ * loopback, bound, 5 interleaved rounds (bench/ab_env.sh, medians, us a
+ * call, 0 / 2 / 4 / 8 us): broadcast 8 B 2.28 / 1.92 / 1.58 / 1.47, 512 B
+ * 2.41 / 2.03 / 1.76 / 1.66, 2 KiB 2.65 / 2.29 / 2.04 / 1.88 (Open MPI 2.29,
+ * 2.43, 2.56); reduce 8 B 2.44 against 1.78 at 4 us; allreduce and alltoall
+ * unchanged. */
+#define SOCK_LAG_STREAK 4
+static uint64_t sock_sends; /* slots committed on any socket connector of this process */
+
 struct sock_link {
   int fd;        /* the connection this link moves bytes on now */
   int own_fd;    /* the one it opened or accepted, closed with it */
@@ -80,6 +104,9 @@ struct sock_link {
   int eof;       /* receiver: the peer closed this connection between slots */
   int64_t delack_ns; /* receiver: when TCP_QUICKACK was last turned off (0: never) */
   int dry;           /* receiver: recv() calls in a row that found nothing (see SOCK_DRY_RECVS) */
+  int streak;        /* receiver: reads that brought data with no slot sent by this process in between */
+  uint64_t sends_seen; /* receiver: sock_sends at the last read that brought data */
+  int64_t data_ns;     /* receiver: when that read was */
 };
 
 struct sock_conn {
@@ -92,6 +119,8 @@ struct sock_conn {
                      * receiver: where a slot's payload was put when not in the slot */
   int readahead;    /* receiver: read slots before they are asked for (COLLIE_SOCKET_READAHEAD) */
   int delayed_ack;  /* receiver: keep the kernel's delayed acknowledgements on (COLLIE_SOCKET_DELAYED_ACK) */
+  int64_t lag_ns;   /* receiver: COLLIE_SOCKET_LAG_NS (0: read at once) */
+  uint64_t lag_holds; /* receiver: reads held back for a one-way stream (for tests) */
   char* post_dst;   /* receiver: recv_post destination for slot post_idx */
   size_t post_len;
   uint32_t post_idx;
@@ -324,6 +353,15 @@ static void delack_arm(struct sock_conn* s, struct sock_link* l) {
   l->delack_ns = now;
 }
 
+/* The peer last sent from the CPU this rank runs on (same machine): time
+ * this rank spends waiting there is time its sender cannot run. */
+static int peer_on_my_cpu(struct conn* c) {
+  struct sock_conn* s = c->priv;
+  if (!s->same_machine) return 0;
+  int pc = __atomic_load_n(&c->comm->peer_cpu[c->peer], __ATOMIC_RELAXED);
+  return pc >= 0 && pc == sched_getcpu();
+}
+
 /* Where the payload of the slot link l is filling goes. Decided when its
  * first payload byte is placed, so a consumer that posts its buffer after the
  * header came (but before the payload) still gets the bytes directly. */
@@ -354,6 +392,19 @@ static ncclResult_t recv_links(struct conn* c, int may_read) {
             blocked = 1;
             break;
           }
+          /* A large payload remainder is read in place; anything else through
+           * the stage, which may bring the following slots along. After a
+           * large slot the next header is read alone, so that a stream of
+           * large slots is not copied through the stage in part. */
+          int direct = l->off >= sizeof(*h) && need - l->off >= SOCK_STAGE_BYTES;
+          if (!direct && l->streak >= SOCK_LAG_STREAK && l->data_ns) {
+            if (__atomic_load_n(&sock_sends, __ATOMIC_RELAXED) != l->sends_seen) l->streak = 0;
+            else if (time_ns() - l->data_ns < s->lag_ns && !peer_on_my_cpu(c)) { /* a one-way stream: let it gather */
+              s->lag_holds++;
+              blocked = 1;
+              break;
+            }
+          }
           if (l->dry >= SOCK_DRY_RECVS) {
             struct pollfd pf = {.fd = l->fd, .events = POLLIN};
             if (poll(&pf, 1, 0) == 0) { /* nothing yet (data, a close and an error all wake it) */
@@ -361,11 +412,6 @@ static ncclResult_t recv_links(struct conn* c, int may_read) {
               break;
             }
           }
-          /* A large payload remainder is read in place; anything else through
-           * the stage, which may bring the following slots along. After a
-           * large slot the next header is read alone, so that a stream of
-           * large slots is not copied through the stage in part. */
-          int direct = l->off >= sizeof(*h) && need - l->off >= SOCK_STAGE_BYTES;
           char* p = direct ? payload_dst(c, l, h) + (l->off - sizeof(*h)) : l->stage;
           size_t want = direct ? need - l->off : l->big && l->off < sizeof(*h) ? sizeof(*h) - l->off : SOCK_STAGE_BYTES;
           ssize_t rc = recv(l->fd, p, want, MSG_DONTWAIT);
@@ -376,6 +422,15 @@ static ncclResult_t recv_links(struct conn* c, int may_read) {
           }
           if (rc > 0) {
             delack_arm(s, l);
+            if (s->lag_ns) {
+              uint64_t sent = __atomic_load_n(&sock_sends, __ATOMIC_RELAXED);
+              l->streak = sent == l->sends_seen ? l->streak + 1 : 0;
+              l->sends_seen = sent;
+              /* After a read that filled the stage, or a header read alone
+               * after a large slot, more may be waiting: the next read is
+               * not held back. */
+              l->data_ns = !direct && !l->big && (size_t)rc < want ? time_ns() : 0;
+            }
             if (direct) l->off += (size_t)rc;
             else {
               l->stage_off = 0;
@@ -460,6 +515,7 @@ static ncclResult_t sock_send_commit_ext(struct conn* c, const struct slot_hdr* 
   }
   s->ext[s->pos % (uint32_t)c->nslots] = data;
   s->pos++;
+  __atomic_fetch_add(&sock_sends, 1, __ATOMIC_RELAXED);
   return sock_progress_send(c);
 }
 
@@ -597,6 +653,11 @@ int sock_delayed_ack_on(struct conn* c, int* armed) {
   return on;
 }
 
+int64_t sock_lag_holds(struct conn* c) {
+  if (!c || c->ops != &sock_ops || c->is_send) return -1;
+  return (int64_t)((struct sock_conn*)c->priv)->lag_holds;
+}
+
 int sock_congestion(struct conn* c, char* name, size_t len) {
   if (!c || c->ops != &sock_ops || len < 2) return -1;
   struct sock_conn* s = c->priv;
@@ -688,6 +749,7 @@ static ncclResult_t sock_recv_setup(struct conn* c, void* info, size_t* info_len
   struct sock_conn* s = c->priv;
   s->readahead = (int)param_int(P_COLLIE_SOCKET_READAHEAD, 0, 1);
   s->delayed_ack = (int)param_int(P_COLLIE_SOCKET_DELAYED_ACK, 0, 1);
+  s->lag_ns = param_int(P_COLLIE_SOCKET_LAG_NS, 0, 1000000);
   for (int i = 0; i < s->nlinks; i++)
     if (!(s->link[i].stage = malloc(SOCK_STAGE_BYTES)))
       return err_set(ncclSystemError, "socket transport: out of memory for a receive stage");

@@ -16,6 +16,11 @@
  *   delack N a host per rank over sockets: small checked allreduces, then
  *            every receiving connection's kernel acknowledgement mode must
  *            be what COLLIE_SOCKET_DELAYED_ACK asks (see rank_delack).
+ *   lag N    a host per rank over sockets (N = 2): streams of small
+ *            broadcasts and reduces of mixed sizes, then small allreduces;
+ *            every result checked; a receiver of the streams holds reads back
+ *            (COLLIE_SOCKET_LAG_NS > 0, ranks on CPUs of their own) or never
+ *            (0), and never during the exchanges (see rank_lag).
  *   localcc N a host per rank over sockets: checked allreduces, then every
  *            sending connection's congestion control must be what
  *            COLLIE_SOCKET_LOCAL_CC asks (see rank_localcc).
@@ -581,6 +586,101 @@ static int rank_delack(int rank, int nranks, const ncclUniqueId* ids, int nids, 
              "connections, want %s", rank, p, armed[p], want ? "all" : "none");
     MP_CHECK(!want || state[p] == 1, "rank %d: the kernel has delayed acknowledgements from rank %d off", rank, p);
   }
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
+/* Reads held back by rank's socket receivers from peer p, over every channel. */
+static int64_t lag_holds(ncclComm_t comm, int p) {
+  int64_t sum = 0;
+  for (int ch = 0; ch < MAX_CHANNELS; ch++) {
+    int64_t h = sock_lag_holds(comm->recv_conns[(size_t)ch * (size_t)comm->nranks + (size_t)p]);
+    if (h > 0) sum += h;
+  }
+  return sum;
+}
+
+/* A socket receiver of a one-way stream of small slots reads it in batches
+ * (COLLIE_SOCKET_LAG_NS): the receivers of broadcast and reduce streams
+ * whose slot sizes cross every case of the stage (a few bytes, slots that
+ * fill it, payloads read past it) must get every value right, and must have
+ * held reads back when the lag is on and the ranks run on CPUs of their own
+ * (pinned here; a sender on the receiver's CPU turns the lag off), never when
+ * it is 0. During allreduces, where each rank sends between its reads, no
+ * read is held back. */
+static int rank_lag(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  own_host("laghost", rank);
+  const char* e = getenv("COLLIE_SOCKET_LAG_NS");
+  int on = !e || atoll(e) > 0;
+  cpu_set_t mask;
+  int pinned = 0;
+  if (nranks == 2 && sched_getaffinity(0, sizeof(mask), &mask) == 0 && CPU_COUNT(&mask) >= 2) {
+    int seen = 0;
+    for (int c = 0; c < CPU_SETSIZE && !pinned; c++)
+      if (CPU_ISSET(c, &mask) && seen++ == rank) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(c, &one);
+        pinned = sched_setaffinity(0, sizeof(one), &one) == 0;
+      }
+  }
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  MP_CHECK(comm->nhosts == nranks && nranks == 2, "rank %d: %d hosts of %d ranks (the test wants 2)", rank,
+           comm->nhosts, nranks);
+  static const size_t counts[] = {1, 3, 17, 100, 600, 2500, 4000, 16384};
+  const int ncounts = (int)(sizeof(counts) / sizeof(counts[0]));
+  float* buf = malloc(16384 * sizeof(float));
+  float* out = malloc(16384 * sizeof(float));
+  MP_CHECK(buf && out, "out of memory");
+  int peer = 1 - rank;
+  for (int it = 0; it < 1500; it++) {
+    /* The largest count (64 KiB, read past the stage) only now and then. */
+    size_t n = counts[it % 20 == 19 ? ncounts - 1 : it % (ncounts - 1)];
+    for (size_t i = 0; i < n; i++) buf[i] = rank == 0 ? val(it, 0, 1, i) : -1.0f;
+    MP_NCCL(ncclBroadcast(buf, buf, n, ncclFloat32, 0, comm, NULL));
+    for (size_t i = 0; i < n; i++)
+      MP_CHECK(buf[i] == val(it, 0, 1, i), "rank %d: broadcast %d (%zu floats), element %zu is %g, want %g", rank,
+               it, n, i, (double)buf[i], (double)val(it, 0, 1, i));
+  }
+  for (int it = 0; it < 1500; it++) {
+    size_t n = counts[it % 20 == 19 ? ncounts - 1 : it % (ncounts - 1)];
+    for (size_t i = 0; i < n; i++) buf[i] = val(it, rank, 0, i);
+    MP_NCCL(ncclReduce(buf, out, n, ncclFloat32, ncclSum, 0, comm, NULL));
+    for (size_t i = 0; rank == 0 && i < n; i++) {
+      float want = val(it, 0, 0, i) + val(it, 1, 0, i);
+      MP_CHECK(out[i] == want, "rank 0: reduce %d (%zu floats), element %zu is %g, want %g", it, n, i,
+               (double)out[i], (double)want);
+    }
+  }
+  /* Rank 1 received the broadcasts, rank 0 the reduces. */
+  int64_t streamed = lag_holds(comm, peer);
+  MP_CHECK(streamed >= 0, "rank %d: no socket receiver from rank %d", rank, peer);
+  if (!on) MP_CHECK(streamed == 0, "rank %d: held %lld reads back with COLLIE_SOCKET_LAG_NS=0", rank, (long long)streamed);
+  else if (pinned) MP_CHECK(streamed > 0, "rank %d: received a one-way stream of 1500 small slots on its own CPU and "
+                            "never held a read back", rank);
+  else printf("rank %d: not on a CPU of its own: held %lld reads back (not judged)\n", rank, (long long)streamed);
+  int v = 1;
+  MP_NCCL(ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, comm, NULL)); /* each rank has sent since the streams */
+  MP_CHECK(v == 2, "rank %d: allreduce gave %d", rank, v);
+  int64_t before = lag_holds(comm, peer);
+  for (int it = 0; it < 1500; it++) {
+    size_t n = counts[it % 4];
+    for (size_t i = 0; i < n; i++) buf[i] = val(it, rank, 0, i);
+    MP_NCCL(ncclAllReduce(buf, out, n, ncclFloat32, ncclSum, comm, NULL));
+    for (size_t i = 0; i < n; i++) {
+      float want = val(it, 0, 0, i) + val(it, 1, 0, i);
+      MP_CHECK(out[i] == want, "rank %d: allreduce %d (%zu floats), element %zu is %g, want %g", rank, it, n, i,
+               (double)out[i], (double)want);
+    }
+  }
+  int64_t after = lag_holds(comm, peer);
+  MP_CHECK(after == before, "rank %d: held %lld reads back during 1500 allreduces (an exchange never waits)", rank,
+           (long long)(after - before));
+  free(buf);
+  free(out);
   MP_NCCL(ncclCommDestroy(comm));
   return 0;
 }
@@ -1175,7 +1275,7 @@ static int rank_helpers(int rank, int nranks, const ncclUniqueId* ids, int nids,
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s zero|a2a|paired|delack|helpers|localcc|duplex|cmaauto|adapt|runahead|rotate|spread NRANKS\n", argv[0]);
+    fprintf(stderr, "usage: %s zero|a2a|paired|delack|lag|helpers|localcc|duplex|cmaauto|adapt|runahead|rotate|spread NRANKS\n", argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
@@ -1185,7 +1285,7 @@ int main(int argc, char** argv) {
   int localcc = strcmp(argv[1], "localcc") == 0, duplex = strcmp(argv[1], "duplex") == 0;
   int cmaauto = strcmp(argv[1], "cmaauto") == 0, runahead = strcmp(argv[1], "runahead") == 0;
   int spread = strcmp(argv[1], "spread") == 0, adapt = strcmp(argv[1], "adapt") == 0;
-  int rotate = strcmp(argv[1], "rotate") == 0;
+  int rotate = strcmp(argv[1], "rotate") == 0, lag = strcmp(argv[1], "lag") == 0;
   if (spread) {
     /* Two CPUs for more ranks than that; not beside the suite's hogs (moves
      * wait for a machine where only the ranks want a CPU). */
@@ -1237,7 +1337,7 @@ int main(int argc, char** argv) {
       return 77;
     }
   }
-  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : helpers ? rank_helpers : localcc ? rank_localcc : duplex ? rank_duplex : cmaauto ? rank_cmaauto : adapt ? rank_adapt : runahead ? rank_runahead : rotate ? rank_rotate : spread ? rank_spread : rank_a2a, NULL, 600);
+  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : lag ? rank_lag : helpers ? rank_helpers : localcc ? rank_localcc : duplex ? rank_duplex : cmaauto ? rank_cmaauto : adapt ? rank_adapt : runahead ? rank_runahead : rotate ? rank_rotate : spread ? rank_spread : rank_a2a, NULL, 600);
   if (spread && rc == 0 && __atomic_load_n(&mp_counters[SPREAD_UNJUDGED], __ATOMIC_ACQUIRE) > 0) {
     printf("SKIPPED: spread: in each of 50 attempts another task wanted a CPU (nothing to judge)\n");
     return 77;
