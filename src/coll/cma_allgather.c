@@ -18,7 +18,9 @@ static int eligible(const struct coll_args* a) { return coll_cma_eligible(a); }
 static double estimate(const struct coll_args* a, const struct tune_cost* c) {
   int n = a->comm->nranks;
   double bytes = (double)a->count * (double)dtype_size(a->dt);
-  return tune_cma_handshake_us(c) + (n - 1) * bytes / tune_cma_bw(c, (n + 1) * bytes);
+  /* The n-1 reads, and the rank's own block copied into its place (counted
+   * in place too, as the ring's and the one-shot's models count it). */
+  return tune_cma_handshake_us(c) + (n - 1) * bytes / tune_cma_bw(c, (n + 1) * bytes) + bytes / c->link.bw;
 }
 
 static ncclResult_t run(struct coll_args* a, const struct plan* p) {
