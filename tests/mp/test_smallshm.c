@@ -17,10 +17,11 @@
  *            every receiving connection's kernel acknowledgement mode must
  *            be what COLLIE_SOCKET_DELAYED_ACK asks (see rank_delack).
  *   lag N    a host per rank over sockets (N = 2): streams of small
- *            broadcasts and reduces of mixed sizes, then small allreduces;
- *            every result checked; a receiver of the streams holds reads back
- *            (COLLIE_SOCKET_LAG_NS > 0, ranks on CPUs of their own) or never
- *            (0), and never during the exchanges (see rank_lag).
+ *            broadcasts and reduces of mixed sizes, then paced small ones,
+ *            then small allreduces; every result checked; a receiver of the
+ *            streams holds reads back (COLLIE_SOCKET_LAG_NS > 0, ranks on
+ *            CPUs of their own) or never (0), and never during the
+ *            exchanges (see rank_lag).
  *   localcc N a host per rank over sockets: checked allreduces, then every
  *            sending connection's congestion control must be what
  *            COLLIE_SOCKET_LOCAL_CC asks (see rank_localcc).
@@ -655,6 +656,33 @@ static int rank_lag(int rank, int nranks, const ncclUniqueId* ids, int nids, voi
                (double)out[i], (double)want);
     }
   }
+  /* The same, small and paced: the sender waits 20 us before each call, so
+   * a receiver that has its CPU keeps up and its reads are small ones, which
+   * the lag follows (a receiver that is behind, its reads filling the stage,
+   * rightly never waits: beside a busy process the unpaced streams above
+   * gave a reduce root none in 2 of 6 runs). */
+  for (int phase = 0; phase < 2; phase++)
+    for (int it = 0; it < 600; it++) {
+      size_t n = counts[it % 4];
+      int sender = phase == 0 ? 0 : 1;
+      if (rank == sender) {
+        double until = mp_now() + 20e-6;
+        while (mp_now() < until) {
+        }
+      }
+      for (size_t i = 0; i < n; i++) buf[i] = phase == 0 ? (rank == 0 ? val(it, 0, 1, i) : -1.0f) : val(it, rank, 0, i);
+      if (phase == 0) {
+        MP_NCCL(ncclBroadcast(buf, buf, n, ncclFloat32, 0, comm, NULL));
+        for (size_t i = 0; i < n; i++)
+          MP_CHECK(buf[i] == val(it, 0, 1, i), "rank %d: paced broadcast %d, element %zu is %g", rank, it, i,
+                   (double)buf[i]);
+      } else {
+        MP_NCCL(ncclReduce(buf, out, n, ncclFloat32, ncclSum, 0, comm, NULL));
+        for (size_t i = 0; rank == 0 && i < n; i++)
+          MP_CHECK(out[i] == val(it, 0, 0, i) + val(it, 1, 0, i), "rank 0: paced reduce %d, element %zu is %g", it, i,
+                   (double)out[i]);
+      }
+    }
   /* Rank 1 received the broadcasts, rank 0 the reduces. */
   int64_t streamed = lag_holds(comm, peer);
   MP_CHECK(streamed >= 0, "rank %d: no socket receiver from rank %d", rank, peer);
