@@ -120,7 +120,7 @@ struct sock_conn {
   int readahead;    /* receiver: read slots before they are asked for (COLLIE_SOCKET_READAHEAD) */
   int delayed_ack;  /* receiver: keep the kernel's delayed acknowledgements on (COLLIE_SOCKET_DELAYED_ACK) */
   int64_t lag_ns;   /* receiver: COLLIE_SOCKET_LAG_NS (0: read at once) */
-  uint64_t lag_holds; /* receiver: reads held back for a one-way stream (for tests) */
+  uint64_t lag_holds; /* receiver: looks that held a read back for a one-way stream (for tests) */
   char* post_dst;   /* receiver: recv_post destination for slot post_idx */
   size_t post_len;
   uint32_t post_idx;
@@ -344,9 +344,8 @@ static ncclResult_t sock_progress_send(struct conn* c) {
  * back on after data arrives, at most every DELACK_REARM_NS. */
 #define DELACK_REARM_NS (20 * 1000 * 1000)
 
-static void delack_arm(struct sock_conn* s, struct sock_link* l) {
+static void delack_arm(struct sock_conn* s, struct sock_link* l, int64_t now) {
   if (!s->delayed_ack) return;
-  int64_t now = time_ns();
   if (l->delack_ns && now - l->delack_ns < DELACK_REARM_NS) return;
   int off = 0;
   setsockopt(l->fd, IPPROTO_TCP, TCP_QUICKACK, &off, sizeof(off)); /* a hint: failure changes nothing else */
@@ -421,7 +420,9 @@ static ncclResult_t recv_links(struct conn* c, int may_read) {
             l->dry = 0;
           }
           if (rc > 0) {
-            delack_arm(s, l);
+            /* One clock read for both (a read that brought data). */
+            int64_t now = s->delayed_ack || s->lag_ns ? time_ns() : 0;
+            delack_arm(s, l, now);
             if (s->lag_ns) {
               uint64_t sent = __atomic_load_n(&sock_sends, __ATOMIC_RELAXED);
               l->streak = sent == l->sends_seen ? l->streak + 1 : 0;
@@ -429,7 +430,7 @@ static ncclResult_t recv_links(struct conn* c, int may_read) {
               /* After a read that filled the stage, or a header read alone
                * after a large slot, more may be waiting: the next read is
                * not held back. */
-              l->data_ns = !direct && !l->big && (size_t)rc < want ? time_ns() : 0;
+              l->data_ns = !direct && !l->big && (size_t)rc < want ? now : 0;
             }
             if (direct) l->off += (size_t)rc;
             else {

@@ -197,9 +197,9 @@ ncclResult_t transport_flush_ch(struct ncclComm* comm, int ch);
  * socket receiver or the kernel does not say; *armed: how many of those
  * connections this library asked for them (COLLIE_SOCKET_DELAYED_ACK). */
 int sock_delayed_ack_on(struct conn* c, int* armed);
-/* For tests: how many times socket receiver c held a read back because its
- * peer's slots came as a one-way stream (COLLIE_SOCKET_LAG_NS), or -1 when
- * c is no socket receiver. */
+/* For tests: how many looks of socket receiver c held a read back because
+ * its peer's slots came as a one-way stream (COLLIE_SOCKET_LAG_NS; a wait
+ * counts once per look), or -1 when c is no socket receiver. */
 int64_t sock_lag_holds(struct conn* c);
 /* For tests: the TCP congestion control of every connection of socket
  * connector c (sender: the connections it connected; receiver: those it
