@@ -142,6 +142,8 @@ struct ncclComm {
   struct mapped_state* mapped; /* coll/mapped_allreduce.c: peers' buffers mapped, set up on first use */
   struct ncclWindow_vidmem* windows; /* window.c: live memory windows (ncclCommWindowRegister) */
   int64_t spin_ns; /* how long a waiter polls before it yields, then sleeps (COLLIE_SPIN) */
+  int64_t sock_yield_ns; /* socket waiters yield between rounds this long before they sleep (COLLIE_SOCKET_YIELD_US) */
+  int64_t sock_yields;   /* how often they did (tests) */
   /* Reduction operators created with ncclRedOpCreatePreMulSum, by handle - ncclNumOps. */
   struct user_redop* redops;
   int nredops;

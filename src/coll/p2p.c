@@ -311,7 +311,7 @@ ncclResult_t p2p_run(struct ncclComm* comm, struct p2p_op* ops, int n, int p2p_o
       /* Keep progressing for a short while (small replies come fast), then sleep. */
       int64_t now = time_ns();
       if (t0 == 0) t0 = now;
-      if (now - t0 >= prim_fd_poll_ns(comm, blocked->peer)) transport_wait_fds(comm, 0, 100);
+      prim_fd_wait(comm, blocked->peer, 0, now - t0);
       continue;
     }
     /* While polling, the clock is read every 8th poll only (a read costs as

@@ -135,6 +135,11 @@ ncclResult_t prim_sleep_checks(struct ncclComm* comm, int peer, int64_t* deadlin
  * rank polls. The higher rank of such a pair also moves itself to another
  * CPU (COLLIE_UNPAIR, prim_unpair) and then goes on polling. */
 int64_t prim_fd_poll_ns(struct ncclComm* comm, int peer);
+/* One round of a socket waiter that has waited waited_ns: nothing (it keeps
+ * progressing) while prim_fd_poll_ns says poll, then sched_yield() for
+ * comm->sock_yield_ns (COLLIE_SOCKET_YIELD_US), then a sleep in poll() on
+ * channel ch's fds (100 ms at most). */
+void prim_fd_wait(struct ncclComm* comm, int peer, int ch, int64_t waited_ns);
 /* COLLIE_UNPAIR's move, for a waiter whose `peer` last ran on this rank's
  * CPU `cpu`: the higher rank of the pair moves itself to another CPU it may
  * use (bind_move_off_cpu: its mask is put back), when every rank of the

@@ -625,6 +625,17 @@ int bind_host_cpus(ncclComm_t comm, uint64_t host_hash) {
   return CPU_COUNT(&all);
 }
 
+int bind_machine_cpus(ncclComm_t comm) {
+  cpu_set_t all, one;
+  CPU_ZERO(&all);
+  for (int i = 0; i < comm->nranks; i++) {
+    if (comm->machine[i] != comm->machine[comm->rank]) continue;
+    if (bind_cpulist_parse(comm->peers[i].cpuset, &one) != 0) return 0;
+    CPU_OR(&all, &all, &one);
+  }
+  return CPU_COUNT(&all);
+}
+
 /* The most threads the compute libraries were told to use; 0 when none was. */
 static int wanted_threads(void) {
   static const char* const vars[] = {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"};

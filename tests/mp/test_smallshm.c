@@ -46,6 +46,10 @@
  *            that have stopped calling (the one-shot's 64 slots, less what a
  *            reader may not yet have published, DONE_EVERY - 1); every value
  *            checked when the readers catch up (see rank_runahead).
+ *   yield N  a host per rank over sockets, every rank on one CPU (more ranks
+ *            than CPUs): every collective and alltoall at sizes from 1 float
+ *            to 64 Ki, checked; socket waiters must have yielded (unset
+ *            COLLIE_SOCKET_YIELD_US) or never (0) (see rank_yield).
  *   rotate 2 one host: payloads sent through a shared-memory connector of
  *            their own land where COLLIE_SLOT_ROTATE says in their slots,
  *            and arrive whole (see rank_rotate).
@@ -715,6 +719,91 @@ static int rank_lag(int rank, int nranks, const ncclUniqueId* ids, int nids, voi
   return 0;
 }
 
+/* Socket waiters on a machine with more ranks than CPUs yield between
+ * rounds (COLLIE_SOCKET_YIELD_US): with every rank pinned to one CPU each
+ * waits for peers that cannot run until it gives the CPU up, so every
+ * collective (all of them, 1 float to 64 Ki, values checked) must have made
+ * waiters yield when the variable is unset, and none may have when it is 0. */
+static int rank_yield(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  own_host("yieldhost", rank);
+  const char* e = getenv("COLLIE_SOCKET_YIELD_US");
+  int on = !e || atoll(e) > 0;
+  cpu_set_t mask, one;
+  MP_CHECK(sched_getaffinity(0, sizeof(mask), &mask) == 0, "rank %d: no affinity mask", rank);
+  CPU_ZERO(&one);
+  for (int c = 0; c < CPU_SETSIZE; c++)
+    if (CPU_ISSET(c, &mask)) {
+      CPU_SET(c, &one);
+      break;
+    }
+  MP_CHECK(sched_setaffinity(0, sizeof(one), &one) == 0, "rank %d: could not pin itself", rank);
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  MP_CHECK(comm->nhosts == nranks, "rank %d: %d hosts of %d ranks", rank, comm->nhosts, nranks);
+  MP_CHECK((comm->sock_yield_ns > 0) == on, "rank %d: %d ranks on one CPU, COLLIE_SOCKET_YIELD_US=%s, yet socket "
+           "waiters %s", rank, nranks, e ? e : "(unset)", on ? "do not yield" : "yield");
+  static const size_t counts[] = {1, 5, 64, 700, 4096, 65536};
+  const size_t most = 65536;
+  float* in = malloc(most * (size_t)nranks * sizeof(float));
+  float* out = malloc(most * (size_t)nranks * sizeof(float));
+  MP_CHECK(in && out, "out of memory");
+  for (int it = 0; it < 6 * 6; it++) {
+    size_t n = counts[it % 6];
+    int kind = it / 6, root = it % nranks;
+    for (size_t i = 0; i < n * (size_t)nranks; i++) in[i] = val(it, rank, (int)(i / n), i % n);
+    const char* name = "";
+    switch (kind) {
+      case 0: name = "allreduce";
+        MP_NCCL(ncclAllReduce(in, out, n, ncclFloat32, ncclSum, comm, NULL));
+        break;
+      case 1: name = "allgather";
+        MP_NCCL(ncclAllGather(in, out, n, ncclFloat32, comm, NULL));
+        break;
+      case 2: name = "broadcast";
+        MP_NCCL(ncclBroadcast(in, out, n, ncclFloat32, root, comm, NULL));
+        break;
+      case 3: name = "reduce";
+        MP_NCCL(ncclReduce(in, out, n, ncclFloat32, ncclSum, root, comm, NULL));
+        break;
+      case 4: name = "reducescatter";
+        MP_NCCL(ncclReduceScatter(in, out, n, ncclFloat32, ncclSum, comm, NULL));
+        break;
+      default: name = "alltoall";
+        MP_NCCL(ncclAlltoAll(in, out, n, ncclFloat32, comm, NULL));
+        break;
+    }
+    size_t blocks = kind == 1 || kind == 5 ? (size_t)nranks : 1;
+    if (kind == 3 && rank != root) continue;
+    for (size_t b = 0; b < blocks; b++)
+      for (size_t i = 0; i < n; i++) {
+        float want = 0;
+        switch (kind) {
+          case 0:
+          case 3:
+            for (int p = 0; p < nranks; p++) want += val(it, p, 0, i);
+            break;
+          case 1: want = val(it, (int)b, 0, i); break;
+          case 2: want = val(it, root, 0, i); break;
+          case 4:
+            for (int p = 0; p < nranks; p++) want += val(it, p, rank, i);
+            break;
+          default: want = val(it, (int)b, rank, i); break;
+        }
+        MP_CHECK(out[b * n + i] == want, "rank %d: %s of %zu floats, block %zu element %zu is %g, want %g", rank, name,
+                 n, b, i, (double)out[b * n + i], (double)want);
+      }
+  }
+  int64_t yields = __atomic_load_n(&comm->sock_yields, __ATOMIC_RELAXED);
+  if (on) MP_CHECK(yields > 0, "rank %d: %d ranks on one CPU over sockets, and no waiter ever yielded", rank, nranks);
+  else MP_CHECK(yields == 0, "rank %d: waiters yielded %lld times with COLLIE_SOCKET_YIELD_US=0", rank, (long long)yields);
+  free(in);
+  free(out);
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
 /* The kernel's default congestion control, or "" when it does not say. */
 static void system_cc(char* buf, size_t len) {
   buf[0] = 0;
@@ -1305,7 +1394,7 @@ static int rank_helpers(int rank, int nranks, const ncclUniqueId* ids, int nids,
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s zero|a2a|paired|delack|lag|helpers|localcc|duplex|cmaauto|adapt|runahead|rotate|spread NRANKS\n", argv[0]);
+    fprintf(stderr, "usage: %s zero|a2a|paired|delack|lag|helpers|localcc|duplex|cmaauto|adapt|runahead|rotate|spread|yield NRANKS\n", argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
@@ -1316,6 +1405,7 @@ int main(int argc, char** argv) {
   int cmaauto = strcmp(argv[1], "cmaauto") == 0, runahead = strcmp(argv[1], "runahead") == 0;
   int spread = strcmp(argv[1], "spread") == 0, adapt = strcmp(argv[1], "adapt") == 0;
   int rotate = strcmp(argv[1], "rotate") == 0, lag = strcmp(argv[1], "lag") == 0;
+  int yield = strcmp(argv[1], "yield") == 0;
   if (lag) {
     /* Each rank pins itself to a CPU of its own (a sender on the receiver's
      * CPU turns the lag off): with fewer CPUs nothing can be judged. */
@@ -1376,7 +1466,7 @@ int main(int argc, char** argv) {
       return 77;
     }
   }
-  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : lag ? rank_lag : helpers ? rank_helpers : localcc ? rank_localcc : duplex ? rank_duplex : cmaauto ? rank_cmaauto : adapt ? rank_adapt : runahead ? rank_runahead : rotate ? rank_rotate : spread ? rank_spread : rank_a2a, NULL, 600);
+  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : lag ? rank_lag : helpers ? rank_helpers : localcc ? rank_localcc : duplex ? rank_duplex : cmaauto ? rank_cmaauto : adapt ? rank_adapt : runahead ? rank_runahead : rotate ? rank_rotate : spread ? rank_spread : yield ? rank_yield : rank_a2a, NULL, 600);
   if (spread && rc == 0 && __atomic_load_n(&mp_counters[SPREAD_UNJUDGED], __ATOMIC_ACQUIRE) > 0) {
     printf("SKIPPED: spread: in each of 50 attempts another task wanted a CPU (nothing to judge)\n");
     return 77;
