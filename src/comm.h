@@ -135,6 +135,9 @@ struct ncclComm {
   double oversub;       /* ranks per CPU on the most crowded host, at least 1 */
   double cpus_per_rank; /* CPUs per rank on the most crowded host */
   int max_local;        /* ranks on the most crowded host */
+  /* Ranks per CPU on the most crowded machine whose ranks are hosts of their
+   * own (NCCL_HOSTID: sockets between them), at least 1. */
+  double sock_oversub;
   struct tune_table tune; /* rank 0's tuning table (graph/calib.c): the same on every rank */
   struct ch_pool* chpool; /* channel helper threads (coll/channels.c) */
   int min_ch, max_ch;     /* NCCL_MIN_CTAS / NCCL_MAX_CTAS or the config, clamped to 1..MAX_CHANNELS */

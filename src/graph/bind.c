@@ -625,11 +625,11 @@ int bind_host_cpus(ncclComm_t comm, uint64_t host_hash) {
   return CPU_COUNT(&all);
 }
 
-int bind_machine_cpus(ncclComm_t comm) {
+int bind_machine_cpus(ncclComm_t comm, uint64_t machine) {
   cpu_set_t all, one;
   CPU_ZERO(&all);
   for (int i = 0; i < comm->nranks; i++) {
-    if (comm->machine[i] != comm->machine[comm->rank]) continue;
+    if (comm->machine[i] != machine) continue;
     if (bind_cpulist_parse(comm->peers[i].cpuset, &one) != 0) return 0;
     CPU_OR(&all, &all, &one);
   }

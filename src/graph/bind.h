@@ -108,8 +108,9 @@ int bind_cpulist_parse(const char* s, cpu_set_t* out);
  * of their CPU lists from the peer info. Bound ranks each list a few CPUs, so
  * one rank's list says nothing about crowding; the union does. 0 if unknown. */
 int bind_host_cpus(ncclComm_t comm, uint64_t host_hash);
-/* The same for the ranks on this rank's machine (whatever NCCL_HOSTID says). */
-int bind_machine_cpus(ncclComm_t comm);
+/* The same for the ranks on machine `machine` (comm->machine[]: whatever
+ * NCCL_HOSTID says). */
+int bind_machine_cpus(ncclComm_t comm, uint64_t machine);
 
 /* COLLIE_BIND at init: when this process's ranks run unbound, give each local
  * rank its share of the cores (see docs/ARCHITECTURE.md, Placement). Never

@@ -151,6 +151,22 @@ ncclResult_t tuning_init(struct ncclComm* comm) {
     if (1.0 / o < comm->cpus_per_rank) comm->cpus_per_rank = 1.0 / o;
     if (comm->peers[i].local_size > comm->max_local) comm->max_local = comm->peers[i].local_size;
   }
+  /* Machines whose ranks NCCL_HOSTID makes hosts of their own talk over
+   * sockets among themselves; more of them than CPUs and every message
+   * costs CPU time the others wait for (direct_net.c). */
+  comm->sock_oversub = 1.0;
+  for (int i = 0; i < comm->nranks; i++) {
+    int first = 1, ranks = 0, hosts = 0;
+    for (int j = 0; j < comm->nranks && first; j++) {
+      if (comm->machine[j] != comm->machine[i]) continue;
+      if (j < i) first = 0;
+      ranks++;
+      if (comm->peers[j].local_rank == 0) hosts++;
+    }
+    if (!first || hosts < 2) continue;
+    int ncpu = bind_machine_cpus(comm, comm->machine[i]);
+    if (ncpu > 0 && (double)ranks / ncpu > comm->sock_oversub) comm->sock_oversub = (double)ranks / ncpu;
+  }
   NCCLCHECK(tuning_agree(comm));
   if (comm->cma && comm->cma_min_bytes == SIZE_MAX) tuning_cma_thresholds(comm); /* auto: left to the tuner */
   if (log_enabled(LOG_INFO, LOG_TUNING | LOG_ENV)) {
