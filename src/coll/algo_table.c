@@ -4,13 +4,13 @@
  * tuner (graph/tuning.c) and run by the executor (exec.c). */
 #include "coll.h"
 
-const char* const algo_names[ALGO_NNAMES] = {"Ring", "Tree", "Direct", "Hier", "P2P", "CMA", "Mapped"};
+const char* const algo_names[ALGO_NNAMES] = {"Ring", "Tree", "Direct", "Hier", "P2P", "CMA", "Mapped", "Doubling"};
 const char* const proto_names[PROTO_COUNT] = {"Simple", "LL", "LL128"};
 
 const char* algo_name(int name) { return name >= 0 && name < ALGO_NNAMES ? algo_names[name] : "?"; }
 
 extern const struct algo algo_ring_allreduce, algo_tree_allreduce, algo_hier_allreduce, algo_direct_shm_allreduce,
-    algo_direct_net_allreduce, algo_mapped_allreduce;
+    algo_direct_net_allreduce, algo_mapped_allreduce, algo_doubling_allreduce;
 extern const struct algo algo_ring_broadcast, algo_direct_shm_broadcast, algo_direct_net_broadcast;
 extern const struct algo algo_ring_reduce, algo_direct_shm_reduce, algo_direct_net_reduce, algo_cma_reduce;
 extern const struct algo algo_ring_allgather, algo_direct_shm_allgather, algo_direct_net_allgather;
@@ -23,7 +23,7 @@ extern const struct algo algo_cma_broadcast, algo_cma_allgather, algo_cma_alltoa
  * when nothing the user allows fits a call. */
 const struct algo* const algo_table[] = {
     &algo_ring_allreduce,     &algo_tree_allreduce,           &algo_direct_shm_allreduce,
-    &algo_direct_net_allreduce, &algo_hier_allreduce,     &algo_mapped_allreduce,
+    &algo_direct_net_allreduce, &algo_hier_allreduce,     &algo_mapped_allreduce,   &algo_doubling_allreduce,
     &algo_ring_broadcast,     &algo_direct_shm_broadcast,     &algo_direct_net_broadcast,   &algo_cma_broadcast,
     &algo_ring_reduce,        &algo_direct_shm_reduce,        &algo_direct_net_reduce,      &algo_cma_reduce,
     &algo_ring_allgather,     &algo_direct_shm_allgather,     &algo_direct_net_allgather,   &algo_cma_allgather,

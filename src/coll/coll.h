@@ -61,7 +61,7 @@ uint64_t coll_token(const struct coll_args* a, size_t bytes);
 
 /* Algorithm names as NCCL_ALGO spells them; a row names one. ALGO_RING and
  * ALGO_TREE are also bits of comm->algo_mask that the device path reads. */
-enum { ALGO_RING, ALGO_TREE, ALGO_DIRECT, ALGO_HIER, ALGO_P2P, ALGO_CMA, ALGO_MAPPED, ALGO_NNAMES };
+enum { ALGO_RING, ALGO_TREE, ALGO_DIRECT, ALGO_HIER, ALGO_P2P, ALGO_CMA, ALGO_MAPPED, ALGO_DOUBLING, ALGO_NNAMES };
 /* Protocols as NCCL_PROTO spells them. */
 enum { PROTO_SIMPLE, PROTO_LL, PROTO_LL128, PROTO_COUNT };
 extern const char* const algo_names[ALGO_NNAMES];
