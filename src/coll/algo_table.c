@@ -10,7 +10,8 @@ const char* const proto_names[PROTO_COUNT] = {"Simple", "LL", "LL128"};
 const char* algo_name(int name) { return name >= 0 && name < ALGO_NNAMES ? algo_names[name] : "?"; }
 
 extern const struct algo algo_ring_allreduce, algo_tree_allreduce, algo_hier_allreduce, algo_direct_shm_allreduce,
-    algo_direct_net_allreduce, algo_mapped_allreduce, algo_doubling_allreduce;
+    algo_direct_net_allreduce, algo_mapped_allreduce, algo_doubling_allreduce,
+    algo_doubling_allgather, algo_doubling_reducescatter;
 extern const struct algo algo_ring_broadcast, algo_direct_shm_broadcast, algo_direct_net_broadcast;
 extern const struct algo algo_ring_reduce, algo_direct_shm_reduce, algo_direct_net_reduce, algo_cma_reduce;
 extern const struct algo algo_ring_allgather, algo_direct_shm_allgather, algo_direct_net_allgather;
@@ -27,7 +28,9 @@ const struct algo* const algo_table[] = {
     &algo_ring_broadcast,     &algo_direct_shm_broadcast,     &algo_direct_net_broadcast,   &algo_cma_broadcast,
     &algo_ring_reduce,        &algo_direct_shm_reduce,        &algo_direct_net_reduce,      &algo_cma_reduce,
     &algo_ring_allgather,     &algo_direct_shm_allgather,     &algo_direct_net_allgather,   &algo_cma_allgather,
+    &algo_doubling_allgather,
     &algo_ring_reducescatter, &algo_direct_shm_reducescatter, &algo_direct_net_reducescatter,
+    &algo_doubling_reducescatter,
     &algo_p2p_alltoall,       &algo_direct_shm_alltoall,      &algo_cma_alltoall,
     &algo_p2p_gather,         &algo_direct_shm_gather,
     &algo_cma_gather,

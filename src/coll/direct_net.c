@@ -40,8 +40,7 @@ static double estimate(const struct coll_args* a, const struct tune_cost* c) {
    * on 2 CPUs, us, one-shot / doubling / Open MPI: 512 B 29.8 / 16.7 / 26.4,
    * 4 KiB 34.3 / 22.0 / 31.9; 8 ranks 8 B 124 / 59.6 / 94.1, 32 KiB 285 /
    * 129 / 209. */
-  if (a->kind == COLL_ALLREDUCE && a->comm->sock_oversub > 1)
-    return (n - 1) * (1.1 * c->link.alpha_us + bytes / c->link.bw);
+  if (a->comm->sock_oversub > 1) return (n - 1) * (1.1 * c->link.alpha_us + bytes / c->link.bw);
   double per = rooted ? 1.0 : (double)(n - 1);
   return c->link.alpha_us + 0.1 * c->link.alpha_us * per + per * bytes / c->link.bw;
 }

@@ -30,7 +30,8 @@ static size_t doubling_max_bytes(void) { return 64 * 1024; }
  * one-shot's 32 ranks. */
 static int eligible(const struct coll_args* a) {
   const struct ncclComm* comm = a->comm;
-  return !coll_shm_only(comm) && comm->nranks > 2 && a->count * dtype_size(a->dt) <= doubling_max_bytes();
+  size_t bytes = a->count * dtype_size(a->dt) * (a->kind == COLL_ALLREDUCE ? 1u : (size_t)comm->nranks);
+  return !coll_shm_only(comm) && comm->nranks > 2 && bytes <= doubling_max_bytes();
 }
 
 /* The swaps, plus one for the fold and the unfold together (a message one
@@ -46,44 +47,56 @@ static int steps(int n) {
  * over loopback TCP on 2 CPUs, 8 B, us, one-shot / doubling / Open MPI:
  * 13.9 / 11.5 / 16.7, 41.0 / 25.1 / 38.2, 52.5 / 29.9 / 47.4. */
 static double estimate(const struct coll_args* a, const struct tune_cost* c) {
+  int n = a->comm->nranks;
   double bytes = (double)a->count * (double)dtype_size(a->dt);
-  return steps(a->comm->nranks) * (c->link.alpha_us + bytes / c->link.bw);
+  if (a->kind == COLL_ALLGATHER) {
+    int s = 0;
+    while ((1 << s) < n) s++;
+    return s * c->link.alpha_us + (n - 1) * bytes / c->link.bw;
+  }
+  if (a->kind == COLL_REDUCESCATTER) bytes *= n;
+  return steps(n) * (c->link.alpha_us + bytes / c->link.bw);
 }
 
-/* One swap with `peer`: `out` goes, the peer's arrives in `tmp`. `out` is
- * the caller's buffer, which a socket may still read from after the batch
+/* One step: `out` goes to rank `to` (-1: nothing goes), `in_bytes` from
+ * rank `from` (-1: nothing comes) arrive in `tmp`. `out` may be the caller's
+ * buffer, which a socket may still read from after the batch
  * (send_commit_ext): it must have left before the caller overwrites it. */
-static ncclResult_t swap(struct coll_args* a, int peer, const char* out, char* tmp, size_t bytes, int do_send,
-                         int do_recv) {
+static ncclResult_t step2(struct coll_args* a, int to, const char* out, size_t out_bytes, int from, char* tmp,
+                          size_t in_bytes) {
   struct p2p_op ops[2];
   int k = 0;
-  uint64_t tok = coll_token(a, bytes);
-  if (do_send) ops[k++] = (struct p2p_op){.peer = peer, .is_send = 1, .buf = (char*)out, .bytes = bytes, .token = tok};
-  if (do_recv) ops[k++] = (struct p2p_op){.peer = peer, .is_send = 0, .buf = tmp, .bytes = bytes, .token = tok};
+  uint64_t tok = coll_token(a, a->count * dtype_size(a->dt));
+  if (to >= 0) ops[k++] = (struct p2p_op){.peer = to, .is_send = 1, .buf = (char*)out, .bytes = out_bytes, .token = tok};
+  if (from >= 0) ops[k++] = (struct p2p_op){.peer = from, .is_send = 0, .buf = tmp, .bytes = in_bytes, .token = tok};
   NCCLCHECK(p2p_run(a->comm, ops, k, 0));
-  return do_send ? transport_flush(a->comm) : ncclSuccess;
+  return to >= 0 ? transport_flush(a->comm) : ncclSuccess;
+}
+
+/* A swap of `bytes` with `peer` (do_send / do_recv: either half alone). */
+static ncclResult_t swap(struct coll_args* a, int peer, const char* out, char* tmp, size_t bytes, int do_send,
+                         int do_recv) {
+  return step2(a, do_send ? peer : -1, out, bytes, do_recv ? peer : -1, tmp, bytes);
 }
 
 /* The real rank of doubling rank v. */
 static int real_rank(int v, int rem) { return v < rem ? 2 * v + 1 : v + rem; }
 
-static ncclResult_t run(struct coll_args* a, const struct plan* p) {
-  (void)p;
+/* The allreduce of `count` elements from `in` into `out` (may be `in`). */
+static ncclResult_t allreduce(struct coll_args* a, const void* in, char* out, size_t count) {
   struct ncclComm* comm = a->comm;
   int n = comm->nranks, r = comm->rank;
-  size_t bytes = a->count * dtype_size(a->dt);
-  if (bytes == 0) return ncclSuccess;
+  size_t bytes = count * dtype_size(a->dt);
   int pw = 1;
   while (pw * 2 <= n) pw *= 2;
   int rem = n - pw;
   char small[4096];
   char* tmp = bytes <= sizeof(small) ? small : malloc(bytes);
-  if (!tmp) return err_set(ncclSystemError, "out of memory in a recursive-doubling allreduce");
-  char* out = a->recvbuff;
+  if (!tmp) return err_set(ncclSystemError, "out of memory in a recursive-doubling %s", coll_name(a->kind));
   /* Partials are already scaled (premulsum): later steps only sum. */
   struct red_op sum = a->op;
   if (sum.kind == RED_PREMULSUM) sum.kind = RED_SUM;
-  red_pre(&a->op, out, a->sendbuff, a->count);
+  red_pre(&a->op, out, in, count);
   ncclResult_t res = ncclSuccess;
   int v = -1; /* this rank's number in the doubling; -1: folded away */
   if (r < 2 * rem) {
@@ -91,7 +104,7 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
       res = swap(a, r + 1, out, tmp, bytes, 1, 0);
     } else {
       res = swap(a, r - 1, out, tmp, bytes, 0, 1);
-      if (res == ncclSuccess) red_reduce(&sum, out, tmp, out, a->count);
+      if (res == ncclSuccess) red_reduce(&sum, out, tmp, out, count);
       v = r / 2;
     }
   } else {
@@ -101,16 +114,74 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
     int pv = v ^ mask;
     res = swap(a, real_rank(pv, rem), out, tmp, bytes, 1, 1);
     if (res != ncclSuccess) break;
-    if (v < pv) red_reduce(&sum, out, out, tmp, a->count);
-    else red_reduce(&sum, out, tmp, out, a->count);
+    if (v < pv) red_reduce(&sum, out, out, tmp, count);
+    else red_reduce(&sum, out, tmp, out, count);
   }
   if (res == ncclSuccess && r < 2 * rem) {
     if (r % 2 == 1) res = swap(a, r - 1, out, tmp, bytes, 1, 0);
     else res = swap(a, r + 1, out, out, bytes, 0, 1);
   }
-  if (res == ncclSuccess && a->avg) red_div(a->dt, out, out, a->count, n);
+  if (res == ncclSuccess && a->avg) red_div(a->dt, out, out, count, n);
   if (tmp != small) free(tmp);
   return res;
 }
 
-const struct algo algo_doubling_allreduce = {COLL_ALLREDUCE, ALGO_DOUBLING, PROTO_LL, 0, eligible, estimate, run};
+/* Reduce-scatter: the allreduce of the whole send buffer (n blocks), of
+ * which this rank keeps its block: log2(n) messages where the one-shot sends
+ * n-1; for the small calls it is eligible for, the larger messages cost less
+ * than the steps they save. */
+static ncclResult_t reducescatter(struct coll_args* a) {
+  int n = a->comm->nranks, r = a->comm->rank;
+  size_t esz = dtype_size(a->dt), all = a->count * (size_t)n * esz;
+  char* whole = malloc(all);
+  if (!whole) return err_set(ncclSystemError, "out of memory in a recursive-doubling reduce-scatter");
+  ncclResult_t res = allreduce(a, a->sendbuff, whole, a->count * (size_t)n);
+  if (res == ncclSuccess) memcpy(a->recvbuff, whole + (size_t)r * a->count * esz, a->count * esz);
+  free(whole);
+  return res;
+}
+
+/* Allgather by Bruck's scheme (any rank count): after step k this rank holds
+ * the blocks of ranks r .. r+2^k-1 (mod n) in that order in `acc`; in step k
+ * it sends the first min(2^k, n-2^k) of them to rank r-2^k and receives as
+ * many from rank r+2^k; at the end block i of `acc` is rank (r+i) mod n's. */
+static ncclResult_t allgather(struct coll_args* a) {
+  struct ncclComm* comm = a->comm;
+  int n = comm->nranks, r = comm->rank;
+  size_t b = a->count * dtype_size(a->dt);
+  char* acc = malloc(b * (size_t)n);
+  if (!acc) return err_set(ncclSystemError, "out of memory in a Bruck allgather");
+  memcpy(acc, a->sendbuff, b);
+  ncclResult_t res = ncclSuccess;
+  int have = 1;
+  for (int d = 1; d < n && res == ncclSuccess; d *= 2) {
+    int m = d < n - d ? d : n - d;
+    res = step2(a, (r - d + n) % n, acc, (size_t)m * b, (r + d) % n, acc + (size_t)have * b, (size_t)m * b);
+    have += m;
+  }
+  if (res == ncclSuccess) {
+    char* out = a->recvbuff;
+    for (int i = 0; i < n; i++) {
+      char* dst = out + (size_t)((r + i) % n) * b;
+      if (dst != acc + (size_t)i * b) memcpy(dst, acc + (size_t)i * b, b);
+    }
+  }
+  free(acc);
+  return res;
+}
+
+static ncclResult_t run(struct coll_args* a, const struct plan* p) {
+  (void)p;
+  if (a->count == 0) return ncclSuccess;
+  switch (a->kind) {
+    case COLL_ALLREDUCE: return allreduce(a, a->sendbuff, a->recvbuff, a->count);
+    case COLL_REDUCESCATTER: return reducescatter(a);
+    case COLL_ALLGATHER: return allgather(a);
+    default: return err_set(ncclInternalError, "recursive doubling has no %s", coll_name(a->kind));
+  }
+}
+
+#define DOUBLING_ROW(coll) {coll, ALGO_DOUBLING, PROTO_LL, 0, eligible, estimate, run}
+const struct algo algo_doubling_allreduce = DOUBLING_ROW(COLL_ALLREDUCE);
+const struct algo algo_doubling_reducescatter = DOUBLING_ROW(COLL_REDUCESCATTER);
+const struct algo algo_doubling_allgather = DOUBLING_ROW(COLL_ALLGATHER);
