@@ -11,7 +11,7 @@ const char* algo_name(int name) { return name >= 0 && name < ALGO_NNAMES ? algo_
 
 extern const struct algo algo_ring_allreduce, algo_tree_allreduce, algo_hier_allreduce, algo_direct_shm_allreduce,
     algo_direct_net_allreduce, algo_mapped_allreduce, algo_doubling_allreduce,
-    algo_doubling_allgather, algo_doubling_reducescatter;
+    algo_doubling_allgather, algo_doubling_reducescatter, algo_doubling_alltoall;
 extern const struct algo algo_ring_broadcast, algo_direct_shm_broadcast, algo_direct_net_broadcast;
 extern const struct algo algo_ring_reduce, algo_direct_shm_reduce, algo_direct_net_reduce, algo_cma_reduce;
 extern const struct algo algo_ring_allgather, algo_direct_shm_allgather, algo_direct_net_allgather;
@@ -31,7 +31,7 @@ const struct algo* const algo_table[] = {
     &algo_doubling_allgather,
     &algo_ring_reducescatter, &algo_direct_shm_reducescatter, &algo_direct_net_reducescatter,
     &algo_doubling_reducescatter,
-    &algo_p2p_alltoall,       &algo_direct_shm_alltoall,      &algo_cma_alltoall,
+    &algo_p2p_alltoall,       &algo_direct_shm_alltoall,      &algo_cma_alltoall,       &algo_doubling_alltoall,
     &algo_p2p_gather,         &algo_direct_shm_gather,
     &algo_cma_gather,
     &algo_p2p_scatter,        &algo_direct_shm_scatter,

@@ -54,6 +54,11 @@ static double estimate(const struct coll_args* a, const struct tune_cost* c) {
     while ((1 << s) < n) s++;
     return s * c->link.alpha_us + (n - 1) * bytes / c->link.bw;
   }
+  if (a->kind == COLL_ALLTOALL) {
+    int s = 0;
+    while ((1 << s) < n) s++;
+    return s * (c->link.alpha_us + (n / 2) * bytes / c->link.bw);
+  }
   if (a->kind == COLL_REDUCESCATTER) bytes *= n;
   return steps(n) * (c->link.alpha_us + bytes / c->link.bw);
 }
@@ -170,6 +175,36 @@ static ncclResult_t allgather(struct coll_args* a) {
   return res;
 }
 
+/* Alltoall by Bruck's scheme: block i of `acc` first holds what this rank
+ * sends to rank r+i; in step k every block whose index has bit k set goes to
+ * rank r+2^k, which keeps it at the same index, so at the end block i holds
+ * what rank r-i sent here. ceil(log2 n) messages each way, of about n/2
+ * blocks each, where the pairwise exchange (p2p.c) sends n-1. */
+static ncclResult_t alltoall(struct coll_args* a) {
+  struct ncclComm* comm = a->comm;
+  int n = comm->nranks, r = comm->rank;
+  size_t b = a->count * dtype_size(a->dt);
+  char* acc = malloc(3 * b * (size_t)n);
+  if (!acc) return err_set(ncclSystemError, "out of memory in a Bruck alltoall");
+  char *pack = acc + b * (size_t)n, *unpack = pack + b * (size_t)n;
+  const char* in = a->sendbuff;
+  for (int i = 0; i < n; i++) memcpy(acc + (size_t)i * b, in + (size_t)((r + i) % n) * b, b);
+  ncclResult_t res = ncclSuccess;
+  for (int d = 1; d < n && res == ncclSuccess; d *= 2) {
+    size_t m = 0;
+    for (int i = 0; i < n; i++)
+      if (i & d) memcpy(pack + (m++) * b, acc + (size_t)i * b, b);
+    res = step2(a, (r + d) % n, pack, m * b, (r - d + n) % n, unpack, m * b);
+    m = 0;
+    for (int i = 0; res == ncclSuccess && i < n; i++)
+      if (i & d) memcpy(acc + (size_t)i * b, unpack + (m++) * b, b);
+  }
+  char* out = a->recvbuff;
+  for (int i = 0; res == ncclSuccess && i < n; i++) memcpy(out + (size_t)((r - i + n) % n) * b, acc + (size_t)i * b, b);
+  free(acc);
+  return res;
+}
+
 static ncclResult_t run(struct coll_args* a, const struct plan* p) {
   (void)p;
   if (a->count == 0) return ncclSuccess;
@@ -177,6 +212,7 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
     case COLL_ALLREDUCE: return allreduce(a, a->sendbuff, a->recvbuff, a->count);
     case COLL_REDUCESCATTER: return reducescatter(a);
     case COLL_ALLGATHER: return allgather(a);
+    case COLL_ALLTOALL: return alltoall(a);
     default: return err_set(ncclInternalError, "recursive doubling has no %s", coll_name(a->kind));
   }
 }
@@ -185,3 +221,4 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
 const struct algo algo_doubling_allreduce = DOUBLING_ROW(COLL_ALLREDUCE);
 const struct algo algo_doubling_reducescatter = DOUBLING_ROW(COLL_REDUCESCATTER);
 const struct algo algo_doubling_allgather = DOUBLING_ROW(COLL_ALLGATHER);
+const struct algo algo_doubling_alltoall = DOUBLING_ROW(COLL_ALLTOALL);

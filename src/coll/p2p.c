@@ -444,6 +444,11 @@ static double estimate(const struct coll_args* a, const struct tune_cost* c) {
   int n = a->comm->nranks;
   if (a->kind == COLL_GATHER && coll_cma_eligible(a))
     return c->link.alpha_us + (n - 1) * tune_cma_handshake_us(c) + n * bytes / tune_cma_bw(c, 2.0 * bytes);
+  /* Where a machine's ranks are hosts of their own and outnumber its CPUs,
+   * each of an alltoall's n-1 messages each way is a step (direct_net.c,
+   * doubling.c). */
+  if (a->kind == COLL_ALLTOALL && a->comm->sock_oversub > 1)
+    return (n - 1) * (1.1 * c->link.alpha_us + bytes / c->link.bw);
   return c->link.alpha_us + (n - 1) * bytes / c->link.bw;
 }
 
