@@ -38,12 +38,13 @@ static int eligible(const struct coll_args* a) {
   return !coll_shm_only(comm) && comm->nranks > 2 && bytes <= most;
 }
 
-/* The swaps, plus one for the fold and the unfold together (a message one
- * way each, and only 2*rem ranks take part). */
+/* ceil(log2 n): the allreduce's swaps plus one for the fold and the unfold
+ * together (a message one way each, only 2*rem ranks take part), and the
+ * steps of both Bruck schemes. */
 static int steps(int n) {
-  int p = 1, s = 0;
-  while (p * 2 <= n) p *= 2, s++;
-  return s + (p < n ? 1 : 0);
+  int s = 0;
+  while ((1 << s) < n) s++;
+  return s;
 }
 
 /* A step is a message each way. Where messages are dear (sock_oversub) the
@@ -53,16 +54,8 @@ static int steps(int n) {
 static double estimate(const struct coll_args* a, const struct tune_cost* c) {
   int n = a->comm->nranks;
   double bytes = (double)a->count * (double)dtype_size(a->dt);
-  if (a->kind == COLL_ALLGATHER) {
-    int s = 0;
-    while ((1 << s) < n) s++;
-    return s * c->link.alpha_us + (n - 1) * bytes / c->link.bw;
-  }
-  if (a->kind == COLL_ALLTOALL) {
-    int s = 0;
-    while ((1 << s) < n) s++;
-    return s * (c->link.alpha_us + (n / 2) * bytes / c->link.bw);
-  }
+  if (a->kind == COLL_ALLGATHER) return steps(n) * c->link.alpha_us + (n - 1) * bytes / c->link.bw;
+  if (a->kind == COLL_ALLTOALL) return steps(n) * (c->link.alpha_us + (n / 2) * bytes / c->link.bw);
   if (a->kind == COLL_REDUCESCATTER) bytes *= n;
   return steps(n) * (c->link.alpha_us + bytes / c->link.bw);
 }
