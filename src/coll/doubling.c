@@ -15,7 +15,11 @@
  *
  * Every rank gets the same bits: a pair combines (lower rank's partial) OP
  * (higher rank's partial) on both sides, so both hold the same value after
- * every step. */
+ * every step.
+ *
+ * The same row holds the reduce-scatter by recursive halving (the same
+ * pairs, the other way round, with half the data at each step), and Bruck's
+ * allgather and alltoall. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,11 +35,7 @@ static size_t doubling_max_bytes(void) { return 64 * 1024; }
 static int eligible(const struct coll_args* a) {
   const struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt) * (a->kind == COLL_ALLREDUCE ? 1u : (size_t)comm->nranks);
-  /* A reduce-scatter sends its whole buffer at every step: at 8 ranks over
-   * TCP on 2 CPUs, 16 KiB in all 104 us against the ring's 111 (Open MPI
-   * 108), 32 KiB 125 against 124, 64 KiB 241 against 141. */
-  size_t most = a->kind == COLL_REDUCESCATTER ? doubling_max_bytes() / 4 : doubling_max_bytes();
-  return !coll_shm_only(comm) && comm->nranks > 2 && bytes <= most;
+  return !coll_shm_only(comm) && comm->nranks > 2 && bytes <= doubling_max_bytes();
 }
 
 /* ceil(log2 n): the allreduce's swaps plus one for the fold and the unfold
@@ -56,7 +56,13 @@ static double estimate(const struct coll_args* a, const struct tune_cost* c) {
   double bytes = (double)a->count * (double)dtype_size(a->dt);
   if (a->kind == COLL_ALLGATHER) return steps(n) * c->link.alpha_us + (n - 1) * bytes / c->link.bw;
   if (a->kind == COLL_ALLTOALL) return steps(n) * (c->link.alpha_us + (n / 2) * bytes / c->link.bw);
-  if (a->kind == COLL_REDUCESCATTER) bytes *= n;
+  if (a->kind == COLL_REDUCESCATTER) {
+    /* Halving: (pw-1)/pw of the buffer; the fold sends all of it, the unfold a block. */
+    int pw = 1;
+    while (pw * 2 <= n) pw *= 2;
+    double all = bytes * n, moved = all * (pw - 1) / pw + (pw < n ? all + bytes : 0.0);
+    return steps(n) * c->link.alpha_us + moved / c->link.bw;
+  }
   return steps(n) * (c->link.alpha_us + bytes / c->link.bw);
 }
 
@@ -128,18 +134,70 @@ static ncclResult_t allreduce(struct coll_args* a, const void* in, char* out, si
   return res;
 }
 
-/* Reduce-scatter: the allreduce of the whole send buffer (n blocks), of
- * which this rank keeps its block: log2(n) messages where the one-shot sends
- * n-1; for the small calls it is eligible for, the larger messages cost less
- * than the steps they save. */
+/* The first real block of doubling rank v's share: rank v < rem stands for
+ * real ranks 2v and 2v+1 (two blocks), the others for one each, so the
+ * shares of doubling ranks lo..hi-1 are the blocks first(lo)..first(hi)-1. */
+static int first_block(int v, int rem) { return v < rem ? 2 * v : v + rem; }
+
+/* Reduce-scatter by recursive halving: the doubling ranks split their range
+ * of blocks in two at every step; each keeps the half holding its own share,
+ * sends the other half to the rank differing in that bit and combines the
+ * half it gets (lower rank's OP higher's). log2(n) messages of n/2, n/4, ...
+ * blocks: the ring's bytes in fewer, larger messages. A fold first (the even
+ * rank of each of the first rem pairs hands its whole buffer to the odd one)
+ * and, at the end, the odd one sends the even one its block. */
 static ncclResult_t reducescatter(struct coll_args* a) {
-  int n = a->comm->nranks, r = a->comm->rank;
-  size_t esz = dtype_size(a->dt), all = a->count * (size_t)n * esz;
-  char* whole = malloc(all);
-  if (!whole) return err_set(ncclSystemError, "out of memory in a recursive-doubling reduce-scatter");
-  ncclResult_t res = allreduce(a, a->sendbuff, whole, a->count * (size_t)n);
-  if (res == ncclSuccess) memcpy(a->recvbuff, whole + (size_t)r * a->count * esz, a->count * esz);
-  free(whole);
+  struct ncclComm* comm = a->comm;
+  int n = comm->nranks, r = comm->rank;
+  size_t esz = dtype_size(a->dt), b = a->count * esz;
+  int pw = 1;
+  while (pw * 2 <= n) pw *= 2;
+  int rem = n - pw;
+  char* acc = malloc(2 * b * (size_t)n);
+  if (!acc) return err_set(ncclSystemError, "out of memory in a recursive-halving reduce-scatter");
+  char* tmp = acc + b * (size_t)n;
+  struct red_op sum = a->op;
+  if (sum.kind == RED_PREMULSUM) sum.kind = RED_SUM;
+  size_t all = a->count * (size_t)n;
+  red_pre(&a->op, acc, a->sendbuff, all);
+  ncclResult_t res = ncclSuccess;
+  int v = -1;
+  if (r < 2 * rem) {
+    if (r % 2 == 0) {
+      res = swap(a, r + 1, acc, tmp, b * (size_t)n, 1, 0);
+    } else {
+      res = swap(a, r - 1, acc, tmp, b * (size_t)n, 0, 1);
+      if (res == ncclSuccess) red_reduce(&sum, acc, tmp, acc, all);
+      v = r / 2;
+    }
+  } else {
+    v = r - rem;
+  }
+  int lo = 0, hi = pw;
+  for (int mask = pw / 2; v >= 0 && mask >= 1 && res == ncclSuccess; mask /= 2) {
+    int pv = v ^ mask, mid = lo + (hi - lo) / 2;
+    int klo = v < mid ? lo : mid, khi = v < mid ? mid : hi; /* the half kept */
+    int slo = v < mid ? mid : lo, shi = v < mid ? hi : mid; /* the half sent */
+    size_t ko = (size_t)first_block(klo, rem) * b, kb = (size_t)(first_block(khi, rem) - first_block(klo, rem)) * b;
+    size_t so = (size_t)first_block(slo, rem) * b, sb = (size_t)(first_block(shi, rem) - first_block(slo, rem)) * b;
+    res = step2(a, real_rank(pv, rem), acc + so, sb, real_rank(pv, rem), tmp, kb);
+    if (res != ncclSuccess) break;
+    size_t cnt = kb / esz;
+    if (v < pv) red_reduce(&sum, acc + ko, acc + ko, tmp, cnt);
+    else red_reduce(&sum, acc + ko, tmp, acc + ko, cnt);
+    lo = klo;
+    hi = khi;
+  }
+  char* out = a->recvbuff;
+  if (res == ncclSuccess && r < 2 * rem) {
+    if (r % 2 == 1) res = swap(a, r - 1, acc + (size_t)(r - 1) * b, tmp, b, 1, 0);
+    else res = swap(a, r + 1, NULL, out, b, 0, 1);
+  }
+  if (res == ncclSuccess) {
+    if (r >= 2 * rem || r % 2 == 1) memcpy(out, acc + (size_t)r * b, b);
+    if (a->avg) red_div(a->dt, out, out, a->count, n);
+  }
+  free(acc);
   return res;
 }
 
