@@ -38,6 +38,14 @@ static int eligible(const struct coll_args* a) {
   return !coll_shm_only(comm) && comm->nranks > 2 && bytes <= doubling_max_bytes();
 }
 
+/* The largest power of two not above n: the ranks that take part in the
+ * doubling or halving (the other n - pw fold into a neighbour). */
+static int pow2_floor(int n) {
+  int pw = 1;
+  while (pw * 2 <= n) pw *= 2;
+  return pw;
+}
+
 /* ceil(log2 n): the allreduce's swaps plus one for the fold and the unfold
  * together (a message one way each, only 2*rem ranks take part), and the
  * steps of both Bruck schemes. */
@@ -58,8 +66,7 @@ static double estimate(const struct coll_args* a, const struct tune_cost* c) {
   if (a->kind == COLL_ALLTOALL) return steps(n) * (c->link.alpha_us + (n / 2) * bytes / c->link.bw);
   if (a->kind == COLL_REDUCESCATTER) {
     /* Halving: (pw-1)/pw of the buffer; the fold sends all of it, the unfold a block. */
-    int pw = 1;
-    while (pw * 2 <= n) pw *= 2;
+    int pw = pow2_floor(n);
     double all = bytes * n, moved = all * (pw - 1) / pw + (pw < n ? all + bytes : 0.0);
     return steps(n) * c->link.alpha_us + moved / c->link.bw;
   }
@@ -90,14 +97,27 @@ static ncclResult_t swap(struct coll_args* a, int peer, const char* out, char* t
 /* The real rank of doubling rank v. */
 static int real_rank(int v, int rem) { return v < rem ? 2 * v + 1 : v + rem; }
 
+/* The fold: of the first 2*rem ranks each even one hands `bytes` of `buf`
+ * (`count` elements, already scaled) to the odd one above it, which combines
+ * them into its own (lower OP higher). Sets *v to this rank's number in the
+ * doubling, -1 for a rank folded away. */
+static ncclResult_t fold(struct coll_args* a, const struct red_op* sum, int rem, char* buf, char* tmp, size_t bytes,
+                         size_t count, int* v) {
+  int r = a->comm->rank;
+  *v = r < 2 * rem ? (r % 2 ? r / 2 : -1) : r - rem;
+  if (r >= 2 * rem) return ncclSuccess;
+  if (r % 2 == 0) return swap(a, r + 1, buf, tmp, bytes, 1, 0);
+  NCCLCHECK(swap(a, r - 1, buf, tmp, bytes, 0, 1));
+  red_reduce(sum, buf, tmp, buf, count);
+  return ncclSuccess;
+}
+
 /* The allreduce of `count` elements from `in` into `out` (may be `in`). */
 static ncclResult_t allreduce(struct coll_args* a, const void* in, char* out, size_t count) {
   struct ncclComm* comm = a->comm;
   int n = comm->nranks, r = comm->rank;
   size_t bytes = count * dtype_size(a->dt);
-  int pw = 1;
-  while (pw * 2 <= n) pw *= 2;
-  int rem = n - pw;
+  int pw = pow2_floor(n), rem = n - pw;
   char small[4096];
   char* tmp = bytes <= sizeof(small) ? small : malloc(bytes);
   if (!tmp) return err_set(ncclSystemError, "out of memory in a recursive-doubling %s", coll_name(a->kind));
@@ -105,19 +125,8 @@ static ncclResult_t allreduce(struct coll_args* a, const void* in, char* out, si
   struct red_op sum = a->op;
   if (sum.kind == RED_PREMULSUM) sum.kind = RED_SUM;
   red_pre(&a->op, out, in, count);
-  ncclResult_t res = ncclSuccess;
-  int v = -1; /* this rank's number in the doubling; -1: folded away */
-  if (r < 2 * rem) {
-    if (r % 2 == 0) {
-      res = swap(a, r + 1, out, tmp, bytes, 1, 0);
-    } else {
-      res = swap(a, r - 1, out, tmp, bytes, 0, 1);
-      if (res == ncclSuccess) red_reduce(&sum, out, tmp, out, count);
-      v = r / 2;
-    }
-  } else {
-    v = r - rem;
-  }
+  int v; /* this rank's number in the doubling; -1: folded away */
+  ncclResult_t res = fold(a, &sum, rem, out, tmp, bytes, count, &v);
   for (int mask = 1; v >= 0 && mask < pw && res == ncclSuccess; mask <<= 1) {
     int pv = v ^ mask;
     res = swap(a, real_rank(pv, rem), out, tmp, bytes, 1, 1);
@@ -134,59 +143,48 @@ static ncclResult_t allreduce(struct coll_args* a, const void* in, char* out, si
   return res;
 }
 
-/* The first real block of doubling rank v's share: rank v < rem stands for
- * real ranks 2v and 2v+1 (two blocks), the others for one each, so the
- * shares of doubling ranks lo..hi-1 are the blocks first(lo)..first(hi)-1. */
-static int first_block(int v, int rem) { return v < rem ? 2 * v : v + rem; }
+/* The blocks of doubling ranks lo..hi-1, as a byte offset and length: rank
+ * v < rem stands for real ranks 2v and 2v+1 (two blocks), the others for one
+ * each, so the share of v starts at block 2v or v+rem. */
+static void share(int lo, int hi, int rem, size_t b, size_t* off, size_t* len) {
+  size_t first = (size_t)(lo < rem ? 2 * lo : lo + rem), end = (size_t)(hi < rem ? 2 * hi : hi + rem);
+  *off = first * b;
+  *len = (end - first) * b;
+}
 
 /* Reduce-scatter by recursive halving: the doubling ranks split their range
  * of blocks in two at every step; each keeps the half holding its own share,
  * sends the other half to the rank differing in that bit and combines the
  * half it gets (lower rank's OP higher's). log2(n) messages of n/2, n/4, ...
- * blocks: the ring's bytes in fewer, larger messages. A fold first (the even
- * rank of each of the first rem pairs hands its whole buffer to the odd one)
- * and, at the end, the odd one sends the even one its block. */
+ * blocks: the ring's bytes in fewer, larger messages. The fold first (the
+ * whole buffer), and at the end the odd rank of a folded pair sends the even
+ * one its block. */
 static ncclResult_t reducescatter(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   int n = comm->nranks, r = comm->rank;
-  size_t esz = dtype_size(a->dt), b = a->count * esz;
-  int pw = 1;
-  while (pw * 2 <= n) pw *= 2;
-  int rem = n - pw;
-  char* acc = malloc(2 * b * (size_t)n);
+  size_t esz = dtype_size(a->dt), b = a->count * esz, all = a->count * (size_t)n;
+  int pw = pow2_floor(n), rem = n - pw;
+  char small[8192];
+  char* acc = 2 * b * (size_t)n <= sizeof(small) ? small : malloc(2 * b * (size_t)n);
   if (!acc) return err_set(ncclSystemError, "out of memory in a recursive-halving reduce-scatter");
   char* tmp = acc + b * (size_t)n;
   struct red_op sum = a->op;
   if (sum.kind == RED_PREMULSUM) sum.kind = RED_SUM;
-  size_t all = a->count * (size_t)n;
   red_pre(&a->op, acc, a->sendbuff, all);
-  ncclResult_t res = ncclSuccess;
-  int v = -1;
-  if (r < 2 * rem) {
-    if (r % 2 == 0) {
-      res = swap(a, r + 1, acc, tmp, b * (size_t)n, 1, 0);
-    } else {
-      res = swap(a, r - 1, acc, tmp, b * (size_t)n, 0, 1);
-      if (res == ncclSuccess) red_reduce(&sum, acc, tmp, acc, all);
-      v = r / 2;
-    }
-  } else {
-    v = r - rem;
-  }
+  int v;
+  ncclResult_t res = fold(a, &sum, rem, acc, tmp, b * (size_t)n, all, &v);
   int lo = 0, hi = pw;
   for (int mask = pw / 2; v >= 0 && mask >= 1 && res == ncclSuccess; mask /= 2) {
-    int pv = v ^ mask, mid = lo + (hi - lo) / 2;
-    int klo = v < mid ? lo : mid, khi = v < mid ? mid : hi; /* the half kept */
-    int slo = v < mid ? mid : lo, shi = v < mid ? hi : mid; /* the half sent */
-    size_t ko = (size_t)first_block(klo, rem) * b, kb = (size_t)(first_block(khi, rem) - first_block(klo, rem)) * b;
-    size_t so = (size_t)first_block(slo, rem) * b, sb = (size_t)(first_block(shi, rem) - first_block(slo, rem)) * b;
+    int pv = v ^ mask, mid = lo + (hi - lo) / 2, low = v < mid;
+    size_t ko, kb, so, sb;
+    share(low ? lo : mid, low ? mid : hi, rem, b, &ko, &kb); /* the half kept */
+    share(low ? mid : lo, low ? hi : mid, rem, b, &so, &sb); /* the half sent */
     res = step2(a, real_rank(pv, rem), acc + so, sb, real_rank(pv, rem), tmp, kb);
     if (res != ncclSuccess) break;
-    size_t cnt = kb / esz;
-    if (v < pv) red_reduce(&sum, acc + ko, acc + ko, tmp, cnt);
-    else red_reduce(&sum, acc + ko, tmp, acc + ko, cnt);
-    lo = klo;
-    hi = khi;
+    if (v < pv) red_reduce(&sum, acc + ko, acc + ko, tmp, kb / esz);
+    else red_reduce(&sum, acc + ko, tmp, acc + ko, kb / esz);
+    if (low) hi = mid;
+    else lo = mid;
   }
   char* out = a->recvbuff;
   if (res == ncclSuccess && r < 2 * rem) {
@@ -194,10 +192,10 @@ static ncclResult_t reducescatter(struct coll_args* a) {
     else res = swap(a, r + 1, NULL, out, b, 0, 1);
   }
   if (res == ncclSuccess) {
-    if (r >= 2 * rem || r % 2 == 1) memcpy(out, acc + (size_t)r * b, b);
+    if (v >= 0) memcpy(out, acc + (size_t)r * b, b);
     if (a->avg) red_div(a->dt, out, out, a->count, n);
   }
-  free(acc);
+  if (acc != small) free(acc);
   return res;
 }
 

@@ -157,17 +157,22 @@ static void test_load_verdict(void** state) {
 }
 
 /* The thread's own schedstat reads, and its time on a CPU grows while it spins.
- * The first read may be 0: the kernel adds a running thread's time at a tick or
- * a switch, and a test process that started a moment ago may have had neither
- * (seen once in a fresh-clone run). */
+ * The kernel adds a running thread's time at a tick or a switch: a test
+ * process that started a moment ago may have had neither and read 0 (seen
+ * once in a fresh-clone run), so the thread spins before each read. */
+static void spin_ms(int ms) {
+  volatile uint64_t x = 0;
+  int64_t until = time_ns() + (int64_t)ms * 1000000;
+  while (time_ns() < until) x++;
+}
+
 static void test_schedstat(void** state) {
   (void)state;
   int64_t run0, wait0, run1, wait1;
+  spin_ms(20);
   if (bind_thread_schedstat(&run0, &wait0) != 0) skip(); /* a kernel without schedstats */
-  assert_true(run0 >= 0 && wait0 >= 0);
-  volatile uint64_t x = 0;
-  int64_t until = time_ns() + 20000000;
-  while (time_ns() < until) x++;
+  assert_true(run0 > 0 && wait0 >= 0);
+  spin_ms(20);
   assert_int_equal(bind_thread_schedstat(&run1, &wait1), 0);
   assert_true(run1 > run0);
   assert_true(wait1 >= wait0);
