@@ -87,6 +87,14 @@ static ncclResult_t exec_coll(struct coll_args* a) {
     if (aside) a->sendbuff = aside;
     res = p.algo->run(a, &p);
     a->sendbuff = user;
+    /* A socket sender may still hold blocks of the copy that have not gone
+     * to the kernel (send_commit_ext sends from it): they leave before it is
+     * freed, not at the end of the call (call_done); sent from freed memory
+     * they were garbage or EFAULT (a rank of coll.socket_4 "lost its
+     * connection: Bad address" once the kernel's socket buffers were no
+     * longer 4 MiB). A run that failed has poisoned the connectors
+     * (prim_fail, p2p_run): nothing is sent from the copy after. */
+    if (aside && res == ncclSuccess) res = transport_flush(a->comm);
     adapt_done(&ticket, res);
   }
   free(aside);
