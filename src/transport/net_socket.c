@@ -101,7 +101,8 @@ static uint64_t sock_sends; /* slots committed on any socket connector of this p
  * kernel (Open MPI's tcp BTL, which leaves them to the kernel: 22,748).
  * Medians, us a call, 4 MiB / kernel / Open MPI (bench/ab_env.sh, docs/BENCHMARKS.md):
  * 8 ranks reduce 8 B 5.03 / 1.80 / 2.02, broadcast 64 B 5.47 / 2.99 / 12.2;
- * 2 ranks within the rounds' spread at every size and collective. */
+ * 2 ranks within the rounds' spread at every size and collective but
+ * broadcast 256 KiB (31.5 / 42.4 / 49.4: slower, still ahead). */
 static void sock_buffer(int fd, int which) {
   int sz = (int)param_int(P_COLLIE_SOCKET_BUFFER, 0, 1 << 30);
   if (sz > 0) setsockopt(fd, SOL_SOCKET, which, &sz, sizeof(sz)); /* a hint: failure changes nothing else */
