@@ -28,16 +28,6 @@
 
 static size_t doubling_max_bytes(void) { return 64 * 1024; }
 
-/* Between hosts only (shared memory has its mailboxes). The estimates
- * decide against the one-shot: it wins where messages are cheap (its single
- * step), this row where the crowding makes them dear, and above the
- * one-shot's 32 ranks. */
-static int eligible(const struct coll_args* a) {
-  const struct ncclComm* comm = a->comm;
-  size_t bytes = a->count * dtype_size(a->dt) * (a->kind == COLL_ALLREDUCE ? 1u : (size_t)comm->nranks);
-  return !coll_shm_only(comm) && comm->nranks > 2 && bytes <= doubling_max_bytes();
-}
-
 /* The largest power of two not above n: the ranks that take part in the
  * doubling or halving (the other n - pw fold into a neighbour). */
 static int pow2_floor(int n) {
@@ -53,6 +43,32 @@ static int steps(int n) {
   int s = 0;
   while ((1 << s) < n) s++;
   return s;
+}
+
+/* Bruck's alltoall saves messages only where ceil(log2 n) < n-1 (not at 3
+ * ranks: 2 steps against 2 messages each way), and pays for it with copies
+ * (a rotation in, a pack and an unpack per step, a rotation out) and steps
+ * that wait for each other: past about 12 KiB per block the pairwise
+ * exchange's overlapping messages win. Over loopback TCP on 2 CPUs, a host
+ * per rank, unbound, medians of 5-7 rounds, us, Bruck / pairwise
+ * (bench/ab_env.sh alltoall def=X=1 p2p=NCCL_ALGO=P2P): 3 ranks, 60 B - 64 KiB
+ * in all, 15.6-32.4 / 14.3-24.1 at every size; 4 ranks 64 KiB (16 KiB blocks)
+ * 51.1 / 38.3 (bound 45.0 / 32.8), 32 KiB 33.1 / 35.3; 5 ranks 64 KiB (13 KiB)
+ * 92.6 / 67.7, 16 KiB 51.2 / 57.8; 6 ranks 64 KiB (11 KiB) 88.8 / 101.1; 8
+ * ranks 64 KiB (8 KiB) 165 / 185, 128 KiB 255 / 198. */
+#define BRUCK_ALLTOALL_MAX_BLOCK (12 * 1024)
+
+/* Between hosts only (shared memory has its mailboxes). The estimates
+ * decide against the one-shot: it wins where messages are cheap (its single
+ * step), this row where the crowding makes them dear, and above the
+ * one-shot's 32 ranks. */
+static int eligible(const struct coll_args* a) {
+  const struct ncclComm* comm = a->comm;
+  int n = comm->nranks;
+  size_t block = a->count * dtype_size(a->dt);
+  if (a->kind == COLL_ALLTOALL && (steps(n) >= n - 1 || block > BRUCK_ALLTOALL_MAX_BLOCK)) return 0;
+  size_t bytes = block * (a->kind == COLL_ALLREDUCE ? 1u : (size_t)n);
+  return !coll_shm_only(comm) && n > 2 && bytes <= doubling_max_bytes();
 }
 
 /* A step is a message each way. Where messages are dear (sock_oversub) the

@@ -575,6 +575,43 @@ static int test_chunk(void) {
   return bad;
 }
 
+/* Bruck's alltoall (doubling.c) against the pairwise batch, over sockets
+ * with every rank a host of its own and 2 CPUs for all: never at 3 ranks
+ * (no message saved), and only up to 12 KiB blocks (BRUCK_ALLTOALL_MAX_BLOCK;
+ * measured at 4 ranks, 16 KiB blocks, 51 us against the pairwise 38). */
+static int test_bruck(void) {
+  struct {
+    int nranks;
+    size_t block;
+    int bruck;
+  } want[] = {{3, 1024, 0}, {3, 8 << 10, 0}, {4, 16 << 10, 0}, {5, 13 << 10, 0}, {8, 16 << 10, 0},
+              {4, 8 << 10, 1}, {8, 8 << 10, 1}, {6, 10 << 10, 1}};
+  int bad = 0;
+  for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+    struct ncclComm comm;
+    two_cpu_comm(&comm, want[i].nranks, 0, &dev_rates);
+    comm.nhosts = comm.nleaders = want[i].nranks;
+    comm.local_size = comm.nlocal = comm.max_local = 1;
+    comm.sock_oversub = want[i].nranks / 2.0;
+    struct coll_args a;
+    memset(&a, 0, sizeof(a));
+    a.comm = &comm;
+    a.kind = COLL_ALLTOALL;
+    a.count = want[i].block / 4;
+    a.dt = ncclFloat32;
+    int idx = tuning_choose(&a, &comm.tune, NULL);
+    int got = idx < 0 ? -1 : algo_table[idx]->name;
+    if ((got == ALGO_DOUBLING) != want[i].bruck || got < 0) {
+      fprintf(stderr, "FAILED alltoall of %zu-byte blocks at %d ranks, a host each on 2 CPUs: %s, expected %s\n",
+              want[i].block, want[i].nranks, got < 0 ? "none" : algo_name(got),
+              want[i].bruck ? "Doubling" : "not Doubling");
+      bad = 1;
+    }
+  }
+  if (!bad) fprintf(stderr, "passed tuning bruck: Bruck's alltoall where it saves messages, small blocks only\n");
+  return bad;
+}
+
 int main(int argc, char** argv) {
   char base[] = "/tmp/collie-tuning-XXXXXX";
   if (!mkdtemp(base)) return 1;
@@ -585,6 +622,8 @@ int main(int argc, char** argv) {
     rc = test_oversub();
   } else if (argc > 1 && strcmp(argv[1], "chunk") == 0) {
     rc = test_chunk();
+  } else if (argc > 1 && strcmp(argv[1], "bruck") == 0) {
+    rc = test_bruck();
   } else if (argc > 1 && strcmp(argv[1], "far") == 0) {
     rc = test_far();
   } else if (argc > 1 && strcmp(argv[1], "fallback") == 0) {
@@ -595,7 +634,7 @@ int main(int argc, char** argv) {
     rc = mp_run(n, rank_agree, base, 300);
     fprintf(stderr, "%s tuning agreement, %d ranks\n", rc ? "FAILED" : "passed", n);
   } else {
-    fprintf(stderr, "usage: test_tuning cache | oversub | chunk | far | fallback | agree NRANKS\n");
+    fprintf(stderr, "usage: test_tuning cache | oversub | chunk | bruck | far | fallback | agree NRANKS\n");
     rc = 2;
   }
   char cmd[600];
