@@ -50,8 +50,8 @@ static int steps(int n) {
  * and steps that wait for each other: past about 12 KiB per block the
  * pairwise exchange's overlapping messages win. Measured while it still
  * rotated in and out and unpacked each step (twice today's copies; 8 ranks
- * gained up to a fifth since, 4 ranks within the spread), over loopback TCP on 2 CPUs, a host
- * per rank, unbound, medians of 5-7 rounds, us, Bruck / pairwise
+ * gained up to a fifth since, 4 ranks within the spread), over loopback TCP
+ * on 2 CPUs, a host per rank, unbound, medians of 5-7 rounds, us, Bruck / pairwise
  * (bench/ab_env.sh alltoall def=X=1 p2p=NCCL_ALGO=P2P): 3 ranks, 60 B - 64 KiB
  * in all, 15.6-32.4 / 14.3-24.1 at every size; 4 ranks 64 KiB (16 KiB blocks)
  * 51.1 / 38.3 (bound 45.0 / 32.8), 32 KiB 33.1 / 35.3; 5 ranks 64 KiB (13 KiB)
