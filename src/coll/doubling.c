@@ -28,6 +28,16 @@
 
 static size_t doubling_max_bytes(void) { return 64 * 1024; }
 
+/* Between hosts only (shared memory has its mailboxes). The estimates
+ * decide against the one-shot: it wins where messages are cheap (its single
+ * step), this row where the crowding makes them dear, and above the
+ * one-shot's 32 ranks. */
+static int eligible(const struct coll_args* a) {
+  const struct ncclComm* comm = a->comm;
+  size_t bytes = a->count * dtype_size(a->dt) * (a->kind == COLL_ALLREDUCE ? 1u : (size_t)comm->nranks);
+  return !coll_shm_only(comm) && comm->nranks > 2 && bytes <= doubling_max_bytes();
+}
+
 /* The largest power of two not above n: the ranks that take part in the
  * doubling or halving (the other n - pw fold into a neighbour). */
 static int pow2_floor(int n) {
@@ -59,17 +69,9 @@ static int steps(int n) {
  * ranks 64 KiB (8 KiB) 165 / 185, 128 KiB 255 / 198. */
 #define BRUCK_ALLTOALL_MAX_BLOCK (12 * 1024)
 
-/* Between hosts only (shared memory has its mailboxes). The estimates
- * decide against the one-shot: it wins where messages are cheap (its single
- * step), this row where the crowding makes them dear, and above the
- * one-shot's 32 ranks. */
-static int eligible(const struct coll_args* a) {
-  const struct ncclComm* comm = a->comm;
-  int n = comm->nranks;
-  size_t block = a->count * dtype_size(a->dt);
-  if (a->kind == COLL_ALLTOALL && (steps(n) >= n - 1 || block > BRUCK_ALLTOALL_MAX_BLOCK)) return 0;
-  size_t bytes = block * (a->kind == COLL_ALLREDUCE ? 1u : (size_t)n);
-  return !coll_shm_only(comm) && n > 2 && bytes <= doubling_max_bytes();
+static int eligible_alltoall(const struct coll_args* a) {
+  int n = a->comm->nranks;
+  return eligible(a) && steps(n) < n - 1 && a->count * dtype_size(a->dt) <= BRUCK_ALLTOALL_MAX_BLOCK;
 }
 
 /* A step is a message each way. Where messages are dear (sock_oversub) the
@@ -262,13 +264,10 @@ static ncclResult_t alltoall(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   int n = comm->nranks, r = comm->rank;
   size_t b = a->count * dtype_size(a->dt);
-  size_t got = 0, most = 0; /* blocks received over all steps; the most in one */
-  for (int d = 1; d < n; d *= 2) {
-    size_t m = 0;
-    for (int i = 0; i < n; i++) m += (i & d) != 0;
-    got += m;
-    if (m > most) most = m;
-  }
+  /* Block i travels once for each bit set in i; no step moves more than the
+   * first, n/2 blocks (of any 2d indices, d have bit d set). */
+  size_t got = 0, most = (size_t)n / 2;
+  for (int i = 1; i < n; i++) got += (size_t)__builtin_popcount((unsigned)i);
   const char** at = malloc(sizeof(const char*) * (size_t)n + (got + most) * b); /* pointers first: aligned */
   if (!at) return err_set(ncclSystemError, "out of memory in a Bruck alltoall");
   char *pack = (char*)(at + n), *land = pack + most * b;
@@ -303,8 +302,8 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
   }
 }
 
-#define DOUBLING_ROW(coll) {coll, ALGO_DOUBLING, PROTO_LL, 0, eligible, estimate, run}
-const struct algo algo_doubling_allreduce = DOUBLING_ROW(COLL_ALLREDUCE);
-const struct algo algo_doubling_reducescatter = DOUBLING_ROW(COLL_REDUCESCATTER);
-const struct algo algo_doubling_allgather = DOUBLING_ROW(COLL_ALLGATHER);
-const struct algo algo_doubling_alltoall = DOUBLING_ROW(COLL_ALLTOALL);
+#define DOUBLING_ROW(coll, elig) {coll, ALGO_DOUBLING, PROTO_LL, 0, elig, estimate, run}
+const struct algo algo_doubling_allreduce = DOUBLING_ROW(COLL_ALLREDUCE, eligible);
+const struct algo algo_doubling_reducescatter = DOUBLING_ROW(COLL_REDUCESCATTER, eligible);
+const struct algo algo_doubling_allgather = DOUBLING_ROW(COLL_ALLGATHER, eligible);
+const struct algo algo_doubling_alltoall = DOUBLING_ROW(COLL_ALLTOALL, eligible_alltoall);

@@ -102,8 +102,8 @@ static uint64_t sock_sends; /* slots committed on any socket connector of this p
  * Medians, us a call, 4 MiB / kernel / Open MPI (bench/ab_env.sh, docs/BENCHMARKS.md):
  * 8 ranks reduce 8 B 5.03 / 1.80 / 2.02, broadcast 64 B 5.47 / 2.99 / 12.2;
  * 2 ranks within the rounds' spread at every size and collective but
- * broadcast 256 KiB (31.5 / 42.4 / 49.4: slower, still ahead). */
-/*
+ * broadcast 256 KiB (31.5 / 42.4 / 49.4: slower, still ahead).
+ *
  * A fixed size has a floor, SOCK_BUFFER_MIN. Below it the receive window a
  * receiver can offer stays under one loopback segment (the kernel bounds the
  * segment to half the largest window seen: 32 KiB): the receiver holds its
@@ -111,8 +111,7 @@ static uint64_t sock_sends; /* slots committed on any socket connector of this p
  * the sender holds its bytes back until the window fits one, so the stream
  * moves only when the sender's persist timer fires (every ~200 ms). A 4-rank
  * socket sweep (test_coll 4) that takes 5 s did not finish in 10 min with
- * COLLIE_SOCKET_BUFFER=16384; with 32 KiB it took 6 s, 64 KiB 4.9 s.
- */
+ * COLLIE_SOCKET_BUFFER=16384; with 32 KiB it took 6 s, 64 KiB 4.9 s. */
 #define SOCK_BUFFER_MIN (64 << 10)
 
 static void sock_buffer(int fd, int which) {
