@@ -388,7 +388,12 @@ static int check_give_way(ncclComm_t comm, int rank, int nranks, int first, cons
     comm->unpair_ns = 0;
     uint64_t moves = comm->unpair_moves;
     MP_CHECK(prim_fd_poll_ns(comm, peer) > 0, "rank %d: did not move off CPU %d", rank, first);
-    MP_CHECK(comm->unpair_moves == moves + 1 && sched_getcpu() != first, "rank %d: still on CPU %d", rank, first);
+    /* A move counts only where the library saw this thread off CPU `first`
+     * while its mask left that CPU out (bind_move_off_cpu); once the mask is
+     * put back the scheduler may place it there again at any moment (it did
+     * once under ASan with another test on the other CPU), so where it runs
+     * now proves nothing. */
+    MP_CHECK(comm->unpair_moves == moves + 1, "rank %d: still on CPU %d (no move counted)", rank, first);
     MP_CHECK(sched_getaffinity(0, sizeof(now), &now) == 0 && CPU_EQUAL(&now, all), "rank %d: mask not put back",
              rank);
     /* 3 ms after a move (past UNPAIR_INTERVAL_NS, within
