@@ -93,12 +93,24 @@ wait_ranks() {
   done
 }
 show_output() { for r in $(seq 0 $((nranks - 1))); do sed "s/^/  [rank $r] /" "$work/rank$r.out"; done; }
+# A hang's evidence, before the ranks are killed: each running rank's state
+# and every thread's stack (gdb, where installed; the tests run as root).
+dump_stacks() {
+  for r in $(seq 0 $((nranks - 1))); do
+    local p=${pids[$r]}
+    kill -0 "$p" 2>/dev/null || continue
+    echo "rank $r (pid $p) still running: $(grep -m1 '^State' /proc/$p/status 2>/dev/null)"
+    command -v gdb >/dev/null || { echo "  (no gdb: no stacks)"; continue; }
+    timeout 10 gdb -p "$p" -batch -nx -ex 'thread apply all bt' 2>/dev/null |
+      grep -E '^(#|Thread)' | sed "s/^/  [rank $r] /"
+  done
+}
 
 # ---- collectives across the three hosts
 start_ranks "$([ "$mode" = cut ] && echo cut || echo coll)"
 if [ "$mode" != cut ]; then
   if ! wait_ranks "$(awk -v n="$(date +%s.%N)" 'BEGIN { printf "%.3f", n + 120 }')"; then
-    echo "FAIL: ranks still running after 120 s (a hang)"; show_output; exit 1
+    echo "FAIL: ranks still running after 120 s (a hang)"; show_output; dump_stacks; exit 1
   fi
   fail=0
   for r in $(seq 0 $((nranks - 1))); do [ "${status[$r]}" = 0 ] || { echo "FAIL: rank $r exited ${status[$r]}"; fail=1; }; done
@@ -117,7 +129,7 @@ while :; do
       echo "FAIL: rank $r ended before the link cut:"; show_output; exit 1
     fi
   done
-  [ "$(date +%s)" -lt $deadline ] || { echo "FAIL: ranks not all looping after 120 s:"; show_output; exit 1; }
+  [ "$(date +%s)" -lt $deadline ] || { echo "FAIL: ranks not all looping after 120 s:"; show_output; dump_stacks; exit 1; }
   sleep 0.1
 done
 echo "PASS: collectives (allreduce, allgather, broadcast, reduce-scatter; 1..1M floats) on $nranks ranks over $hosts namespaces"
@@ -132,6 +144,7 @@ if ! wait_ranks "$(awk -v n="$cut_at" -v b="$bound" 'BEGIN { printf "%.3f", n + 
   for r in $(seq 0 $((nranks - 1))); do [ -z "${status[$r]:-}" ] && echo "  rank $r (host $((r / per_host + 1))) still running"; done
   echo "  (failure detection, COLLIE_PEER_TIMEOUT, is not turning the silent host into an error)"
   show_output
+  dump_stacks
   exit 1
 fi
 fail=0

@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
   }
   ncclCommUserRank(comm, &rank);
   ncclCommCount(comm, &nranks);
+  printf("rank %d: init ok\n", rank);
   if (collectives(comm) != 0) return 1;
   printf("rank %d: collectives ok\n", rank);
   if (strcmp(mode, "cut") != 0) {
