@@ -42,9 +42,10 @@
  * then may pick differently for a window.
  * The first calls of a bucket try both (the tuner's row first, which also
  * takes the first-touch page faults, then the alternative, then the tuner's
- * row again); then the alternative runs where it measured clearly faster,
- * the tuner's row otherwise, and now and then one call runs the other to
- * see whether that changed (adapt_pick). While a rank waits for a CPU
+ * row again); then the alternative runs where it measured faster by a
+ * margin (single copy clearly faster, ADAPT_MARGIN; the slots' other way a
+ * little, ADAPT_SLOTS_MARGIN: coll.h), the tuner's row otherwise, and now
+ * and then one call runs the other to see whether that changed (adapt_pick). While a rank waits for a CPU
  * (another busy process; COLLIE_ADAPT_LOAD, load_look below) the tuner's
  * row holds for ADAPT_WINDOW calls at a time: beside a busy process on 2
  * CPUs, call times swung 10x with the scheduler, the pick flipped between
@@ -86,15 +87,10 @@
  * there: its system call costs more than a small message's copy. */
 #define ADAPT_WINDOW_MIN_BYTES ((size_t)32 << 10)
 
-/* Single copy only where it measured clearly faster: outside the slow
- * stretches the two differ by 5-20% and one call's time by as much, inside
- * them by 3-4x. */
-#define ADAPT_MARGIN 1.3
-
-int adapt_pick(uint32_t call, double rate_plan, double rate_alt, int* trial) {
+int adapt_pick(uint32_t call, double rate_plan, double rate_alt, double margin, int* trial) {
   *trial = call < ADAPT_TRIES;
   if (call < ADAPT_TRIES) return call == 1;
-  int best = rate_alt > ADAPT_MARGIN * rate_plan;
+  int best = rate_alt > margin * rate_plan;
   /* On the tuner's row every call measures it, so a slow stretch shows at
    * once; single copy's rate changes little, so it is tried seldom
    * (ADAPT_EXPLORE_ALT: a lone single-copy call among FIFO calls costs 3-4x
@@ -116,12 +112,12 @@ int adapt_pick(uint32_t call, double rate_plan, double rate_alt, int* trial) {
  * FIFO's other store kind half way between (every ADAPT_EXPLORE_ALT calls
  * from plain stores, every ADAPT_EXPLORE from non-temporal ones, as the
  * slots' own weighing tries them). */
-int adapt_pick3(uint32_t call, const double rate[3], int* trial) {
+int adapt_pick3(uint32_t call, const double rate[3], double margin1, int* trial) {
   static const int first[ADAPT_TRIES3] = {0, 1, 2, 0};
   *trial = call < ADAPT_TRIES3;
   if (call < ADAPT_TRIES3) return first[call];
-  int fifo = rate[2] > ADAPT_MARGIN * rate[0] ? 2 : 0;
-  if (rate[1] > ADAPT_MARGIN * rate[fifo]) {
+  int fifo = rate[2] > ADAPT_SLOTS_MARGIN * rate[0] ? 2 : 0;
+  if (rate[1] > margin1 * rate[fifo]) {
     *trial = call % ADAPT_EXPLORE == 0;
     return *trial ? fifo : 1;
   }
@@ -311,7 +307,10 @@ static ncclResult_t pick(struct ncclComm* comm, const struct coll_args* a, const
   double low[3] = {all[0], all[1], all[2]};
   for (int r = 1; r < comm->nranks; r++)
     for (int k = 0; k < 3; k++) low[k] = COLLIE_MIN(low[k], (double)all[4 * r + k]);
-  int trial, use = three_paths(alt) ? adapt_pick3(b->calls, low, &trial) : adapt_pick(b->calls, low[0], low[1], &trial);
+  /* Single copy needs the wide margin, the slots' ways the narrow one. */
+  double margin = alt == ALT_CMA || alt == ALT_CMA_SLOTS ? ADAPT_MARGIN : ADAPT_SLOTS_MARGIN;
+  int trial, use = three_paths(alt) ? adapt_pick3(b->calls, low, margin, &trial)
+                                    : adapt_pick(b->calls, low[0], low[1], margin, &trial);
   uint32_t tries = three_paths(alt) ? ADAPT_TRIES3 : ADAPT_TRIES;
   uint32_t window = adapt_window(bytes, b->calls, tries);
   /* While a rank waits for a CPU, the tuner's row runs ADAPT_WINDOW calls

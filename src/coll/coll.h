@@ -340,8 +340,27 @@ void adapt_done(const struct adapt_ticket* t, ncclResult_t res);
 /* The rule, alike on every rank: 1 for the alternative at the bucket's call
  * number `call`, given the slowest rank's rates (bytes/us); *trial is
  * set where the call runs a path to measure it, not because it is faster. */
-int adapt_pick(uint32_t call, double rate_plan, double rate_alt, int* trial);
-int adapt_pick3(uint32_t call, const double rate[3], int* trial);
+int adapt_pick(uint32_t call, double rate_plan, double rate_alt, double margin, int* trial);
+int adapt_pick3(uint32_t call, const double rate[3], double margin1, int* trial);
+/* How much faster the alternative must have measured to be taken (the
+ * `margin` above; adapt_pick3 weighs the FIFO's two ways with
+ * ADAPT_SLOTS_MARGIN and path [1] against the better of them with
+ * `margin1`). Single copy only where it measured clearly faster: outside
+ * the slow stretches the two differ by 5-20% and one call's time by as
+ * much, inside them by 3-4x, and a lone single-copy call among FIFO calls
+ * costs 3-4x one in a run of them. The slots' stores (and a reduction's
+ * read-ahead) are the same row written or read another way: a wrong pick
+ * costs what the two differ by, no more. With 1.3 there too, non-temporal
+ * slot stores that measured 1.1-1.25x faster outside the slow stretches
+ * were never taken (2 ranks on 2 CPUs, medians of 5 interleaved rounds, us,
+ * 1.3 / 1.08, bound: allgather 2 MiB 81.2 / 68.4, reduce 32 KiB 2.93 / 2.36,
+ * 512 KiB 38.7 / 31.7, reduce-scatter 128 KiB 8.30 / 6.76, alltoall 512 KiB
+ * 20.5 / 19.2; unbound: alltoall 2 MiB 91.7 / 88.0, allgather 2 MiB 79.8
+ * / 69.1, broadcast 128 KiB 5.42 / 4.71; allreduce and reduce-scatter of 2
+ * and 8 MiB even over 9 rounds; docs/BENCHMARKS.md, seventy-second
+ * session). */
+#define ADAPT_MARGIN 1.3
+#define ADAPT_SLOTS_MARGIN 1.08
 /* The calls a pick covers, alike on every rank: from the bytes a rank moves,
  * the bucket's picks so far and the number of first picks that try paths. */
 uint32_t adapt_window(size_t bytes, uint32_t calls, uint32_t tries);

@@ -19,11 +19,11 @@
 static void test_first_calls_try_both(void** state) {
   (void)state;
   int trial = 0;
-  assert_int_equal(adapt_pick(0, 0, 0, &trial), 0);
+  assert_int_equal(adapt_pick(0, 0, 0, ADAPT_MARGIN, &trial), 0);
   assert_true(trial);
-  assert_int_equal(adapt_pick(1, 5, 0, &trial), 1);
+  assert_int_equal(adapt_pick(1, 5, 0, ADAPT_MARGIN, &trial), 1);
   assert_true(trial);
-  assert_int_equal(adapt_pick(2, 5, 9, &trial), 0);
+  assert_int_equal(adapt_pick(2, 5, 9, ADAPT_MARGIN, &trial), 0);
   assert_true(trial);
 }
 
@@ -31,13 +31,19 @@ static void test_first_calls_try_both(void** state) {
 static void test_margin(void** state) {
   (void)state;
   int trial = 0;
-  assert_int_equal(adapt_pick(3, 10, 10, &trial), 0);
+  assert_int_equal(adapt_pick(3, 10, 10, ADAPT_MARGIN, &trial), 0);
   assert_false(trial);
-  assert_int_equal(adapt_pick(3, 10, 12, &trial), 0);
-  assert_int_equal(adapt_pick(3, 10, 14, &trial), 1);
+  assert_int_equal(adapt_pick(3, 10, 12, ADAPT_MARGIN, &trial), 0);
+  assert_int_equal(adapt_pick(3, 10, 14, ADAPT_MARGIN, &trial), 1);
   assert_false(trial);
-  assert_int_equal(adapt_pick(5, 2, 7, &trial), 1); /* a slow stretch: 3.5x */
-  assert_int_equal(adapt_pick(5, 7, 2, &trial), 0);
+  assert_int_equal(adapt_pick(5, 2, 7, ADAPT_MARGIN, &trial), 1); /* a slow stretch: 3.5x */
+  assert_int_equal(adapt_pick(5, 7, 2, ADAPT_MARGIN, &trial), 0);
+  /* The slots' stores: the narrow margin, still no flip on a tie or a 5% lead. */
+  assert_int_equal(adapt_pick(3, 10, 10, ADAPT_SLOTS_MARGIN, &trial), 0);
+  assert_int_equal(adapt_pick(3, 10, 10.5, ADAPT_SLOTS_MARGIN, &trial), 0);
+  assert_int_equal(adapt_pick(3, 10, 12, ADAPT_SLOTS_MARGIN, &trial), 1);
+  assert_false(trial);
+  assert_int_equal(adapt_pick(3, 12, 10, ADAPT_SLOTS_MARGIN, &trial), 0);
 }
 
 /* On single copy the tuner's row is tried every ADAPT_EXPLORE calls; on the
@@ -46,22 +52,22 @@ static void test_trials(void** state) {
   (void)state;
   int on_cma = 0, on_plan = 0, trial = 0;
   for (uint32_t c = 3; c < 3 + 64 * ADAPT_EXPLORE; c++) {
-    int use = adapt_pick(c, 2, 7, &trial);
+    int use = adapt_pick(c, 2, 7, ADAPT_MARGIN, &trial);
     assert_int_equal(use, trial ? 0 : 1);
     on_cma += trial;
-    use = adapt_pick(c, 7, 2, &trial);
+    use = adapt_pick(c, 7, 2, ADAPT_MARGIN, &trial);
     assert_int_equal(use, trial ? 1 : 0);
     on_plan += trial;
   }
   assert_int_equal(on_cma, 64);
   assert_int_equal(on_plan, 64 * ADAPT_EXPLORE / ADAPT_EXPLORE_ALT);
-  assert_int_equal(adapt_pick(ADAPT_EXPLORE, 2, 7, &trial), 0);
+  assert_int_equal(adapt_pick(ADAPT_EXPLORE, 2, 7, ADAPT_MARGIN, &trial), 0);
   assert_true(trial);
-  assert_int_equal(adapt_pick(ADAPT_EXPLORE_ALT, 7, 2, &trial), 1);
+  assert_int_equal(adapt_pick(ADAPT_EXPLORE_ALT, 7, 2, ADAPT_MARGIN, &trial), 1);
   assert_true(trial);
-  assert_int_equal(adapt_pick(ADAPT_EXPLORE, 7, 2, &trial), 0);
+  assert_int_equal(adapt_pick(ADAPT_EXPLORE, 7, 2, ADAPT_MARGIN, &trial), 0);
   assert_false(trial);
-  assert_int_equal(adapt_pick(4 * ADAPT_EXPLORE, 7, 2, &trial), 0);
+  assert_int_equal(adapt_pick(4 * ADAPT_EXPLORE, 7, 2, ADAPT_MARGIN, &trial), 0);
   assert_false(trial);
 }
 
@@ -76,23 +82,29 @@ static void test_three_paths(void** state) {
   double r[3] = {0, 0, 0};
   static const int first[4] = {0, 1, 2, 0};
   for (uint32_t c = 0; c < 4; c++) {
-    assert_int_equal(adapt_pick3(c, r, &trial), first[c]);
+    assert_int_equal(adapt_pick3(c, r, ADAPT_MARGIN, &trial), first[c]);
     assert_true(trial);
   }
-  double plain[3] = {10, 10, 12}, nt[3] = {10, 10, 14}, cma[3] = {10, 19, 14}, cma_nt[3] = {10, 17, 14};
-  assert_int_equal(adapt_pick3(5, plain, &trial), 0); /* non-temporal 1.2x: not enough */
+  double plain[3] = {10, 10, 10.5}, nt[3] = {10, 10, 14}, cma[3] = {10, 19, 14}, cma_nt[3] = {10, 17, 14};
+  assert_int_equal(adapt_pick3(5, plain, ADAPT_MARGIN, &trial), 0); /* non-temporal 1.05x: not enough */
   assert_false(trial);
-  assert_int_equal(adapt_pick3(5, nt, &trial), 2);
+  assert_int_equal(adapt_pick3(5, nt, ADAPT_MARGIN, &trial), 2);
   assert_false(trial);
-  assert_int_equal(adapt_pick3(5, cma, &trial), 1); /* 1.36x the better FIFO kind */
+  assert_int_equal(adapt_pick3(5, cma, ADAPT_MARGIN, &trial), 1); /* 1.36x the better FIFO kind */
   assert_false(trial);
-  assert_int_equal(adapt_pick3(5, cma_nt, &trial), 2); /* 1.7x plain, 1.2x non-temporal: the FIFO */
+  assert_int_equal(adapt_pick3(5, cma_nt, ADAPT_MARGIN, &trial), 2); /* 1.7x plain, 1.2x non-temporal: the FIFO */
   assert_false(trial);
+  /* A reduction's three ways (plain, non-temporal, read ahead): path [1]
+   * with the slots' narrow margin against the better of the other two. */
+  double ahead[3] = {10, 11, 12}, nt_red[3] = {10, 13.5, 12};
+  assert_int_equal(adapt_pick3(5, ahead, ADAPT_SLOTS_MARGIN, &trial), 2);
+  assert_int_equal(adapt_pick3(5, nt_red, ADAPT_SLOTS_MARGIN, &trial), 1);
+  assert_int_equal(adapt_pick3(5, nt_red, ADAPT_MARGIN, &trial), 2);
   int on[3][3] = {{0}};
   const double* cases[3] = {plain, nt, cma};
   for (int k = 0; k < 3; k++)
     for (uint32_t c = 4; c < 4 + 4 * ADAPT_EXPLORE_ALT; c++) {
-      int use = adapt_pick3(c, cases[k], &trial);
+      int use = adapt_pick3(c, cases[k], ADAPT_MARGIN, &trial);
       if (trial) on[k][use]++;
       else assert_int_equal(use, k == 0 ? 0 : k == 1 ? 2 : 1);
     }
