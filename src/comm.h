@@ -17,8 +17,9 @@
  * for each of ADAPT_KINDS collectives. */
 #define ADAPT_BUCKETS 40
 #define ADAPT_KINDS 6
-/* On the alternative, every this many calls of a bucket run the tuner's row
- * once; on the tuner's row, every ADAPT_EXPLORE_ALT run the alternative once. */
+/* On the alternative, every this many picks of a bucket run the tuner's row
+ * once; on the tuner's row, every ADAPT_EXPLORE_ALT run single copy once
+ * (the slots' other way every ADAPT_EXPLORE: coll/adapt.c adapt_pick). */
 #define ADAPT_EXPLORE 16
 #define ADAPT_EXPLORE_ALT (16 * ADAPT_EXPLORE)
 /* Below 256 KiB a rank, calls of a bucket that one pick of the path covers. */

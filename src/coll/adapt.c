@@ -87,46 +87,50 @@
  * there: its system call costs more than a small message's copy. */
 #define ADAPT_WINDOW_MIN_BYTES ((size_t)32 << 10)
 
-int adapt_pick(uint32_t call, double rate_plan, double rate_alt, double margin, int* trial) {
+int adapt_pick(uint32_t call, double rate_plan, double rate_alt, int slots, int* trial) {
   *trial = call < ADAPT_TRIES;
   if (call < ADAPT_TRIES) return call == 1;
-  int best = rate_alt > margin * rate_plan;
+  int best = rate_alt > (slots ? ADAPT_SLOTS_MARGIN : ADAPT_MARGIN) * rate_plan;
   /* On the tuner's row every call measures it, so a slow stretch shows at
    * once; single copy's rate changes little, so it is tried seldom
    * (ADAPT_EXPLORE_ALT: a lone single-copy call among FIFO calls costs 3-4x
    * one in a run of them, 2 ranks, allgather of 2 MiB: 240-470 us against
    * about 100, the FIFO's 60-80; tried every 64 calls, the weighing cost
    * 5-7% at 4-8 MiB, docs/BENCHMARKS.md). On single copy, the tuner's row is
-   * tried every ADAPT_EXPLORE calls to see the stretch end. */
-  uint32_t period = best ? ADAPT_EXPLORE : ADAPT_EXPLORE_ALT;
+   * tried every ADAPT_EXPLORE calls to see the stretch end. The slots' other
+   * way costs what the two differ by, and is tried every ADAPT_EXPLORE calls
+   * from either: tried every ADAPT_EXPLORE_ALT, a non-temporal trial that
+   * came out slow in the bucket's first calls held for the rest of a
+   * benchmark's size (2 ranks, alltoall of 2 MiB: 85.5 us against 78.7,
+   * broadcast 81.1 against 66.7; docs/BENCHMARKS.md, seventy-second session). */
+  uint32_t period = best || slots ? ADAPT_EXPLORE : ADAPT_EXPLORE_ALT;
   *trial = call % period == 0;
   return *trial ? !best : best;
 }
 
-/* Three paths, where the alternative is single copy and the tuner's row
- * fills slots: the row with plain slot stores [0], single copy [1], the row
- * with non-temporal slot stores [2]. The first four calls try them (plain,
- * single copy, non-temporal, plain); then the FIFO's two store kinds are
- * weighed as adapt_pick weighs them, and single copy against the better of
- * the two. Single copy is tried as adapt_pick tries it from the FIFO; the
- * FIFO's other store kind half way between (every ADAPT_EXPLORE_ALT calls
- * from plain stores, every ADAPT_EXPLORE from non-temporal ones, as the
- * slots' own weighing tries them). */
-int adapt_pick3(uint32_t call, const double rate[3], double margin1, int* trial) {
+/* Three paths, where the tuner's row fills slots: the row with plain slot
+ * stores [0], path [1], the row with the FIFO's other way [2]. Path [1] is
+ * single copy (slots1 0: the slots' other way is non-temporal stores) or,
+ * for a reduction, non-temporal slot stores (slots1 1: [2] is plain stores
+ * with the slots read ahead). The first four calls try them ([0], [1], [2],
+ * [0]); then [2] is weighed against [0] as adapt_pick weighs the slots'
+ * ways, and [1] against the better of the two with its own margin. Path [1]
+ * is tried as adapt_pick tries single copy from the FIFO; the FIFO's other
+ * way every ADAPT_EXPLORE calls, half way between. */
+int adapt_pick3(uint32_t call, const double rate[3], int slots1, int* trial) {
   static const int first[ADAPT_TRIES3] = {0, 1, 2, 0};
   *trial = call < ADAPT_TRIES3;
   if (call < ADAPT_TRIES3) return first[call];
   int fifo = rate[2] > ADAPT_SLOTS_MARGIN * rate[0] ? 2 : 0;
-  if (rate[1] > margin1 * rate[fifo]) {
+  if (rate[1] > (slots1 ? ADAPT_SLOTS_MARGIN : ADAPT_MARGIN) * rate[fifo]) {
     *trial = call % ADAPT_EXPLORE == 0;
     return *trial ? fifo : 1;
   }
-  uint32_t other = fifo == 2 ? ADAPT_EXPLORE : ADAPT_EXPLORE_ALT;
   if (call % ADAPT_EXPLORE_ALT == 0) {
     *trial = 1;
     return 1;
   }
-  *trial = call % other == other / 2;
+  *trial = call % ADAPT_EXPLORE == ADAPT_EXPLORE / 2;
   return *trial ? 2 - fifo : fifo;
 }
 
@@ -307,10 +311,10 @@ static ncclResult_t pick(struct ncclComm* comm, const struct coll_args* a, const
   double low[3] = {all[0], all[1], all[2]};
   for (int r = 1; r < comm->nranks; r++)
     for (int k = 0; k < 3; k++) low[k] = COLLIE_MIN(low[k], (double)all[4 * r + k]);
-  /* Single copy needs the wide margin, the slots' ways the narrow one. */
-  double margin = alt == ALT_CMA || alt == ALT_CMA_SLOTS ? ADAPT_MARGIN : ADAPT_SLOTS_MARGIN;
-  int trial, use = three_paths(alt) ? adapt_pick3(b->calls, low, margin, &trial)
-                                    : adapt_pick(b->calls, low[0], low[1], margin, &trial);
+  /* Single copy is weighed with the wide margin, the slots' ways with the narrow one. */
+  int slots1 = alt == ALT_SLOTS || alt == ALT_SLOTS_AHEAD;
+  int trial, use = three_paths(alt) ? adapt_pick3(b->calls, low, slots1, &trial)
+                                    : adapt_pick(b->calls, low[0], low[1], slots1, &trial);
   uint32_t tries = three_paths(alt) ? ADAPT_TRIES3 : ADAPT_TRIES;
   uint32_t window = adapt_window(bytes, b->calls, tries);
   /* While a rank waits for a CPU, the tuner's row runs ADAPT_WINDOW calls

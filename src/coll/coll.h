@@ -340,12 +340,13 @@ void adapt_done(const struct adapt_ticket* t, ncclResult_t res);
 /* The rule, alike on every rank: 1 for the alternative at the bucket's call
  * number `call`, given the slowest rank's rates (bytes/us); *trial is
  * set where the call runs a path to measure it, not because it is faster. */
-int adapt_pick(uint32_t call, double rate_plan, double rate_alt, double margin, int* trial);
-int adapt_pick3(uint32_t call, const double rate[3], double margin1, int* trial);
-/* How much faster the alternative must have measured to be taken (the
- * `margin` above; adapt_pick3 weighs the FIFO's two ways with
- * ADAPT_SLOTS_MARGIN and path [1] against the better of them with
- * `margin1`). Single copy only where it measured clearly faster: outside
+int adapt_pick(uint32_t call, double rate_plan, double rate_alt, int slots, int* trial);
+int adapt_pick3(uint32_t call, const double rate[3], int slots1, int* trial);
+/* How much faster the alternative must have measured to be taken: `slots`
+ * (the alternative is the slots' other way) ADAPT_SLOTS_MARGIN, else
+ * (single copy) ADAPT_MARGIN; adapt_pick3 weighs the FIFO's two ways with
+ * ADAPT_SLOTS_MARGIN and path [1] against the better of them as `slots1`
+ * says. Single copy only where it measured clearly faster: outside
  * the slow stretches the two differ by 5-20% and one call's time by as
  * much, inside them by 3-4x, and a lone single-copy call among FIFO calls
  * costs 3-4x one in a run of them. The slots' stores (and a reduction's

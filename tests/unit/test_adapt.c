@@ -19,11 +19,11 @@
 static void test_first_calls_try_both(void** state) {
   (void)state;
   int trial = 0;
-  assert_int_equal(adapt_pick(0, 0, 0, ADAPT_MARGIN, &trial), 0);
+  assert_int_equal(adapt_pick(0, 0, 0, 0, &trial), 0);
   assert_true(trial);
-  assert_int_equal(adapt_pick(1, 5, 0, ADAPT_MARGIN, &trial), 1);
+  assert_int_equal(adapt_pick(1, 5, 0, 0, &trial), 1);
   assert_true(trial);
-  assert_int_equal(adapt_pick(2, 5, 9, ADAPT_MARGIN, &trial), 0);
+  assert_int_equal(adapt_pick(2, 5, 9, 0, &trial), 0);
   assert_true(trial);
 }
 
@@ -31,19 +31,19 @@ static void test_first_calls_try_both(void** state) {
 static void test_margin(void** state) {
   (void)state;
   int trial = 0;
-  assert_int_equal(adapt_pick(3, 10, 10, ADAPT_MARGIN, &trial), 0);
+  assert_int_equal(adapt_pick(3, 10, 10, 0, &trial), 0);
   assert_false(trial);
-  assert_int_equal(adapt_pick(3, 10, 12, ADAPT_MARGIN, &trial), 0);
-  assert_int_equal(adapt_pick(3, 10, 14, ADAPT_MARGIN, &trial), 1);
+  assert_int_equal(adapt_pick(3, 10, 12, 0, &trial), 0);
+  assert_int_equal(adapt_pick(3, 10, 14, 0, &trial), 1);
   assert_false(trial);
-  assert_int_equal(adapt_pick(5, 2, 7, ADAPT_MARGIN, &trial), 1); /* a slow stretch: 3.5x */
-  assert_int_equal(adapt_pick(5, 7, 2, ADAPT_MARGIN, &trial), 0);
+  assert_int_equal(adapt_pick(5, 2, 7, 0, &trial), 1); /* a slow stretch: 3.5x */
+  assert_int_equal(adapt_pick(5, 7, 2, 0, &trial), 0);
   /* The slots' stores: the narrow margin, still no flip on a tie or a 5% lead. */
-  assert_int_equal(adapt_pick(3, 10, 10, ADAPT_SLOTS_MARGIN, &trial), 0);
-  assert_int_equal(adapt_pick(3, 10, 10.5, ADAPT_SLOTS_MARGIN, &trial), 0);
-  assert_int_equal(adapt_pick(3, 10, 12, ADAPT_SLOTS_MARGIN, &trial), 1);
+  assert_int_equal(adapt_pick(3, 10, 10, 1, &trial), 0);
+  assert_int_equal(adapt_pick(3, 10, 10.5, 1, &trial), 0);
+  assert_int_equal(adapt_pick(3, 10, 12, 1, &trial), 1);
   assert_false(trial);
-  assert_int_equal(adapt_pick(3, 12, 10, ADAPT_SLOTS_MARGIN, &trial), 0);
+  assert_int_equal(adapt_pick(3, 12, 10, 1, &trial), 0);
 }
 
 /* On single copy the tuner's row is tried every ADAPT_EXPLORE calls; on the
@@ -52,23 +52,35 @@ static void test_trials(void** state) {
   (void)state;
   int on_cma = 0, on_plan = 0, trial = 0;
   for (uint32_t c = 3; c < 3 + 64 * ADAPT_EXPLORE; c++) {
-    int use = adapt_pick(c, 2, 7, ADAPT_MARGIN, &trial);
+    int use = adapt_pick(c, 2, 7, 0, &trial);
     assert_int_equal(use, trial ? 0 : 1);
     on_cma += trial;
-    use = adapt_pick(c, 7, 2, ADAPT_MARGIN, &trial);
+    use = adapt_pick(c, 7, 2, 0, &trial);
     assert_int_equal(use, trial ? 1 : 0);
     on_plan += trial;
   }
   assert_int_equal(on_cma, 64);
   assert_int_equal(on_plan, 64 * ADAPT_EXPLORE / ADAPT_EXPLORE_ALT);
-  assert_int_equal(adapt_pick(ADAPT_EXPLORE, 2, 7, ADAPT_MARGIN, &trial), 0);
+  assert_int_equal(adapt_pick(ADAPT_EXPLORE, 2, 7, 0, &trial), 0);
   assert_true(trial);
-  assert_int_equal(adapt_pick(ADAPT_EXPLORE_ALT, 7, 2, ADAPT_MARGIN, &trial), 1);
+  assert_int_equal(adapt_pick(ADAPT_EXPLORE_ALT, 7, 2, 0, &trial), 1);
   assert_true(trial);
-  assert_int_equal(adapt_pick(ADAPT_EXPLORE, 7, 2, ADAPT_MARGIN, &trial), 0);
+  assert_int_equal(adapt_pick(ADAPT_EXPLORE, 7, 2, 0, &trial), 0);
   assert_false(trial);
-  assert_int_equal(adapt_pick(4 * ADAPT_EXPLORE, 7, 2, ADAPT_MARGIN, &trial), 0);
+  assert_int_equal(adapt_pick(4 * ADAPT_EXPLORE, 7, 2, 0, &trial), 0);
   assert_false(trial);
+  /* The slots' other way: tried every ADAPT_EXPLORE calls from either way. */
+  int slots_alt = 0, slots_plan = 0;
+  for (uint32_t c = 3; c < 3 + 64 * ADAPT_EXPLORE; c++) {
+    int use = adapt_pick(c, 2, 7, 1, &trial);
+    assert_int_equal(use, trial ? 0 : 1);
+    slots_alt += trial;
+    use = adapt_pick(c, 7, 2, 1, &trial);
+    assert_int_equal(use, trial ? 1 : 0);
+    slots_plan += trial;
+  }
+  assert_int_equal(slots_alt, 64);
+  assert_int_equal(slots_plan, 64);
 }
 
 /* Three paths (adapt_pick3: plain slot stores, single copy, non-temporal
@@ -82,35 +94,35 @@ static void test_three_paths(void** state) {
   double r[3] = {0, 0, 0};
   static const int first[4] = {0, 1, 2, 0};
   for (uint32_t c = 0; c < 4; c++) {
-    assert_int_equal(adapt_pick3(c, r, ADAPT_MARGIN, &trial), first[c]);
+    assert_int_equal(adapt_pick3(c, r, 0, &trial), first[c]);
     assert_true(trial);
   }
   double plain[3] = {10, 10, 10.5}, nt[3] = {10, 10, 14}, cma[3] = {10, 19, 14}, cma_nt[3] = {10, 17, 14};
-  assert_int_equal(adapt_pick3(5, plain, ADAPT_MARGIN, &trial), 0); /* non-temporal 1.05x: not enough */
+  assert_int_equal(adapt_pick3(5, plain, 0, &trial), 0); /* non-temporal 1.05x: not enough */
   assert_false(trial);
-  assert_int_equal(adapt_pick3(5, nt, ADAPT_MARGIN, &trial), 2);
+  assert_int_equal(adapt_pick3(5, nt, 0, &trial), 2);
   assert_false(trial);
-  assert_int_equal(adapt_pick3(5, cma, ADAPT_MARGIN, &trial), 1); /* 1.36x the better FIFO kind */
+  assert_int_equal(adapt_pick3(5, cma, 0, &trial), 1); /* 1.36x the better FIFO kind */
   assert_false(trial);
-  assert_int_equal(adapt_pick3(5, cma_nt, ADAPT_MARGIN, &trial), 2); /* 1.7x plain, 1.2x non-temporal: the FIFO */
+  assert_int_equal(adapt_pick3(5, cma_nt, 0, &trial), 2); /* 1.7x plain, 1.2x non-temporal: the FIFO */
   assert_false(trial);
   /* A reduction's three ways (plain, non-temporal, read ahead): path [1]
    * with the slots' narrow margin against the better of the other two. */
   double ahead[3] = {10, 11, 12}, nt_red[3] = {10, 13.5, 12};
-  assert_int_equal(adapt_pick3(5, ahead, ADAPT_SLOTS_MARGIN, &trial), 2);
-  assert_int_equal(adapt_pick3(5, nt_red, ADAPT_SLOTS_MARGIN, &trial), 1);
-  assert_int_equal(adapt_pick3(5, nt_red, ADAPT_MARGIN, &trial), 2);
+  assert_int_equal(adapt_pick3(5, ahead, 1, &trial), 2);
+  assert_int_equal(adapt_pick3(5, nt_red, 1, &trial), 1);
+  assert_int_equal(adapt_pick3(5, nt_red, 0, &trial), 2);
   int on[3][3] = {{0}};
   const double* cases[3] = {plain, nt, cma};
   for (int k = 0; k < 3; k++)
     for (uint32_t c = 4; c < 4 + 4 * ADAPT_EXPLORE_ALT; c++) {
-      int use = adapt_pick3(c, cases[k], ADAPT_MARGIN, &trial);
+      int use = adapt_pick3(c, cases[k], 0, &trial);
       if (trial) on[k][use]++;
       else assert_int_equal(use, k == 0 ? 0 : k == 1 ? 2 : 1);
     }
-  /* On plain stores: single copy and non-temporal stores each every ADAPT_EXPLORE_ALT calls. */
+  /* On plain stores: single copy every ADAPT_EXPLORE_ALT calls, non-temporal stores every ADAPT_EXPLORE. */
   assert_int_equal(on[0][1], 4);
-  assert_int_equal(on[0][2], 4);
+  assert_int_equal(on[0][2], 4 * ADAPT_EXPLORE_ALT / ADAPT_EXPLORE);
   assert_int_equal(on[0][0], 0);
   /* On non-temporal stores: single copy every ADAPT_EXPLORE_ALT, plain every ADAPT_EXPLORE. */
   assert_int_equal(on[1][1], 4);
