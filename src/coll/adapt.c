@@ -45,9 +45,10 @@
  * row again); then the alternative runs where it measured faster by a
  * margin (single copy clearly faster, ADAPT_MARGIN; the slots' other way a
  * little, ADAPT_SLOTS_MARGIN: coll.h), the tuner's row otherwise, and now
- * and then one call runs the other to see whether that changed (adapt_pick). While a rank waits for a CPU
- * (another busy process; COLLIE_ADAPT_LOAD, load_look below) the tuner's
- * row holds for ADAPT_WINDOW calls at a time: beside a busy process on 2
+ * and then one call runs the other to see whether that changed
+ * (adapt_pick). While a rank waits for a CPU (another busy process;
+ * COLLIE_ADAPT_LOAD, load_look below) the tuner's row holds for
+ * ADAPT_WINDOW calls at a time: beside a busy process on 2
  * CPUs, call times swung 10x with the scheduler, the pick flipped between
  * the paths on them, and each per-call exchange waited for both ranks to be
  * on a CPU (2 ranks, 2 MiB, held against weighed, bound: broadcast 277

@@ -46,20 +46,30 @@ static void test_margin(void** state) {
   assert_int_equal(adapt_pick(3, 12, 10, 1, &trial), 0);
 }
 
+/* Over 64 * ADAPT_EXPLORE calls after the first tries, with the alternative
+ * ahead and then the tuner's row ahead: how many calls were trials, and
+ * that every other call ran the better path. */
+static void count_trials(int slots, int* on_alt, int* on_plan) {
+  int trial = 0;
+  *on_alt = *on_plan = 0;
+  for (uint32_t c = 3; c < 3 + 64 * ADAPT_EXPLORE; c++) {
+    int use = adapt_pick(c, 2, 7, slots, &trial);
+    assert_int_equal(use, trial ? 0 : 1);
+    *on_alt += trial;
+    use = adapt_pick(c, 7, 2, slots, &trial);
+    assert_int_equal(use, trial ? 1 : 0);
+    *on_plan += trial;
+  }
+}
+
 /* On single copy the tuner's row is tried every ADAPT_EXPLORE calls; on the
- * tuner's row single copy every ADAPT_EXPLORE_ALT; nothing else is a trial. */
+ * tuner's row single copy every ADAPT_EXPLORE_ALT; the slots' other way every
+ * ADAPT_EXPLORE from either; nothing else is a trial. */
 static void test_trials(void** state) {
   (void)state;
-  int on_cma = 0, on_plan = 0, trial = 0;
-  for (uint32_t c = 3; c < 3 + 64 * ADAPT_EXPLORE; c++) {
-    int use = adapt_pick(c, 2, 7, 0, &trial);
-    assert_int_equal(use, trial ? 0 : 1);
-    on_cma += trial;
-    use = adapt_pick(c, 7, 2, 0, &trial);
-    assert_int_equal(use, trial ? 1 : 0);
-    on_plan += trial;
-  }
-  assert_int_equal(on_cma, 64);
+  int on_alt = 0, on_plan = 0, trial = 0;
+  count_trials(0, &on_alt, &on_plan);
+  assert_int_equal(on_alt, 64);
   assert_int_equal(on_plan, 64 * ADAPT_EXPLORE / ADAPT_EXPLORE_ALT);
   assert_int_equal(adapt_pick(ADAPT_EXPLORE, 2, 7, 0, &trial), 0);
   assert_true(trial);
@@ -69,18 +79,9 @@ static void test_trials(void** state) {
   assert_false(trial);
   assert_int_equal(adapt_pick(4 * ADAPT_EXPLORE, 7, 2, 0, &trial), 0);
   assert_false(trial);
-  /* The slots' other way: tried every ADAPT_EXPLORE calls from either way. */
-  int slots_alt = 0, slots_plan = 0;
-  for (uint32_t c = 3; c < 3 + 64 * ADAPT_EXPLORE; c++) {
-    int use = adapt_pick(c, 2, 7, 1, &trial);
-    assert_int_equal(use, trial ? 0 : 1);
-    slots_alt += trial;
-    use = adapt_pick(c, 7, 2, 1, &trial);
-    assert_int_equal(use, trial ? 1 : 0);
-    slots_plan += trial;
-  }
-  assert_int_equal(slots_alt, 64);
-  assert_int_equal(slots_plan, 64);
+  count_trials(1, &on_alt, &on_plan);
+  assert_int_equal(on_alt, 64);
+  assert_int_equal(on_plan, 64);
 }
 
 /* Three paths (adapt_pick3: plain slot stores, single copy, non-temporal
