@@ -227,8 +227,11 @@ ok $? "COLLIE_BIND=auto with more ranks ($((ncores + 1))) than cores: nobody bou
 
 # A hold case under scripts/stress.sh --hog (COLLIE_TEST_HOG=1) whose ranks
 # found the hogs at init: the hold is refused then, by design, so the case
-# cannot run and skips with the reason. Anywhere else it fails: the suite
-# runs this test alone (RUN_SERIAL), on a machine that should be idle.
+# cannot run and skips with the reason. Anywhere else the suite runs this
+# test alone (RUN_SERIAL), but another process may still take a CPU for a
+# few ms at the wrong moment (a fresh clone's test run failed the case
+# "after init" once: "pid N (bash) on CPU 0", a shell polling beside it):
+# such a case runs again, at most 3 times in all, then fails.
 machine_busy() { grep -q 'left unbound: more local ranks than CPUs and another process runs on CPUs' "$tmp/err"; }
 hold_ok() {
     local rc=$1 what=$2
@@ -238,23 +241,40 @@ hold_ok() {
         ok "$rc" "$what"
     fi
 }
+# hold_case FN WHAT: runs case FN (its status: passed or not), again while
+# it failed because the ranks found another process busy at init (above).
+hold_case() {
+    local fn=$1 what=$2 rc try
+    for try in 1 2 3; do
+        "$fn"
+        rc=$?
+        [ "$rc" = 0 ] || ! machine_busy || [ "${COLLIE_TEST_HOG:-0}" = 1 ] || [ "$try" = 3 ] && break
+        echo "# $what: try $try: the ranks found $(grep -o 'another process runs on CPUs .*' "$tmp/err" | head -1) at init; again"
+    done
+    hold_ok "$rc" "$what"
+}
 
 if [ "$ncores" -ge 2 ]; then
     # COLLIE_BIND=hold, more local ranks than cores: held two (or more) to a
     # core, for as long as no rank waits long for its CPU; ncclCommDestroy
     # gives each process its whole mask back.
-    probe $((ncores + 1)) -x COLLIE_BIND=hold
-    [ $? = 0 ] && lines $((ncores + 1)) && held_by_core &&
-        [ "$(grep -c 'held while no rank waits long for its CPU' "$tmp/err")" -eq $((ncores + 1)) ] &&
-        kind destroyed && lines $((ncores + 1)) && all_equal 4 "$mine" && all_equal 5 "$mine"
-    hold_ok $? "COLLIE_BIND=hold with more ranks ($((ncores + 1))) than cores: held by core, whole masks after ncclCommDestroy"
+    hold_destroy() {
+        probe $((ncores + 1)) -x COLLIE_BIND=hold
+        [ $? = 0 ] && lines $((ncores + 1)) && held_by_core &&
+            [ "$(grep -c 'held while no rank waits long for its CPU' "$tmp/err")" -eq $((ncores + 1)) ] &&
+            kind destroyed && lines $((ncores + 1)) && all_equal 4 "$mine" && all_equal 5 "$mine"
+    }
+    hold_case hold_destroy "COLLIE_BIND=hold with more ranks ($((ncores + 1))) than cores: held by core, whole masks after ncclCommDestroy"
 
     # Rank 0 sleeps 300 ms before an allreduce: the others' sleeps in it end the
     # hold, for every local rank, before rank 0 returns to the library.
-    probe $((ncores + 1)) -x COLLIE_BIND=hold -x BIND_PROBE_SLEEP_MS=300
-    [ $? = 0 ] && lines $((ncores + 1)) && held_by_core && kind after && lines $((ncores + 1)) &&
-        all_equal 4 "$mine" && all_equal 5 "$mine" && grep -q 'took .* ms of the last 100 ms; [0-9]* process(es) may run on' "$tmp/err"
-    hold_ok $? "COLLIE_BIND=hold: a long wait gives every local rank its whole mask back"
+    hold_wait() {
+        probe $((ncores + 1)) -x COLLIE_BIND=hold -x BIND_PROBE_SLEEP_MS=300
+        [ $? = 0 ] && lines $((ncores + 1)) && held_by_core && kind after && lines $((ncores + 1)) &&
+            all_equal 4 "$mine" && all_equal 5 "$mine" &&
+            grep -q 'took .* ms of the last 100 ms; [0-9]* process(es) may run on' "$tmp/err"
+    }
+    hold_case hold_wait "COLLIE_BIND=hold: a long wait gives every local rank its whole mask back"
 
     # A busy process pinned to the first CPU when the ranks start: nobody is
     # held (ranks held two to a CPU would share it with the process).
@@ -278,43 +298,47 @@ if [ "$ncores" -ge 2 ]; then
     # truncates it: emptied first, or the poll below may count those lines
     # and start the busy process before the ranks' init (the ranks then named
     # it, "pid N (sh) on CPU 0", and refused the hold: 1 run in 10-15).
-    n=$((ncores + 1))
-    : >"$tmp/out"
-    run -n "$n" --bind-to none -x COLLIE_BIND=hold -x BIND_PROBE_SLEEP_MS=1000 -x BIND_PROBE_GO="$tmp/go" \
-        -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT "$PROBE" &
-    job=$!
-    # Polled without forking: the shell's own reads, and a read that times
-    # out on a FIFO nobody writes as the 50 ms sleep (a loop that forked grep
-    # and sleep every 10 ms kept this shell on a CPU 1-3.4 ms of every 20 ms
-    # under load, close to the 5 ms at which a rank counts a process as busy
-    # at init).
-    mkfifo "$tmp/nap"
-    exec {nap}<>"$tmp/nap"
-    count_probe_lines() {
-        local line
-        probe_lines=0
-        [ -f "$tmp/out" ] || return 0
-        while IFS= read -r line; do [[ $line == "bind "* ]] && probe_lines=$((probe_lines + 1)); done <"$tmp/out"
+    hold_busy_after() {
+        n=$((ncores + 1))
+        : >"$tmp/out"
+        rm -f "$tmp/go"
+        run -n "$n" --bind-to none -x COLLIE_BIND=hold -x BIND_PROBE_SLEEP_MS=1000 -x BIND_PROBE_GO="$tmp/go" \
+            -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT "$PROBE" &
+        job=$!
+        # Polled without forking: the shell's own reads, and a read that times
+        # out on a FIFO nobody writes as the 50 ms sleep (a loop that forked grep
+        # and sleep every 10 ms kept this shell on a CPU 1-3.4 ms of every 20 ms
+        # under load, close to the 5 ms at which a rank counts a process as busy
+        # at init).
+        rm -f "$tmp/nap"
+        mkfifo "$tmp/nap"
+        exec {nap}<>"$tmp/nap"
+        count_probe_lines() {
+            local line
+            probe_lines=0
+            [ -f "$tmp/out" ] || return 0
+            while IFS= read -r line; do [[ $line == "bind "* ]] && probe_lines=$((probe_lines + 1)); done <"$tmp/out"
+        }
+        for _ in {1..200}; do
+            count_probe_lines
+            [ "$probe_lines" -ge "$n" ] && break
+            read -r -t 0.05 -u "$nap" _ || true
+        done
+        exec {nap}>&-
+        taskset -c "${cpus[0]}" sh -c 'while :; do :; done' &
+        hog=$!
+        : >"$tmp/go"
+        wait "$job"
+        rc=$?
+        kill "$hog"
+        wait "$hog" 2>/dev/null
+        cp "$tmp/out" "$tmp/all"
+        grep '^bind ' "$tmp/all" >"$tmp/out"
+        [ $rc = 0 ] && lines "$n" && held_by_core && kind after && lines "$n" &&
+            all_equal 4 "$mine" && all_equal 5 "$mine" &&
+            grep -Eq "may run on CPUs .* again \\(moved off CPUs ([0-9]+[,-])*${cpus[0]}([,-][0-9]+)* first" "$tmp/err"
     }
-    for _ in {1..200}; do
-        count_probe_lines
-        [ "$probe_lines" -ge "$n" ] && break
-        read -r -t 0.05 -u "$nap" _ || true
-    done
-    exec {nap}>&-
-    taskset -c "${cpus[0]}" sh -c 'while :; do :; done' &
-    hog=$!
-    : >"$tmp/go"
-    wait "$job"
-    rc=$?
-    kill "$hog"
-    wait "$hog" 2>/dev/null
-    cp "$tmp/out" "$tmp/all"
-    grep '^bind ' "$tmp/all" >"$tmp/out"
-    [ $rc = 0 ] && lines "$n" && held_by_core && kind after && lines "$n" &&
-        all_equal 4 "$mine" && all_equal 5 "$mine" &&
-        grep -Eq "may run on CPUs .* again \\(moved off CPUs ([0-9]+[,-])*${cpus[0]}([,-][0-9]+)* first" "$tmp/err"
-    hold_ok $? "COLLIE_BIND=hold, a busy process on CPU ${cpus[0]} after init: moved off it when the hold ends"
+    hold_case hold_busy_after "COLLIE_BIND=hold, a busy process on CPU ${cpus[0]} after init: moved off it when the hold ends"
 else
     skip "COLLIE_BIND=hold" "needs 2 cores, have $ncores"
 fi
