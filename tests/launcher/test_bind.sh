@@ -298,8 +298,14 @@ if [ "$ncores" -ge 2 ]; then
     # truncates it: emptied first, or the poll below may count those lines
     # and start the busy process before the ranks' init (the ranks then named
     # it, "pid N (sh) on CPU 0", and refused the hold: 1 run in 10-15).
+    count_probe_lines() {
+        local line
+        probe_lines=0
+        [ -f "$tmp/out" ] || return 0
+        while IFS= read -r line; do [[ $line == "bind "* ]] && probe_lines=$((probe_lines + 1)); done <"$tmp/out"
+    }
     hold_busy_after() {
-        n=$((ncores + 1))
+        local n=$((ncores + 1)) job hog rc
         : >"$tmp/out"
         rm -f "$tmp/go"
         run -n "$n" --bind-to none -x COLLIE_BIND=hold -x BIND_PROBE_SLEEP_MS=1000 -x BIND_PROBE_GO="$tmp/go" \
@@ -313,12 +319,6 @@ if [ "$ncores" -ge 2 ]; then
         rm -f "$tmp/nap"
         mkfifo "$tmp/nap"
         exec {nap}<>"$tmp/nap"
-        count_probe_lines() {
-            local line
-            probe_lines=0
-            [ -f "$tmp/out" ] || return 0
-            while IFS= read -r line; do [[ $line == "bind "* ]] && probe_lines=$((probe_lines + 1)); done <"$tmp/out"
-        }
         for _ in {1..200}; do
             count_probe_lines
             [ "$probe_lines" -ge "$n" ] && break
