@@ -165,6 +165,10 @@ struct sock_conn {
   size_t post_len;
   uint32_t post_idx;
   int posted;
+  uint32_t ask_idx; /* receiver: the slot its consumer last looked for and did not find */
+  int asked;
+  int hold;         /* receiver: COLLIE_SOCKET_HOLD (see payload_held) */
+  uint64_t staged_large; /* receiver: payloads of SOCK_STAGE_BYTES or more placed in a slot buffer (for tests) */
   uint32_t pos;  /* sender: slots committed; receiver: slots consumed */
   uint32_t done; /* slots moved completely: every slot below is done */
   int failed;    /* the link broke or the peer poisoned/closed it */
@@ -400,14 +404,38 @@ static int peer_on_my_cpu(struct conn* c) {
   return pc >= 0 && pc == sched_getcpu();
 }
 
+/* Does the payload of link l's slot, whose header has come, stay in the
+ * kernel for now? A large one does until its consumer posts a buffer for it
+ * (recv_post) or looks for the slot (recv_slot): read earlier, while the
+ * consumer is still in an earlier call (a peer ahead of it sent its next
+ * message), it went into the slot buffer and from there, once posted, into
+ * the consumer's buffer: a second copy, and the first touch of each page of
+ * the slot buffers a fault (4 MiB per connector between hosts), taken call
+ * after call until every slot had once been filled early. Over loopback, 8
+ * ranks each a host of its own on 2 CPUs, alltoall of 2 MiB (perf stat -a -e
+ * page-faults, whole runs of 1 / 30 / 300 calls): 11,560 / 34,393 / 40,626
+ * faults and 0.23 / 0.55 / 1.29 s read early, 11,557 / 11,549 / 11,571 and
+ * 0.21 / 0.27 / 0.82 s held; rank 0's calls 3-25 took 8-31 ms read early
+ * (2.3 ms once every slot was warm, after ~100 calls) and 2.2-3.2 ms held
+ * (docs/BENCHMARKS.md, seventy-sixth session). Held, the connection is left
+ * out of the waits on every connector (transport_wait_fds): it stays
+ * readable, and a waiter for another peer would not sleep. */
+static int payload_held(const struct sock_conn* s, const struct sock_link* l, const struct slot_hdr* h) {
+  if (!s->hold || l->off != sizeof(*h) || (h->flags & SLOT_ERROR) || h->bytes < SOCK_STAGE_BYTES) return 0;
+  if (s->posted && s->post_idx == l->next) return 0;
+  return !(s->asked && s->ask_idx == l->next);
+}
+
 /* Where the payload of the slot link l is filling goes. Decided when its
  * first payload byte is placed, so a consumer that posts its buffer after the
  * header came (but before the payload) still gets the bytes directly. */
 static char* payload_dst(struct conn* c, struct sock_link* l, const struct slot_hdr* h) {
   struct sock_conn* s = c->priv;
   uint32_t idx = l->next % (uint32_t)c->nslots;
-  if (l->off == sizeof(*h))
+  if (l->off == sizeof(*h)) {
     s->ext[idx] = s->posted && s->post_idx == l->next && h->bytes <= s->post_len ? s->post_dst : NULL;
+    if (!s->ext[idx] && h->bytes >= SOCK_STAGE_BYTES) s->staged_large++;
+  }
   return s->ext[idx] ? (char*)s->ext[idx] : slot_data(c, l->next);
 }
 
@@ -425,6 +453,10 @@ static ncclResult_t recv_links(struct conn* c, int may_read) {
       size_t need = l->off < sizeof(*h) ? sizeof(*h) : slot_len(h);
       int blocked = 0;
       while (l->off < need) {
+        if (payload_held(s, l, h)) {
+          blocked = 1;
+          break;
+        }
         if (l->stage_off == l->stage_len) {
           if (!may_read) {
             blocked = 1;
@@ -565,7 +597,11 @@ static ncclResult_t sock_send_commit(struct conn* c, const struct slot_hdr* h) {
 
 static const void* sock_recv_slot(struct conn* c, struct slot_hdr* h) {
   struct sock_conn* s = c->priv;
-  if (s->done == s->pos) return NULL;
+  if (s->done == s->pos) {
+    s->ask_idx = s->pos; /* its payload, if held, may come now */
+    s->asked = 1;
+    return NULL;
+  }
   *h = s->hdrs[s->pos % (uint32_t)c->nslots];
   const char* ext = s->ext[s->pos % (uint32_t)c->nslots];
   return ext ? ext : slot_data(c, s->pos);
@@ -593,24 +629,29 @@ static ncclResult_t sock_recv_release(struct conn* c) {
   struct sock_conn* s = c->priv;
   s->ext[s->pos % (uint32_t)c->nslots] = NULL;
   s->posted = 0;
+  s->asked = 0;
   s->pos++;
   /* Only what is staged: the next waiter reads the socket anyway, and a read
    * here would take the next header before its consumer could post a buffer. */
   return recv_links(c, 0);
 }
 
-/* The connections still open, as poll entries; how many. */
-static int link_pollfds(struct conn* c, struct pollfd* p) {
+/* The connections still open, as poll entries; how many. `all` 0: not those
+ * whose payload is held (readable, but nothing moves until the consumer comes). */
+static int link_pollfds(struct conn* c, struct pollfd* p, int all) {
   struct sock_conn* s = c->priv;
   int n = 0;
-  for (int i = 0; i < s->nlinks; i++)
-    if (!s->link[i].eof) p[n++] = (struct pollfd){.fd = s->link[i].fd, .events = c->is_send ? POLLOUT : POLLIN};
+  for (int i = 0; i < s->nlinks; i++) {
+    const struct sock_link* l = &s->link[i];
+    if (l->eof || (!all && !c->is_send && payload_held(s, l, &s->hdrs[l->next % (uint32_t)c->nslots]))) continue;
+    p[n++] = (struct pollfd){.fd = l->fd, .events = c->is_send ? POLLOUT : POLLIN};
+  }
   return n;
 }
 
 static void sock_wait(struct conn* c, int timeout_ms) {
   struct pollfd p[SOCK_MAX_CONNS];
-  poll(p, (nfds_t)link_pollfds(c, p), timeout_ms);
+  poll(p, (nfds_t)link_pollfds(c, p, 1), timeout_ms); /* its consumer waits: nothing is held from it */
 }
 
 static void sock_fail(struct conn* c) {
@@ -634,7 +675,7 @@ static int sock_pollfds(struct conn* c, struct pollfd* p) {
   if (s->failed) return 0;
   if (c->is_send && s->done == s->pos) return 0; /* nothing to send */
   if (!c->is_send && (uint32_t)(s->done - s->pos) >= (uint32_t)c->nslots) return 0; /* no free slot */
-  return link_pollfds(c, p);
+  return link_pollfds(c, p, 0);
 }
 
 /* Failed: a connection broke, or the slot the consumer waits for would come
@@ -696,6 +737,11 @@ int sock_delayed_ack_on(struct conn* c, int* armed) {
 int64_t sock_lag_holds(struct conn* c) {
   if (!c || c->ops != &sock_ops || c->is_send) return -1;
   return (int64_t)((struct sock_conn*)c->priv)->lag_holds;
+}
+
+int64_t sock_staged_large(struct conn* c) {
+  if (!c || c->ops != &sock_ops || c->is_send) return -1;
+  return (int64_t)((struct sock_conn*)c->priv)->staged_large;
 }
 
 int sock_congestion(struct conn* c, char* name, size_t len) {
@@ -788,6 +834,7 @@ static ncclResult_t sock_recv_setup(struct conn* c, void* info, size_t* info_len
   NCCLCHECK(sock_alloc(c, nsocks_wanted()));
   struct sock_conn* s = c->priv;
   s->readahead = (int)param_int(P_COLLIE_SOCKET_READAHEAD, 0, 1);
+  s->hold = !s->readahead && param_int(P_COLLIE_SOCKET_HOLD, 0, 1); /* read ahead: into the slots, as asked */
   s->delayed_ack = (int)param_int(P_COLLIE_SOCKET_DELAYED_ACK, 0, 1);
   s->lag_ns = param_int(P_COLLIE_SOCKET_LAG_NS, 0, 1000000);
   for (int i = 0; i < s->nlinks; i++)

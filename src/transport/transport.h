@@ -201,6 +201,10 @@ int sock_delayed_ack_on(struct conn* c, int* armed);
  * its peer's slots came as a one-way stream (COLLIE_SOCKET_LAG_NS; a wait
  * counts once per look), or -1 when c is no socket receiver. */
 int64_t sock_lag_holds(struct conn* c);
+/* For tests: how many payloads of 16 KiB or more socket receiver c placed in
+ * its slot buffer rather than the consumer's (COLLIE_SOCKET_HOLD), or -1
+ * when c is no socket receiver. */
+int64_t sock_staged_large(struct conn* c);
 /* For tests: the TCP congestion control of every connection of socket
  * connector c (sender: the connections it connected; receiver: those it
  * accepted) into name (0), or -1 when c is no socket connector, the kernel

@@ -725,6 +725,81 @@ static int rank_lag(int rank, int nranks, const ncclUniqueId* ids, int nids, voi
   return 0;
 }
 
+/* A socket receiver leaves a large payload that comes before its consumer
+ * posted a buffer for it in the kernel (COLLIE_SOCKET_HOLD): rank 1 sends
+ * rank 0 two messages back to back while rank 0 receives the first one in a
+ * group whose other receive (from rank 2, which sends 20 ms late) keeps it
+ * waiting, so the second one's header and payload are there while rank 0
+ * progresses its connector from rank 1 and has not posted for it. Held, no
+ * payload of 16 KiB or more may ever go through rank 0's slot buffer; read
+ * at once (0), the second messages of 20 such rounds must have gone through
+ * it at least once. Every value is checked either way, at sizes below and
+ * above the stage (4 KB, 64 KiB, 1 MiB: several slots). */
+static int rank_hold(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  own_host("holdhost", rank);
+  const char* e = getenv("COLLIE_SOCKET_HOLD");
+  int hold = !e || atoi(e) != 0;
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  MP_CHECK(comm->nhosts == nranks && nranks == 3, "rank %d: %d hosts of %d ranks (the test wants 3)", rank,
+           comm->nhosts, nranks);
+  static const size_t counts[] = {1000, 16384, 262144};
+  const size_t maxn = 262144;
+  float* a = malloc(maxn * sizeof(float));
+  float* b = malloc(maxn * sizeof(float));
+  float* c = malloc(maxn * sizeof(float));
+  MP_CHECK(a && b && c, "out of memory");
+  const int rounds = 21; /* the first connects every connector on the way */
+  for (int it = 0; it < rounds; it++) {
+    size_t n = counts[it % 3];
+    if (rank == 1) {
+      for (size_t i = 0; i < n; i++) {
+        a[i] = val(it, 1, 0, i);
+        b[i] = val(it + 1000, 1, 0, i);
+      }
+      MP_NCCL(ncclSend(a, n, ncclFloat32, 0, comm, NULL));
+      MP_NCCL(ncclSend(b, n, ncclFloat32, 0, comm, NULL));
+    } else if (rank == 2) {
+      for (size_t i = 0; i < n; i++) c[i] = val(it, 2, 0, i);
+      if (it > 0) usleep(20000);
+      MP_NCCL(ncclSend(c, n, ncclFloat32, 0, comm, NULL));
+    } else {
+      for (size_t i = 0; i < n; i++) a[i] = b[i] = c[i] = -1.0f;
+      MP_NCCL(ncclGroupStart());
+      MP_NCCL(ncclRecv(a, n, ncclFloat32, 1, comm, NULL));
+      MP_NCCL(ncclRecv(c, n, ncclFloat32, 2, comm, NULL));
+      MP_NCCL(ncclGroupEnd());
+      MP_NCCL(ncclRecv(b, n, ncclFloat32, 1, comm, NULL));
+      for (size_t i = 0; i < n; i++) {
+        MP_CHECK(a[i] == val(it, 1, 0, i), "rank 0: round %d (%zu floats): first message from rank 1, element %zu is "
+                 "%g, want %g", it, n, i, (double)a[i], (double)val(it, 1, 0, i));
+        MP_CHECK(b[i] == val(it + 1000, 1, 0, i), "rank 0: round %d (%zu floats): second message from rank 1, element "
+                 "%zu is %g, want %g", it, n, i, (double)b[i], (double)val(it + 1000, 1, 0, i));
+        MP_CHECK(c[i] == val(it, 2, 0, i), "rank 0: round %d (%zu floats): message from rank 2, element %zu is %g, "
+                 "want %g", it, n, i, (double)c[i], (double)val(it, 2, 0, i));
+      }
+    }
+  }
+  if (rank == 0) {
+    int64_t staged = sock_staged_large(comm->recv_conns[1]);
+    MP_CHECK(staged >= 0, "rank 0: its receiver from rank 1 is no socket connector");
+    if (hold) MP_CHECK(staged == 0, "rank 0: %lld payloads of 16 KiB or more went through the slot buffer with "
+                       "COLLIE_SOCKET_HOLD on", (long long)staged);
+    else MP_CHECK(staged > 0, "rank 0: with COLLIE_SOCKET_HOLD=0, none of %d messages that came while it waited for "
+                  "another peer went through the slot buffer", rounds - 1);
+  }
+  int v = 1; /* every rank is done with the rounds before any leaves */
+  MP_NCCL(ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, comm, NULL));
+  MP_CHECK(v == nranks, "rank %d: allreduce gave %d", rank, v);
+  free(a);
+  free(b);
+  free(c);
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
 /* Socket waiters on a machine with more ranks than CPUs yield between
  * rounds (COLLIE_SOCKET_YIELD_US): with every rank pinned to one CPU each
  * waits for peers that cannot run until it gives the CPU up, so every
@@ -1413,7 +1488,7 @@ static int rank_helpers(int rank, int nranks, const ncclUniqueId* ids, int nids,
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s zero|a2a|paired|delack|lag|helpers|localcc|duplex|cmaauto|adapt|runahead|rotate|spread|yield NRANKS\n", argv[0]);
+    fprintf(stderr, "usage: %s zero|a2a|paired|delack|lag|helpers|localcc|duplex|cmaauto|adapt|runahead|rotate|spread|yield|hold NRANKS\n", argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
@@ -1424,7 +1499,7 @@ int main(int argc, char** argv) {
   int cmaauto = strcmp(argv[1], "cmaauto") == 0, runahead = strcmp(argv[1], "runahead") == 0;
   int spread = strcmp(argv[1], "spread") == 0, adapt = strcmp(argv[1], "adapt") == 0;
   int rotate = strcmp(argv[1], "rotate") == 0, lag = strcmp(argv[1], "lag") == 0;
-  int yield = strcmp(argv[1], "yield") == 0;
+  int yield = strcmp(argv[1], "yield") == 0, holdp = strcmp(argv[1], "hold") == 0;
   if (lag) {
     /* Each rank pins itself to a CPU of its own (a sender on the receiver's
      * CPU turns the lag off): with fewer CPUs nothing can be judged. */
@@ -1485,7 +1560,7 @@ int main(int argc, char** argv) {
       return 77;
     }
   }
-  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : lag ? rank_lag : helpers ? rank_helpers : localcc ? rank_localcc : duplex ? rank_duplex : cmaauto ? rank_cmaauto : adapt ? rank_adapt : runahead ? rank_runahead : rotate ? rank_rotate : spread ? rank_spread : yield ? rank_yield : rank_a2a, NULL, 600);
+  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : lag ? rank_lag : helpers ? rank_helpers : localcc ? rank_localcc : duplex ? rank_duplex : cmaauto ? rank_cmaauto : adapt ? rank_adapt : runahead ? rank_runahead : rotate ? rank_rotate : spread ? rank_spread : yield ? rank_yield : holdp ? rank_hold : rank_a2a, NULL, 600);
   if (spread && rc == 0 && __atomic_load_n(&mp_counters[SPREAD_UNJUDGED], __ATOMIC_ACQUIRE) > 0) {
     printf("SKIPPED: spread: in each of 50 attempts another task wanted a CPU (nothing to judge)\n");
     return 77;
