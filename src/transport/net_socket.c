@@ -415,9 +415,10 @@ static int peer_on_my_cpu(struct conn* c) {
  * ranks each a host of its own on 2 CPUs, alltoall of 2 MiB (perf stat -a -e
  * page-faults, whole runs of 1 / 30 / 300 calls): 11,560 / 34,393 / 40,626
  * faults and 0.23 / 0.55 / 1.29 s read early, 11,557 / 11,549 / 11,571 and
- * 0.21 / 0.27 / 0.82 s held; rank 0's calls 3-25 took 8-31 ms read early
- * (2.3 ms once every slot was warm, after ~100 calls) and 2.2-3.2 ms held
- * (docs/BENCHMARKS.md, seventy-sixth session). Held, the connection is left
+ * 0.21 / 0.27 / 0.82 s held; rank 0's calls 1-11 took 4.3-32 ms read early
+ * (means over 25 calls: 16 ms, 6, 3.3, 2.9, then ~2.4 from the 100th on)
+ * and 2.2-6.3 ms held (means 4.1-5.6 ms over the first 25, 2.1-2.7 after;
+ * docs/BENCHMARKS.md, seventy-sixth session). Held, the connection is left
  * out of the waits on every connector (transport_wait_fds): it stays
  * readable, and a waiter for another peer would not sleep. */
 static int payload_held(const struct sock_conn* s, const struct sock_link* l, const struct slot_hdr* h) {
