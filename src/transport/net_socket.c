@@ -165,8 +165,7 @@ struct sock_conn {
   size_t post_len;
   uint32_t post_idx;
   int posted;
-  uint32_t ask_idx; /* receiver: the slot its consumer last looked for and did not find */
-  int asked;
+  int asked;       /* receiver: its consumer looked for slot pos and did not find it (cleared as pos moves) */
   int hold;         /* receiver: COLLIE_SOCKET_HOLD (see payload_held) */
   uint64_t staged_large; /* receiver: payloads of SOCK_STAGE_BYTES or more placed in a slot buffer (for tests) */
   uint32_t pos;  /* sender: slots committed; receiver: slots consumed */
@@ -424,7 +423,7 @@ static int peer_on_my_cpu(struct conn* c) {
 static int payload_held(const struct sock_conn* s, const struct sock_link* l, const struct slot_hdr* h) {
   if (!s->hold || l->off != sizeof(*h) || (h->flags & SLOT_ERROR) || h->bytes < SOCK_STAGE_BYTES) return 0;
   if (s->posted && s->post_idx == l->next) return 0;
-  return !(s->asked && s->ask_idx == l->next);
+  return !(s->asked && l->next == s->pos);
 }
 
 /* Where the payload of the slot link l is filling goes. Decided when its
@@ -599,8 +598,7 @@ static ncclResult_t sock_send_commit(struct conn* c, const struct slot_hdr* h) {
 static const void* sock_recv_slot(struct conn* c, struct slot_hdr* h) {
   struct sock_conn* s = c->priv;
   if (s->done == s->pos) {
-    s->ask_idx = s->pos; /* its payload, if held, may come now */
-    s->asked = 1;
+    s->asked = 1; /* its payload, if held, may come now */
     return NULL;
   }
   *h = s->hdrs[s->pos % (uint32_t)c->nslots];
