@@ -13,7 +13,8 @@ extern const struct algo algo_ring_allreduce, algo_tree_allreduce, algo_hier_all
     algo_direct_net_allreduce, algo_mapped_allreduce, algo_doubling_allreduce,
     algo_doubling_allgather, algo_doubling_reducescatter, algo_doubling_alltoall;
 extern const struct algo algo_ring_broadcast, algo_direct_shm_broadcast, algo_direct_net_broadcast;
-extern const struct algo algo_ring_reduce, algo_direct_shm_reduce, algo_direct_net_reduce, algo_cma_reduce;
+extern const struct algo algo_ring_reduce, algo_direct_shm_reduce, algo_direct_net_reduce, algo_cma_reduce,
+    algo_binomial_reduce;
 extern const struct algo algo_ring_allgather, algo_direct_shm_allgather, algo_direct_net_allgather;
 extern const struct algo algo_ring_reducescatter, algo_direct_shm_reducescatter, algo_direct_net_reducescatter;
 extern const struct algo algo_p2p_alltoall, algo_p2p_gather, algo_p2p_scatter, algo_direct_shm_alltoall;
@@ -27,6 +28,7 @@ const struct algo* const algo_table[] = {
     &algo_direct_net_allreduce, &algo_hier_allreduce,     &algo_mapped_allreduce,   &algo_doubling_allreduce,
     &algo_ring_broadcast,     &algo_direct_shm_broadcast,     &algo_direct_net_broadcast,   &algo_cma_broadcast,
     &algo_ring_reduce,        &algo_direct_shm_reduce,        &algo_direct_net_reduce,      &algo_cma_reduce,
+    &algo_binomial_reduce,
     &algo_ring_allgather,     &algo_direct_shm_allgather,     &algo_direct_net_allgather,   &algo_cma_allgather,
     &algo_doubling_allgather,
     &algo_ring_reducescatter, &algo_direct_shm_reducescatter, &algo_direct_net_reducescatter,

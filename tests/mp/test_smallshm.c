@@ -49,8 +49,9 @@
  *   yield N  a host per rank over sockets, every rank on one CPU (more ranks
  *            than CPUs): every collective and alltoall at sizes from 1 float
  *            to 64 Ki, checked; socket waiters must have yielded (unset
- *            COLLIE_SOCKET_YIELD_US) or never (0); small broadcasts and
- *            reduces go by the ring's chain (see rank_yield).
+ *            COLLIE_SOCKET_YIELD_US) or never (0); small broadcasts go
+ *            by the ring's chain, small reduces by the binomial tree (see
+ *            rank_yield).
  *   rotate 2 one host: payloads sent through a shared-memory connector of
  *            their own land where COLLIE_SLOT_ROTATE says in their slots,
  *            and arrive whole (see rank_rotate).
@@ -825,8 +826,9 @@ static int rank_yield(int rank, int nranks, const ncclUniqueId* ids, int nids, v
   MP_CHECK(comm->nhosts == nranks, "rank %d: %d hosts of %d ranks", rank, comm->nhosts, nranks);
   MP_CHECK((comm->sock_yield_ns > 0) == on, "rank %d: %d ranks on one CPU, COLLIE_SOCKET_YIELD_US=%s, yet socket "
            "waiters %s", rank, nranks, e ? e : "(unset)", on ? "do not yield" : "yield");
-  /* Every rank a host on one CPU: the small one-way collectives go by the
-   * ring's chain, never by the one-shot whose root handles every message. */
+  /* Every rank a host on one CPU: the small one-way collectives never go by
+   * the one-shot, whose root handles every message: broadcasts by the ring's
+   * chain, reduces by the binomial tree (log2(n) messages at the root). */
   MP_CHECK(comm->sock_oversub >= nranks - 0.01, "rank %d: %d ranks, a host each, on one CPU, yet the tuner counts "
            "%.2f ranks per CPU", rank, nranks, comm->sock_oversub);
   for (int kind = 0; kind < 2; kind++)
@@ -835,8 +837,9 @@ static int rank_yield(int rank, int nranks, const ncclUniqueId* ids, int nids, v
                             .dt = ncclFloat};
       struct plan p;
       MP_CHECK(tuning_plan(&q, &p) == ncclSuccess, "rank %d: no plan", rank);
-      MP_CHECK(p.algo->name == ALGO_RING, "rank %d: %s of %zu bytes by %s, not the ring's chain", rank,
-               kind ? "reduce" : "broadcast", bytes, algo_name(p.algo->name));
+      int want = kind ? ALGO_TREE : ALGO_RING;
+      MP_CHECK(p.algo->name == want, "rank %d: %s of %zu bytes by %s, not the %s", rank, kind ? "reduce" : "broadcast",
+               bytes, algo_name(p.algo->name), kind ? "binomial tree" : "ring's chain");
     }
   static const size_t counts[] = {1, 5, 64, 700, 4096, 65536};
   const size_t most = 65536;

@@ -612,6 +612,44 @@ static int test_bruck(void) {
   return bad;
 }
 
+/* The binomial-tree reduce (binomial.c) against the chain, over sockets with
+ * every rank a host of its own and 2 CPUs for all: from 4 ranks, small
+ * messages (measured even or ahead at 8 B-32 KiB, 4 and 8 ranks); not at 3
+ * ranks (two steps either way), not above 64 KiB, and not where a host holds
+ * several ranks (the ring's chain crosses between hosts once per host). */
+static int test_binomial(void) {
+  struct {
+    int nranks, per_host;
+    size_t bytes;
+    int tree;
+  } want[] = {{4, 1, 8, 1},      {4, 1, 512, 1}, {8, 1, 8, 1},       {8, 1, 2048, 1},  {16, 1, 512, 1},
+              {3, 1, 8, 0},      {8, 1, 128 << 10, 0}, {8, 2, 512, 0}, {4, 2, 8, 0}};
+  int bad = 0;
+  for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+    struct ncclComm comm;
+    int n = want[i].nranks, k = want[i].per_host;
+    two_cpu_comm(&comm, n, 0, &dev_rates);
+    comm.nhosts = comm.nleaders = n / k;
+    comm.local_size = comm.nlocal = comm.max_local = k;
+    comm.sock_oversub = n / 2.0;
+    struct coll_args a;
+    memset(&a, 0, sizeof(a));
+    a.comm = &comm;
+    a.kind = COLL_REDUCE;
+    a.count = want[i].bytes / 4;
+    a.dt = ncclFloat32;
+    int idx = tuning_choose(&a, &comm.tune, NULL);
+    int got = idx < 0 ? -1 : algo_table[idx]->name;
+    if ((got == ALGO_TREE) != want[i].tree || got < 0) {
+      fprintf(stderr, "FAILED reduce of %zu bytes at %d ranks, %d a host, on 2 CPUs: %s, expected %s\n",
+              want[i].bytes, n, k, got < 0 ? "none" : algo_name(got), want[i].tree ? "Tree" : "not Tree");
+      bad = 1;
+    }
+  }
+  if (!bad) fprintf(stderr, "passed tuning binomial: the tree reduce between hosts from 4 ranks, small messages\n");
+  return bad;
+}
+
 int main(int argc, char** argv) {
   char base[] = "/tmp/collie-tuning-XXXXXX";
   if (!mkdtemp(base)) return 1;
@@ -624,6 +662,8 @@ int main(int argc, char** argv) {
     rc = test_chunk();
   } else if (argc > 1 && strcmp(argv[1], "bruck") == 0) {
     rc = test_bruck();
+  } else if (argc > 1 && strcmp(argv[1], "binomial") == 0) {
+    rc = test_binomial();
   } else if (argc > 1 && strcmp(argv[1], "far") == 0) {
     rc = test_far();
   } else if (argc > 1 && strcmp(argv[1], "fallback") == 0) {
@@ -634,7 +674,7 @@ int main(int argc, char** argv) {
     rc = mp_run(n, rank_agree, base, 300);
     fprintf(stderr, "%s tuning agreement, %d ranks\n", rc ? "FAILED" : "passed", n);
   } else {
-    fprintf(stderr, "usage: test_tuning cache | oversub | chunk | bruck | far | fallback | agree NRANKS\n");
+    fprintf(stderr, "usage: test_tuning cache | oversub | chunk | bruck | binomial | far | fallback | agree NRANKS\n");
     rc = 2;
   }
   char cmd[600];
