@@ -575,6 +575,24 @@ static int test_chunk(void) {
   return bad;
 }
 
+/* The row the cost model picks for `bytes` a rank of float32 over sockets,
+ * nranks ranks on hosts of per_host ranks each, 2 CPUs for all (-1: none). */
+static int pick_hosts(int nranks, int per_host, int kind, size_t bytes) {
+  struct ncclComm comm;
+  two_cpu_comm(&comm, nranks, 0, &dev_rates);
+  comm.nhosts = comm.nleaders = nranks / per_host;
+  comm.local_size = comm.nlocal = comm.max_local = per_host;
+  comm.sock_oversub = nranks / 2.0;
+  struct coll_args a;
+  memset(&a, 0, sizeof(a));
+  a.comm = &comm;
+  a.kind = kind;
+  a.count = bytes / 4;
+  a.dt = ncclFloat32;
+  int idx = tuning_choose(&a, &comm.tune, NULL);
+  return idx < 0 ? -1 : algo_table[idx]->name;
+}
+
 /* Bruck's alltoall (doubling.c) against the pairwise batch, over sockets
  * with every rank a host of its own and 2 CPUs for all: never at 3 ranks
  * (no message saved), and only up to 12 KiB blocks (BRUCK_ALLTOALL_MAX_BLOCK;
@@ -588,19 +606,7 @@ static int test_bruck(void) {
               {4, 8 << 10, 1}, {8, 8 << 10, 1}, {6, 10 << 10, 1}};
   int bad = 0;
   for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
-    struct ncclComm comm;
-    two_cpu_comm(&comm, want[i].nranks, 0, &dev_rates);
-    comm.nhosts = comm.nleaders = want[i].nranks;
-    comm.local_size = comm.nlocal = comm.max_local = 1;
-    comm.sock_oversub = want[i].nranks / 2.0;
-    struct coll_args a;
-    memset(&a, 0, sizeof(a));
-    a.comm = &comm;
-    a.kind = COLL_ALLTOALL;
-    a.count = want[i].block / 4;
-    a.dt = ncclFloat32;
-    int idx = tuning_choose(&a, &comm.tune, NULL);
-    int got = idx < 0 ? -1 : algo_table[idx]->name;
+    int got = pick_hosts(want[i].nranks, 1, COLL_ALLTOALL, want[i].block);
     if ((got == ALGO_DOUBLING) != want[i].bruck || got < 0) {
       fprintf(stderr, "FAILED alltoall of %zu-byte blocks at %d ranks, a host each on 2 CPUs: %s, expected %s\n",
               want[i].block, want[i].nranks, got < 0 ? "none" : algo_name(got),
@@ -626,20 +632,8 @@ static int test_binomial(void) {
               {3, 1, 8, 0},      {8, 1, 128 << 10, 0}, {8, 2, 512, 0}, {4, 2, 8, 0}};
   int bad = 0;
   for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
-    struct ncclComm comm;
     int n = want[i].nranks, k = want[i].per_host;
-    two_cpu_comm(&comm, n, 0, &dev_rates);
-    comm.nhosts = comm.nleaders = n / k;
-    comm.local_size = comm.nlocal = comm.max_local = k;
-    comm.sock_oversub = n / 2.0;
-    struct coll_args a;
-    memset(&a, 0, sizeof(a));
-    a.comm = &comm;
-    a.kind = COLL_REDUCE;
-    a.count = want[i].bytes / 4;
-    a.dt = ncclFloat32;
-    int idx = tuning_choose(&a, &comm.tune, NULL);
-    int got = idx < 0 ? -1 : algo_table[idx]->name;
+    int got = pick_hosts(n, k, COLL_REDUCE, want[i].bytes);
     if ((got == ALGO_TREE) != want[i].tree || got < 0) {
       fprintf(stderr, "FAILED reduce of %zu bytes at %d ranks, %d a host, on 2 CPUs: %s, expected %s\n",
               want[i].bytes, n, k, got < 0 ? "none" : algo_name(got), want[i].tree ? "Tree" : "not Tree");
