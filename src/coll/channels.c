@@ -2,13 +2,14 @@
  * ring of connectors. Channel 0 runs on the calling thread; channels 1..nch-1
  * run on helper threads that belong to the communicator, created on first
  * use and pinned (hwloc, else sched_setaffinity) to distinct CPUs of the
- * process. Connectors of every channel are set up on the calling thread
+ * process where the machine has a CPU for each (channels_pin_fits). Connectors of every channel are set up on the calling thread
  * first, in the same order on every rank, because setup talks through the
  * bootstrap. Each channel progresses only its own connectors. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../graph/bind.h"
 #include "../graph/topo.h"
 #include "coll.h"
 
@@ -66,14 +67,37 @@ static ncclResult_t run_part(struct ch_task* t) {
   return res;
 }
 
+/* Whether the helper of channel ch (1..) gets a CPU of its own: only where
+ * the helpers of channels 1..ch of every rank on this machine fit on its
+ * CPUs one each. Beyond that a pin only takes the scheduler's choice away:
+ * 4 unbound ranks over sockets on 2 CPUs (NCCL_HOSTID), helpers pinned 2 to
+ * a CPU beside one busy process, took 2x as long for an allgather of 32-128
+ * MiB as with the helpers free (docs/ARCHITECTURE.md, Channels). */
+int channels_pin_fits(int machine_ranks, int machine_cpus, int ch) {
+  return machine_ranks > 0 && machine_cpus > 0 && (long)machine_ranks * ch <= machine_cpus;
+}
+
 static void* worker_main(void* p) {
   struct ch_worker* w = p;
-  log_set_rank(w->comm->rank);
-  /* Spread the helpers of the ranks on this machine over its CPUs: by the
-   * rank's place among the machine's ranks, which NCCL_HOSTID may have
-   * split into hosts (local_rank 0 on each, all helpers on one CPU). */
-  int where = topo_bind_thread(w->comm->machine_rank * (MAX_CHANNELS - 1) + w->index + 1);
-  INFO(LOG_INIT, "channel helper %d of rank %d bound to CPU %d", w->index + 1, w->comm->rank, where);
+  struct ncclComm* comm = w->comm;
+  log_set_rank(comm->rank);
+  int ch = w->index + 1, cpus = bind_machine_cpus(comm, comm->machine[comm->rank]);
+  if (cpus <= 0) {
+    cpu_set_t mask;
+    cpus = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : 0;
+  }
+  if (channels_pin_fits(comm->machine_size, cpus, ch)) {
+    /* Spread the helpers of the ranks on this machine over its CPUs: by the
+     * rank's place among the machine's ranks, which NCCL_HOSTID may have
+     * split into hosts (local_rank 0 on each, all helpers on one CPU).
+     * Channel by channel, so the first machine_size x ch places, all
+     * distinct, are what channels 1..ch take. */
+    int where = topo_bind_thread((ch - 1) * comm->machine_size + comm->machine_rank);
+    INFO(LOG_INIT, "channel helper %d of rank %d bound to CPU %d", ch, comm->rank, where);
+  } else {
+    INFO(LOG_INIT, "channel helper %d of rank %d left on the process's CPUs: %d ranks on this machine, %d CPUs", ch,
+         comm->rank, comm->machine_size, cpus);
+  }
   pthread_mutex_lock(&w->mu);
   for (;;) {
     while (!w->task && !w->quit) pthread_cond_wait(&w->cv, &w->mu);

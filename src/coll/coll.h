@@ -198,6 +198,9 @@ ncclResult_t ring_reducescatter_view(struct coll_args* a, const struct ring_view
  * thread, the others on per-communicator helper threads pinned to CPUs. */
 ncclResult_t channels_run(struct coll_args* a, int nch);
 void channels_free(struct ncclComm* comm);
+/* 1 when a channel helper of channel ch (1..) is pinned to a CPU of its own:
+ * machine_ranks x ch <= machine_cpus (channels.c). Pure. */
+int channels_pin_fits(int machine_ranks, int machine_cpus, int ch);
 
 /* Point-to-point batch: every op progresses concurrently, so any set of
  * matching sends and receives completes whatever order the ranks posted them in. */
