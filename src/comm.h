@@ -53,6 +53,7 @@ struct ncclComm {
   int32_t* peer_cpu;
   int machine_size;     /* ranks on this rank's machine */
   int machine_rank;     /* this rank's place among them (by rank) */
+  int machine_cpus;     /* CPUs they may use between them (their masks at init; else the online CPUs) */
   int unpair;           /* COLLIE_UNPAIR and every rank of this machine can have a CPU (prim_unpair) */
   int64_t unpair_ns;    /* when a waiter last moved this rank off a CPU it shared with a peer */
   uint64_t unpair_moves;

@@ -361,11 +361,11 @@ static ncclResult_t comm_setup(ncclComm_t comm, int nids, const ncclUniqueId* id
                    param_int(P_COLLIE_UNPAIR, 0, 1);
     /* Socket waiters of a machine with more ranks than CPUs yield instead of
      * polling or sleeping (the ranks' CPU sets as they came to init). */
-    int machine_cpus = bind_machine_cpus(comm, comm->machine[comm->rank]);
-    if (machine_cpus <= 0) machine_cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    comm->machine_cpus = bind_machine_cpus(comm, comm->machine[comm->rank]);
+    if (comm->machine_cpus <= 0) comm->machine_cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
     comm->sock_yield_ns = 1000 * (param_str(P_COLLIE_SOCKET_YIELD_US)
                                       ? param_int(P_COLLIE_SOCKET_YIELD_US, 0, 60 * 1000 * 1000)
-                                      : (comm->machine_size > machine_cpus ? 1000 : 0));
+                                      : (comm->machine_size > comm->machine_cpus ? 1000 : 0));
     comm->spread = comm->local_size > mycpus && mycpus >= 2 && param_int(P_COLLIE_SPREAD, 0, 1);
   }
   comm->comm_hash = bootstrap_nonce(comm->bs) ^ 0x636f6c6c6965ULL;

@@ -16,14 +16,7 @@
 #include "coll.h"
 #include "../transport/transport.h"
 
-static size_t binomial_max_bytes(void) { return 64 * 1024; }
-
-/* ceil(log2 n): the tree's depth. */
-static int depth(int n) {
-  int s = 0;
-  while ((1 << s) < n) s++;
-  return s;
-}
+#define BINOMIAL_MAX_BYTES (64 * 1024)
 
 /* Between hosts of one rank each (shared memory has its mailboxes; where
  * hosts hold several ranks the ring's chain, in locality order, crosses
@@ -32,7 +25,7 @@ static int depth(int n) {
 static int eligible(const struct coll_args* a) {
   const struct ncclComm* comm = a->comm;
   return !coll_shm_only(comm) && comm->max_local == 1 && comm->nranks > 2 &&
-         a->count * dtype_size(a->dt) <= binomial_max_bytes();
+         a->count * dtype_size(a->dt) <= BINOMIAL_MAX_BYTES;
 }
 
 /* A step a level. Measured against the chain, each rank a host of its own
@@ -45,7 +38,7 @@ static int eligible(const struct coll_args* a) {
  * / 12.5 / 10.5. Even or ahead at every size of 8 B-32 KiB. */
 static double estimate(const struct coll_args* a, const struct tune_cost* c) {
   double bytes = (double)a->count * (double)dtype_size(a->dt);
-  return depth(a->comm->nranks) * (c->link.alpha_us + bytes / c->link.bw);
+  return coll_ceil_log2(a->comm->nranks) * (c->link.alpha_us + bytes / c->link.bw);
 }
 
 static ncclResult_t binomial_reduce(struct coll_args* a) {
@@ -55,7 +48,7 @@ static ncclResult_t binomial_reduce(struct coll_args* a) {
   int v = (r - a->root + n) % n;
   /* Children: v + m for every power of two m below v's lowest set bit (the
    * root: below n) with v + m < n. */
-  int low = v ? (v & -v) : 1 << depth(n);
+  int low = v ? (v & -v) : 1 << coll_ceil_log2(n);
   int kids[32], nkids = 0;
   for (int m = 1; m < low && v + m < n; m <<= 1) kids[nkids++] = (r + m) % n;
   int parent = v ? (v - low + a->root) % n : -1;

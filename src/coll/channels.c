@@ -2,14 +2,14 @@
  * ring of connectors. Channel 0 runs on the calling thread; channels 1..nch-1
  * run on helper threads that belong to the communicator, created on first
  * use and pinned (hwloc, else sched_setaffinity) to distinct CPUs of the
- * process where the machine has a CPU for each (channels_pin_fits). Connectors of every channel are set up on the calling thread
- * first, in the same order on every rank, because setup talks through the
- * bootstrap. Each channel progresses only its own connectors. */
+ * process where the machine has a CPU for each (pin_fits). Connectors of
+ * every channel are set up on the calling thread first, in the same order on
+ * every rank, because setup talks through the bootstrap. Each channel
+ * progresses only its own connectors. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../graph/bind.h"
 #include "../graph/topo.h"
 #include "coll.h"
 
@@ -73,20 +73,16 @@ static ncclResult_t run_part(struct ch_task* t) {
  * 4 unbound ranks over sockets on 2 CPUs (NCCL_HOSTID), helpers pinned 2 to
  * a CPU beside one busy process, took 2x as long for an allgather of 32-128
  * MiB as with the helpers free (docs/ARCHITECTURE.md, Channels). */
-int channels_pin_fits(int machine_ranks, int machine_cpus, int ch) {
-  return machine_ranks > 0 && machine_cpus > 0 && (long)machine_ranks * ch <= machine_cpus;
+static int pin_fits(const struct ncclComm* comm, int ch) {
+  return (long)comm->machine_size * ch <= comm->machine_cpus;
 }
 
 static void* worker_main(void* p) {
   struct ch_worker* w = p;
   struct ncclComm* comm = w->comm;
   log_set_rank(comm->rank);
-  int ch = w->index + 1, cpus = bind_machine_cpus(comm, comm->machine[comm->rank]);
-  if (cpus <= 0) {
-    cpu_set_t mask;
-    cpus = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : 0;
-  }
-  if (channels_pin_fits(comm->machine_size, cpus, ch)) {
+  int ch = w->index + 1;
+  if (pin_fits(comm, ch)) {
     /* Spread the helpers of the ranks on this machine over its CPUs: by the
      * rank's place among the machine's ranks, which NCCL_HOSTID may have
      * split into hosts (local_rank 0 on each, all helpers on one CPU).
@@ -96,7 +92,7 @@ static void* worker_main(void* p) {
     INFO(LOG_INIT, "channel helper %d of rank %d bound to CPU %d", ch, comm->rank, where);
   } else {
     INFO(LOG_INIT, "channel helper %d of rank %d left on the process's CPUs: %d ranks on this machine, %d CPUs", ch,
-         comm->rank, comm->machine_size, cpus);
+         comm->rank, comm->machine_size, comm->machine_cpus);
   }
   pthread_mutex_lock(&w->mu);
   for (;;) {

@@ -135,6 +135,14 @@ struct algo {
 };
 extern const struct algo* const algo_table[];
 extern const int algo_table_len;
+/* ceil(log2 n) for n >= 1: the steps of a binomial tree or of recursive
+ * doubling over n ranks. */
+static inline int coll_ceil_log2(int n) {
+  int s = 0;
+  while ((1 << s) < n) s++;
+  return s;
+}
+
 /* The eligible() of a row that can run every call of its collective. */
 int algo_always(const struct coll_args* a);
 
@@ -198,9 +206,6 @@ ncclResult_t ring_reducescatter_view(struct coll_args* a, const struct ring_view
  * thread, the others on per-communicator helper threads pinned to CPUs. */
 ncclResult_t channels_run(struct coll_args* a, int nch);
 void channels_free(struct ncclComm* comm);
-/* 1 when a channel helper of channel ch (1..) is pinned to a CPU of its own:
- * machine_ranks x ch <= machine_cpus (channels.c). Pure. */
-int channels_pin_fits(int machine_ranks, int machine_cpus, int ch);
 
 /* Point-to-point batch: every op progresses concurrently, so any set of
  * matching sends and receives completes whatever order the ranks posted them in. */

@@ -46,15 +46,6 @@ static int pow2_floor(int n) {
   return pw;
 }
 
-/* ceil(log2 n): the allreduce's swaps plus one for the fold and the unfold
- * together (a message one way each, only 2*rem ranks take part), and the
- * steps of both Bruck schemes. */
-static int steps(int n) {
-  int s = 0;
-  while ((1 << s) < n) s++;
-  return s;
-}
-
 /* Bruck's alltoall saves messages only where ceil(log2 n) < n-1 (not at 3
  * ranks: 2 steps against 2 messages each way), and pays for it with copies
  * and steps that wait for each other: past about 12 KiB per block the
@@ -71,25 +62,28 @@ static int steps(int n) {
 
 static int eligible_alltoall(const struct coll_args* a) {
   int n = a->comm->nranks;
-  return eligible(a) && steps(n) < n - 1 && a->count * dtype_size(a->dt) <= BRUCK_ALLTOALL_MAX_BLOCK;
+  return eligible(a) && coll_ceil_log2(n) < n - 1 && a->count * dtype_size(a->dt) <= BRUCK_ALLTOALL_MAX_BLOCK;
 }
 
-/* A step is a message each way. Where messages are dear (sock_oversub) the
- * one-shot counts each of its n-1 as a step (direct_net.c). 3 / 5 / 6 ranks
+/* A step is a message each way; ceil(log2 n) of them: the allreduce's
+ * swaps plus one for the fold and the unfold together (a message one way
+ * each, only 2*rem ranks take part), and the steps of both Bruck schemes.
+ * Where messages are dear (sock_oversub) the one-shot counts each of its n-1
+ * as a step (direct_net.c). 3 / 5 / 6 ranks
  * over loopback TCP on 2 CPUs, 8 B, us, one-shot / doubling / Open MPI:
  * 13.9 / 11.5 / 16.7, 41.0 / 25.1 / 38.2, 52.5 / 29.9 / 47.4. */
 static double estimate(const struct coll_args* a, const struct tune_cost* c) {
   int n = a->comm->nranks;
   double bytes = (double)a->count * (double)dtype_size(a->dt);
-  if (a->kind == COLL_ALLGATHER) return steps(n) * c->link.alpha_us + (n - 1) * bytes / c->link.bw;
-  if (a->kind == COLL_ALLTOALL) return steps(n) * (c->link.alpha_us + (n / 2) * bytes / c->link.bw);
+  if (a->kind == COLL_ALLGATHER) return coll_ceil_log2(n) * c->link.alpha_us + (n - 1) * bytes / c->link.bw;
+  if (a->kind == COLL_ALLTOALL) return coll_ceil_log2(n) * (c->link.alpha_us + (n / 2) * bytes / c->link.bw);
   if (a->kind == COLL_REDUCESCATTER) {
     /* Halving: (pw-1)/pw of the buffer; the fold sends all of it, the unfold a block. */
     int pw = pow2_floor(n);
     double all = bytes * n, moved = all * (pw - 1) / pw + (pw < n ? all + bytes : 0.0);
-    return steps(n) * c->link.alpha_us + moved / c->link.bw;
+    return coll_ceil_log2(n) * c->link.alpha_us + moved / c->link.bw;
   }
-  return steps(n) * (c->link.alpha_us + bytes / c->link.bw);
+  return coll_ceil_log2(n) * (c->link.alpha_us + bytes / c->link.bw);
 }
 
 /* One step: `out` goes to rank `to` (-1: nothing goes), `in_bytes` from

@@ -114,12 +114,6 @@ static ncclResult_t tree_allreduce(struct coll_args* a) {
   return res;
 }
 
-static int log2ceil(int n) {
-  int l = 0;
-  while ((1 << l) < n) l++;
-  return l;
-}
-
 /* With more ranks than CPUs, the trees moved their bytes at about half the
  * ring's rate: 8 ranks on 2 CPUs (medians of 7 rounds, us, tree / ring /
  * one-shot / Open MPI) 512 KiB 845 / 525 / 614 / 756, 2 MiB 3854 / 1912 /
@@ -129,7 +123,7 @@ static int log2ceil(int n) {
 static double estimate(const struct coll_args* a, const struct tune_cost* c) {
   double bytes = (double)a->count * (double)dtype_size(a->dt);
   double per_byte = a->comm->oversub > 1 ? 4.0 : 2.0;
-  return 2.0 * log2ceil(a->comm->nranks) * c->link.alpha_us + per_byte * bytes / c->link.bw;
+  return 2.0 * coll_ceil_log2(a->comm->nranks) * c->link.alpha_us + per_byte * bytes / c->link.bw;
 }
 
 static ncclResult_t run(struct coll_args* a, const struct plan* p) {

@@ -1453,7 +1453,7 @@ static int pinned_helper_cpu(void) {
 /* Ranks of one machine that NCCL_HOSTID makes hosts of their own (local
  * rank 0 each) pin their channel helpers by their place among the machine's
  * ranks: with as many CPUs as helpers, no two share a CPU. With more ranks
- * than CPUs no helper is pinned (channels_pin_fits). */
+ * than CPUs no helper is pinned (channels.c, pin_fits). */
 static int rank_helpers(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
   (void)nids;
   (void)arg;

@@ -293,18 +293,23 @@ static void two_cpu_comm(struct ncclComm* comm, int nranks, int cma, const struc
  * root's copy overlapping the readers'. Measured there (collie-perf, 5
  * rounds): 4 ranks allgather 512 KiB a rank 387 us against the ring's 463;
  * broadcast figures at their cases below. */
+/* The row the model picks on `comm` for `bytes` a rank of float32 (-1: none). */
+static int pick_on(struct ncclComm* comm, int kind, size_t bytes) {
+  struct coll_args a;
+  memset(&a, 0, sizeof(a));
+  a.comm = comm;
+  a.kind = kind;
+  a.count = bytes / 4;
+  a.dt = ncclFloat32;
+  int idx = tuning_choose(&a, &comm->tune, NULL);
+  return idx < 0 ? -1 : algo_table[idx]->name;
+}
+
 static int pick_cma(int nranks, int kind, size_t bytes, int cma) {
   struct ncclComm comm;
   two_cpu_comm(&comm, nranks, cma, &dev_rates);
   comm.cma_min_bytes = comm.cma_min_stream = nranks > 2 ? (size_t)128 << 10 : (size_t)16 << 10;
-  struct coll_args a;
-  memset(&a, 0, sizeof(a));
-  a.comm = &comm;
-  a.kind = kind;
-  a.count = bytes / 4;
-  a.dt = ncclFloat32;
-  int idx = tuning_choose(&a, &comm.tune, NULL);
-  return idx < 0 ? -1 : algo_table[idx]->name;
+  return pick_on(&comm, kind, bytes);
 }
 
 static int pick(int nranks, int kind, size_t bytes) { return pick_cma(nranks, kind, bytes, 1); }
@@ -583,14 +588,7 @@ static int pick_hosts(int nranks, int per_host, int kind, size_t bytes) {
   comm.nhosts = comm.nleaders = nranks / per_host;
   comm.local_size = comm.nlocal = comm.max_local = per_host;
   comm.sock_oversub = nranks / 2.0;
-  struct coll_args a;
-  memset(&a, 0, sizeof(a));
-  a.comm = &comm;
-  a.kind = kind;
-  a.count = bytes / 4;
-  a.dt = ncclFloat32;
-  int idx = tuning_choose(&a, &comm.tune, NULL);
-  return idx < 0 ? -1 : algo_table[idx]->name;
+  return pick_on(&comm, kind, bytes);
 }
 
 /* Bruck's alltoall (doubling.c) against the pairwise batch, over sockets
