@@ -134,6 +134,8 @@ struct sock_link {
   /* Duplex: the connection not in use (-1 until the shared one is known)
    * and, on a receiver, its stage: fd and park_fd trade places at a marker. */
   int park_fd;
+  int cc_small;      /* sender: fd sends with the small-slot congestion control (sock_cc_slot) */
+  int park_cc_small; /* the same for park_fd */
   char* park_stage;
   size_t park_off, park_len;
   uint32_t next; /* next slot index this connection carries (k with k % n == index) */
@@ -174,6 +176,8 @@ struct sock_conn {
   /* The peer runs on this rank's machine (NCCL_HOSTID may still make it
    * another host): slot headers carry the sender's CPU (prim_fd_poll_ns). */
   int same_machine;
+  /* Sender to a rank of this machine: switch congestion control by slot size (sock_cc_slot). */
+  int cc_switch;
   /* Sender: duplex (see the top of this file). */
   int dx;             /* DX_* */
   size_t dx_max;      /* slots of at most this many payload bytes go on the shared connection */
@@ -210,6 +214,7 @@ static void update_done(struct sock_conn* s) {
 }
 
 static void local_cc(int fd);
+static int local_cc_auto(void);
 
 /* The opposite connector of c (same peer and channel, other direction) if it
  * is a connected socket connector of one connection; else NULL. */
@@ -230,6 +235,9 @@ static void dx_swap(struct sock_link* l) {
   size_t off = l->park_off, len = l->park_len;
   l->fd = l->park_fd;
   l->park_fd = fd;
+  int cc = l->cc_small;
+  l->cc_small = l->park_cc_small;
+  l->park_cc_small = cc;
   if (st) {
     l->park_stage = l->stage;
     l->park_off = l->stage_off;
@@ -328,6 +336,37 @@ static ssize_t send_flat(struct sock_conn* s, int fd, const struct slot_hdr* h, 
   return send(fd, s->flat, len, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
+/* In COLLIE_SOCKET_LOCAL_CC=auto, on a machine with more ranks than CPUs, a
+ * sending connection to a rank of this machine changes its congestion
+ * control with the size of what it carries:
+ * slots of at most SOCK_CC_SMALL_BYTES payload go with BBR (where the kernel
+ * lets this process use it), larger ones with local_cc's loss-based choice
+ * (cubic or reno); a connection changes only when a slot of the other class
+ * comes, so a loop of one size costs no system call. Under cubic a stream of
+ * small slots, once the connection has carried a few thousand, moves in lock
+ * step: 8 ranks, a host each over loopback on 2 CPUs, a reduce of 32 B took
+ * 9-11 us as a run's first size and 28-42 us as its second and later ones
+ * (the tree's leaves no longer ran ahead: the slowest and the fastest rank
+ * then took the same time), under BBR 10-12 us at every place. BBR on large
+ * slots waits for loss probes (local_cc). Medians of 3 interleaved rounds,
+ * us a call, cubic / switched / BBR throughout (docs/BENCHMARKS.md): 8 ranks
+ * reduce 32 B 28.1 / 9.1 / 9.2, broadcast 128 B 32.2 / 12.3 / 10.1, 4 ranks
+ * reduce 32 B 15.6 / 7.3 / 7.5; reduce 8 MiB 18.4 / 18.5 / 22.4 ms, broadcast
+ * 32 MiB 59.0 / 59.2 / 75.4 ms. With a CPU for each rank (2 ranks) the
+ * small slots gained nothing beyond the rounds' spread (reduce 8 B-2 KiB,
+ * time under cubic / switched 0.78-1.02), so there nothing switches. */
+#define SOCK_CC_SMALL "bbr"
+#define SOCK_CC_SMALL_BYTES 4096
+static const char* local_cc_large; /* the algorithm local_cc set, NULL until it did */
+
+static void sock_cc_slot(struct sock_conn* s, struct sock_link* l, size_t len) {
+  int small = len <= sizeof(struct slot_hdr) + SOCK_CC_SMALL_BYTES;
+  if (small == l->cc_small) return;
+  const char* name = small ? SOCK_CC_SMALL : __atomic_load_n(&local_cc_large, __ATOMIC_RELAXED);
+  if (name && setsockopt(l->fd, IPPROTO_TCP, TCP_CONGESTION, name, (socklen_t)strlen(name)) == 0) l->cc_small = small;
+  else s->cc_switch = 0; /* refused: the connection keeps what it has */
+}
+
 static ncclResult_t sock_progress_send(struct conn* c) {
   struct sock_conn* s = c->priv;
   for (int li = 0; li < s->nlinks; li++) {
@@ -342,6 +381,7 @@ static ncclResult_t sock_progress_send(struct conn* c) {
       size_t len = slot_len(h);
       const char* src = s->ext[l->next % (uint32_t)c->nslots];
       if (!src) src = slot_data(c, l->next);
+      if (l->off == 0 && s->cc_switch) sock_cc_slot(s, l, len);
       int blocked = 0;
       while (l->off < len) {
         ssize_t rc;
@@ -801,6 +841,11 @@ static ncclResult_t sock_alloc(struct conn* c, int nlinks) {
  * ranks, a host each, broadcast/reduce/alltoall/allreduce 128 KiB-8 MiB, 10
  * calls after 70; `perf stat -e tcp:tcp_retransmit_skb`): 528-854
  * retransmissions a sweep with BBR, 158-272 with cubic or reno. */
+static int local_cc_auto(void) {
+  const char* want = param_str(P_COLLIE_SOCKET_LOCAL_CC);
+  return !want || !*want || strcmp(want, "auto") == 0;
+}
+
 static void local_cc(int fd) {
   static int logged;
   const char* want = param_str(P_COLLIE_SOCKET_LOCAL_CC);
@@ -813,9 +858,11 @@ static void local_cc(int fd) {
   }
   for (int i = 0; i < 2 && tries[i]; i++) {
     if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, tries[i], (socklen_t)strlen(tries[i])) == 0) {
+      __atomic_store_n(&local_cc_large, tries[i], __ATOMIC_RELAXED);
       if (!__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED))
-        INFO(LOG_NET, "socket: connections to ranks of this machine use TCP congestion control %s "
-             "(COLLIE_SOCKET_LOCAL_CC=%s)", tries[i], want);
+        INFO(LOG_NET, "socket: connections to ranks of this machine use TCP congestion control %s%s "
+             "(COLLIE_SOCKET_LOCAL_CC=%s)", tries[i],
+             strcmp(want, "auto") == 0 ? " for large slots, " SOCK_CC_SMALL " for small ones where allowed" : "", want);
       return;
     }
   }
@@ -880,6 +927,8 @@ static ncclResult_t sock_send_connect(struct conn* c, const void* info, size_t i
     sock_buffer(s->link[i].fd, SO_SNDBUF);
     s->link[i].own_fd = s->link[i].fd;
   }
+  s->cc_switch = s->same_machine && c->comm->machine_size > c->comm->machine_cpus && local_cc_auto() &&
+                 __atomic_load_n(&local_cc_large, __ATOMIC_RELAXED);
   /* The higher rank of a pair puts small slots on the shared connection (see the top of this file). */
   int64_t dx = param_int(P_COLLIE_SOCKET_DUPLEX, 0, (int64_t)1 << 30);
   if (s->nlinks == 1 && c->comm->rank > c->peer && dx > 0) {

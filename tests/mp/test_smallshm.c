@@ -66,6 +66,9 @@
 #include <string.h>
 #include <signal.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -938,6 +941,27 @@ static int rank_localcc(int rank, int nranks, const ncclUniqueId* ids, int nids,
              want);
   }
   free(buf);
+  /* Then 1 MiB to every peer and from it: each sending connection's last
+   * slots are large. */
+  size_t big = (size_t)1 << 18;
+  float* out = malloc(big * sizeof(float));
+  float* in = malloc(big * sizeof(float) * (size_t)nranks);
+  MP_CHECK(out && in, "out of memory");
+  for (size_t i = 0; i < big; i++) out[i] = (float)rank;
+  MP_NCCL(ncclGroupStart());
+  for (int p = 0; p < nranks; p++) {
+    if (p == rank) continue;
+    MP_NCCL(ncclSend(out, big, ncclFloat, p, comm, NULL));
+    MP_NCCL(ncclRecv(in + (size_t)p * big, big, ncclFloat, p, comm, NULL));
+  }
+  MP_NCCL(ncclGroupEnd());
+  for (int p = 0; p < nranks; p++)
+    if (p != rank)
+      MP_CHECK(in[(size_t)p * big] == (float)p && in[(size_t)p * big + big - 1] == (float)p,
+               "rank %d: from rank %d got %g", rank, p, in[(size_t)p * big]);
+  free(out);
+  free(in);
+  int is_auto = !e || strcmp(e, "auto") == 0;
   for (int p = 0; p < nranks; p++) {
     if (p == rank) continue;
     char cc[64], rcc[64];
@@ -946,17 +970,55 @@ static int rank_localcc(int rank, int nranks, const ncclUniqueId* ids, int nids,
     /* What the receiver accepted has what its listener was given. */
     MP_CHECK(sock_congestion(comm->recv_conns[p], rcc, sizeof(rcc)) == 0,
              "rank %d: no socket receiver from rank %d (or its connections differ)", rank, p);
-    MP_CHECK(strcmp(cc, rcc) == 0, "rank %d: to rank %d %s, from it %s", rank, p, cc, rcc);
     if (e && strcmp(e, "system") == 0) {
       MP_CHECK(sys[0], "rank %d: the kernel's default congestion control is unreadable", rank);
       MP_CHECK(strcmp(cc, sys) == 0, "rank %d: to rank %d: %s, want the kernel's %s", rank, p, cc, sys);
-    } else if (e && strcmp(e, "auto") != 0) {
+    } else if (!is_auto) {
       MP_CHECK(strcmp(cc, e) == 0, "rank %d: to rank %d: %s, want %s", rank, p, cc, e);
     } else {
+      /* The last slots on the sending connection were large (1 MiB sends). */
       MP_CHECK(strcmp(cc, "cubic") == 0 || strcmp(cc, "reno") == 0, "rank %d: to rank %d: %s, want cubic or reno", rank,
                p, cc);
     }
+    /* Outside auto nothing switches; in auto the receiving connection's end
+     * may have carried this rank's small slots (duplex) and be on bbr. */
+    if (!is_auto) MP_CHECK(strcmp(cc, rcc) == 0, "rank %d: to rank %d %s, from it %s", rank, p, cc, rcc);
+    else
+      MP_CHECK(strcmp(rcc, cc) == 0 || strcmp(rcc, "bbr") == 0, "rank %d: from rank %d: %s, want %s or bbr", rank, p,
+               rcc, cc);
     if (rank == 0 && p == 1) printf("rank 0 to rank 1: %s (kernel default %s)\n", cc, sys[0] ? sys : "?");
+  }
+  /* auto: small slots again, and each pair's small slots (on the sending
+   * connection, or for the higher rank on the shared one) go with bbr where
+   * this process may use it. */
+  if (is_auto) {
+    int bbr_ok = 0;
+    int t = socket(AF_INET, SOCK_STREAM, 0);
+    if (t >= 0) {
+      bbr_ok = setsockopt(t, IPPROTO_TCP, TCP_CONGESTION, "bbr", 3) == 0;
+      close(t);
+    }
+    /* Only where this machine's ranks outnumber its CPUs. */
+    int crowded = comm->machine_size > comm->machine_cpus;
+    for (int k = 0; k < 20; k++) {
+      int v = rank + k;
+      MP_NCCL(ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, comm, NULL));
+      MP_CHECK(v == nranks * k + nranks * (nranks - 1) / 2, "rank %d: allreduce %d gave %d", rank, k, v);
+    }
+    for (int p = 0; p < nranks; p++) {
+      if (p == rank) continue;
+      char cc[64], rcc[64];
+      MP_CHECK(sock_congestion(comm->send_conns[p], cc, sizeof(cc)) == 0 &&
+                   sock_congestion(comm->recv_conns[p], rcc, sizeof(rcc)) == 0,
+               "rank %d: no socket connectors with rank %d", rank, p);
+      int small = strcmp(cc, "bbr") == 0 || strcmp(rcc, "bbr") == 0;
+      MP_CHECK(small == (bbr_ok && crowded),
+               "rank %d: small slots to rank %d went with %s / %s (bbr %s to this process; %d ranks, %d CPUs)", rank, p,
+               cc, rcc, bbr_ok ? "allowed" : "refused", comm->machine_size, comm->machine_cpus);
+    }
+    if (rank == 0)
+      printf("small slots: bbr %s, %d ranks on %d CPUs: %s\n", bbr_ok ? "allowed" : "refused", comm->machine_size,
+             comm->machine_cpus, bbr_ok && crowded ? "used" : "not used");
   }
   MP_NCCL(ncclCommDestroy(comm));
   return 0;
