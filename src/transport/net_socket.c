@@ -345,10 +345,9 @@ static ssize_t send_flat(struct sock_conn* s, int fd, const struct slot_hdr* h, 
  * comes, so a loop of one size costs no system call. Under cubic a stream of
  * small slots, once the connection has carried a few thousand, moves in lock
  * step: 8 ranks, a host each over loopback on 2 CPUs, a reduce of 32 B took
- * 9-11 us as a run's first size and 28-42 us as its second and later ones
- * (the tree's leaves no longer ran ahead: the slowest and the fastest rank
- * then took the same time), under BBR 10-12 us at every place. BBR on large
- * slots waits for loss probes (local_cc). Medians of 3 interleaved rounds,
+ * 9-11 us as a run's first size and 28-42 us as its second and later ones,
+ * under BBR 10-12 us at every place. BBR on large slots waits for loss
+ * probes (local_cc). Medians of 3 interleaved rounds,
  * us a call, cubic / switched / BBR throughout (docs/BENCHMARKS.md): 8 ranks
  * reduce 32 B 28.1 / 9.1 / 9.2, broadcast 128 B 32.2 / 12.3 / 10.1, 4 ranks
  * reduce 32 B 15.6 / 7.3 / 7.5; reduce 8 MiB 18.4 / 18.5 / 22.4 ms, broadcast
