@@ -847,11 +847,11 @@ static int local_cc_auto(void) {
 
 static void local_cc(int fd) {
   static int logged;
-  const char* want = param_str(P_COLLIE_SOCKET_LOCAL_CC);
-  if (!want || !*want) want = "auto";
+  int is_auto = local_cc_auto();
+  const char* want = is_auto ? "auto" : param_str(P_COLLIE_SOCKET_LOCAL_CC);
   if (strcmp(want, "system") == 0) return;
   const char* tries[2] = {want, NULL};
-  if (strcmp(want, "auto") == 0) {
+  if (is_auto) {
     tries[0] = "cubic";
     tries[1] = "reno"; /* allowed to every user by default */
   }
@@ -861,7 +861,7 @@ static void local_cc(int fd) {
       if (!__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED))
         INFO(LOG_NET, "socket: connections to ranks of this machine use TCP congestion control %s%s "
              "(COLLIE_SOCKET_LOCAL_CC=%s)", tries[i],
-             strcmp(want, "auto") == 0 ? " for large slots, " SOCK_CC_SMALL " for small ones where allowed" : "", want);
+             is_auto ? " (" SOCK_CC_SMALL " for small slots where the machine's ranks outnumber its CPUs)" : "", want);
       return;
     }
   }
