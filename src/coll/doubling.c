@@ -18,8 +18,9 @@
  * every step.
  *
  * The same row holds the reduce-scatter by recursive halving (the same
- * pairs, the other way round, with half the data at each step), and Bruck's
- * allgather and alltoall. */
+ * pairs, the other way round, with half the data at each step), the
+ * allgather (by doubling where n is a power of two, also for large buffers;
+ * else Bruck's) and Bruck's alltoall. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,6 +37,29 @@ static int eligible(const struct coll_args* a) {
   const struct ncclComm* comm = a->comm;
   size_t bytes = a->count * dtype_size(a->dt) * (a->kind == COLL_ALLREDUCE ? 1u : (size_t)comm->nranks);
   return !coll_shm_only(comm) && comm->nranks > 2 && bytes <= doubling_max_bytes();
+}
+
+/* The allgather of a power of two of ranks runs in place in the receive
+ * buffer (below: no work buffer, no copy at the end), and up to this many
+ * bytes in all it beat the ring: over loopback TCP on 2 CPUs, a host per
+ * rank, unbound, medians of 3 interleaved rounds, us, ring in whole slots /
+ * doubling: 4 ranks 2 MiB 1987 / 1619, 8 MiB 7542 / 6191, 32 MiB 37680 /
+ * 27316; 8 ranks 8 MiB 18300 / 17132, 32 MiB 76458 / 72124; beside a busy
+ * loop 8 ranks 8 MiB 29330 / 23415, 32 MiB 108004 / 82612 (Open MPI 92-114
+ * ms), 4 ranks 8 MiB 13693 / 10004. At 128 MiB the ring's steps overlap
+ * better (4 ranks 116167 / 123974, 8 ranks 263269 / 276216) and a doubling
+ * step's single exchange of half the buffer waits for the slowest pair
+ * (docs/BENCHMARKS.md, eightieth session). Measured with a host per rank
+ * only: where hosts hold several ranks, large allgathers keep the ring. */
+#define DOUBLING_ALLGATHER_MAX_BYTES ((size_t)32 << 20)
+
+static int pow2(int n) { return (n & (n - 1)) == 0; }
+
+static int eligible_allgather(const struct coll_args* a) {
+  const struct ncclComm* comm = a->comm;
+  size_t bytes = a->count * dtype_size(a->dt) * (size_t)comm->nranks;
+  return eligible(a) || (comm->nhosts == comm->nranks && comm->nranks > 2 && pow2(comm->nranks) &&
+                         bytes <= DOUBLING_ALLGATHER_MAX_BYTES);
 }
 
 /* The largest power of two not above n: the ranks that take part in the
@@ -212,6 +236,25 @@ static ncclResult_t reducescatter(struct coll_args* a) {
   return res;
 }
 
+/* Allgather by recursive doubling, n a power of two: before step k this
+ * rank holds, in place in the receive buffer, the 2^k blocks of the ranks
+ * that share its number but for the low k bits; it swaps them with the rank
+ * whose number differs in bit k, whose 2^k blocks land next to its own. */
+static ncclResult_t allgather_pow2(struct coll_args* a) {
+  struct ncclComm* comm = a->comm;
+  int n = comm->nranks, r = comm->rank;
+  size_t b = a->count * dtype_size(a->dt);
+  char* out = a->recvbuff;
+  if (out + (size_t)r * b != (const char*)a->sendbuff) memcpy(out + (size_t)r * b, a->sendbuff, b);
+  ncclResult_t res = ncclSuccess;
+  for (int mask = 1; mask < n && res == ncclSuccess; mask <<= 1) {
+    int pr = r ^ mask;
+    size_t mine = (size_t)(r & ~(mask - 1)) * b, theirs = (size_t)(pr & ~(mask - 1)) * b, len = (size_t)mask * b;
+    res = step2(a, pr, out + mine, len, pr, out + theirs, len);
+  }
+  return res;
+}
+
 /* Allgather by Bruck's scheme (any rank count): after step k this rank holds
  * the blocks of ranks r .. r+2^k-1 (mod n) in that order in `acc`; in step k
  * it sends the first min(2^k, n-2^k) of them to rank r-2^k and receives as
@@ -220,6 +263,7 @@ static ncclResult_t allgather(struct coll_args* a) {
   struct ncclComm* comm = a->comm;
   int n = comm->nranks, r = comm->rank;
   size_t b = a->count * dtype_size(a->dt);
+  if (pow2(n)) return allgather_pow2(a);
   char* acc = malloc(b * (size_t)n);
   if (!acc) return err_set(ncclSystemError, "out of memory in a Bruck allgather");
   memcpy(acc, a->sendbuff, b);
@@ -299,5 +343,5 @@ static ncclResult_t run(struct coll_args* a, const struct plan* p) {
 #define DOUBLING_ROW(coll, elig) {coll, ALGO_DOUBLING, PROTO_LL, 0, elig, estimate, run}
 const struct algo algo_doubling_allreduce = DOUBLING_ROW(COLL_ALLREDUCE, eligible);
 const struct algo algo_doubling_reducescatter = DOUBLING_ROW(COLL_REDUCESCATTER, eligible);
-const struct algo algo_doubling_allgather = DOUBLING_ROW(COLL_ALLGATHER, eligible);
+const struct algo algo_doubling_allgather = DOUBLING_ROW(COLL_ALLGATHER, eligible_allgather);
 const struct algo algo_doubling_alltoall = DOUBLING_ROW(COLL_ALLTOALL, eligible_alltoall);

@@ -349,8 +349,10 @@ static int choose(const struct coll_args* a, const struct tune_table* tab, doubl
 #define REDUCE_SHM_STEP_BYTES ((size_t)32 << 10)
 
 /* Collectives where every rank sends and receives at once, or reduces what
- * comes, step by the pipeline step (transport_chunk_bytes); the others by
- * whole slots: broadcast (a one-way stream: larger steps measured faster),
+ * comes, step by the pipeline step (transport_chunk_bytes), and so does a
+ * 2-rank allgather; the others by whole slots: an allgather of more ranks
+ * (a block passed on n-2 times: fewer, larger steps measured faster),
+ * broadcast (a one-way stream: larger steps measured faster),
  * a reduce of 2 ranks (the same stream, reduced at its end) and the
  * point-to-point rows (alltoall, gather, scatter), whose batches step by the
  * slot for every message. */
@@ -370,9 +372,24 @@ static size_t plan_chunk(const struct coll_args* a) {
        * chain's fill costs more than the steps save (512 KiB 603 against 353
        * us, 32 MiB 38.0 against 33.6 ms): the pipeline step stays there. */
       return comm->nranks == 2 ? slot : comm->pipe_bytes;
+    case COLL_ALLGATHER:
+      /* Past 2 ranks every block is received and passed on at each rank of
+       * the ring, chunk by chunk, and each step of each rank needs that rank
+       * scheduled: over loopback TCP on 2 CPUs, a host per rank, unbound
+       * (medians of 3 interleaved rounds, us, 128 KiB steps / whole 512 KiB
+       * slots), 8 ranks 8 MiB 20610 / 18300, 32 MiB 89074 / 76458, 128 MiB
+       * 314062 / 263269; beside a busy loop 32 MiB 152664 / 94939 (Open MPI
+       * 92-114 ms), 128 MiB 382626 / 277807; 4 ranks 2 MiB 3221 / 1987, 128
+       * MiB 150312 / 116167, beside the loop 32 MiB 63692 / 40903; 128-512
+       * KiB even (docs/BENCHMARKS.md, eightieth session). Nothing is
+       * reduced, and over sockets the bytes go from the caller's buffer to
+       * the kernel and from the kernel to the caller's buffer, so the slot
+       * footprint that made the others step by 128 KiB is not touched. 2
+       * ranks (prim_exchange: each rank's block crosses once) keep the
+       * pipeline step, measured faster there in an earlier session. */
+      return comm->nranks == 2 ? comm->pipe_bytes : slot;
     case COLL_ALLREDUCE:
-    case COLL_REDUCESCATTER:
-    case COLL_ALLGATHER: return comm->pipe_bytes;
+    case COLL_REDUCESCATTER: return comm->pipe_bytes;
     default: return slot;
   }
 }

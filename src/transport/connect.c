@@ -109,7 +109,8 @@ size_t transport_chunk_bytes(struct ncclComm* comm) {
    * loopback TCP, allreduce 2 MiB took 734 us in 512 KiB steps against 488
    * in 128 KiB ones, 32 MiB 15950 against 12685 (docs/BENCHMARKS.md,
    * fourteenth session). With those default slots, such collectives step by
-   * 128 KiB; slots the user chose (NCCL_BUFFSIZE) are steps as they are. */
+   * 128 KiB (graph/tuning.c, plan_chunk, says which); slots the user chose
+   * (NCCL_BUFFSIZE) are steps as they are. */
   comm->pipe_bytes = socket_default ? COLLIE_MIN(comm->slot_bytes, PIPE_DEFAULT_BYTES) : comm->slot_bytes;
   return comm->slot_bytes;
 }

@@ -543,6 +543,15 @@ static int test_chunk(void) {
               count * sizeof(float), across4, slot);
       bad = 1;
     }
+    /* An allgather of more than 2 ranks passes every block on: whole slots. */
+    for (int n = 3; n <= 8; n += 5) {
+      int ag = plan_chunk_of_n(n, n, COLL_ALLGATHER, count, &slot);
+      if (slot != (size_t)512 << 10 || ag != (int)slot) {
+        fprintf(stderr, "FAILED allgather of %zu B at %d ranks across hosts: chunk %d, slot %zu (expected both 524288)\n",
+                count * sizeof(float), n, ag, slot);
+        bad = 1;
+      }
+    }
   }
   for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
     /* 2 MiB: a reduce of 2 ranks that would fit the cache steps by whole slots between hosts. */
@@ -576,7 +585,7 @@ static int test_chunk(void) {
     }
   }
   unsetenv("NCCL_BUFFSIZE");
-  if (!bad) fprintf(stderr, "passed tuning chunk: 128 KiB steps for two-way collectives and chains over large socket slots\n");
+  if (!bad) fprintf(stderr, "passed tuning chunk: 128 KiB steps for two-way collectives and chains over large socket slots, whole slots for an allgather of more than 2 ranks\n");
   return bad;
 }
 
