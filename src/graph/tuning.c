@@ -386,8 +386,13 @@ static size_t plan_chunk(const struct coll_args* a) {
        * the kernel and from the kernel to the caller's buffer, so the slot
        * footprint that made the others step by 128 KiB is not touched. 2
        * ranks (prim_exchange: each rank's block crosses once) keep the
-       * pipeline step, measured faster there in an earlier session. */
-      return comm->nranks == 2 ? comm->pipe_bytes : slot;
+       * pipeline step, measured faster there in an earlier session, and so
+       * do rings that mix shared memory and sockets (hosts of several
+       * ranks): a rank that sleeps on a shared-memory connector does not
+       * push the rest of a socket slot the kernel did not take, and with
+       * whole slots every rank of such a ring waited so at once
+       * (netns.multihost, 3 hosts of 2 ranks, hung in its allgather). */
+      return comm->nranks == 2 || comm->nhosts != comm->nranks ? comm->pipe_bytes : slot;
     case COLL_ALLREDUCE:
     case COLL_REDUCESCATTER: return comm->pipe_bytes;
     default: return slot;

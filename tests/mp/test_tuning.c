@@ -543,7 +543,14 @@ static int test_chunk(void) {
               count * sizeof(float), across4, slot);
       bad = 1;
     }
-    /* An allgather of more than 2 ranks passes every block on: whole slots. */
+    /* Hosts of several ranks (shared memory and sockets in one ring): the step. */
+    int mixed = plan_chunk_of_n(6, 3, COLL_ALLGATHER, count, &slot);
+    if (slot != (size_t)512 << 10 || mixed != 128 << 10) {
+      fprintf(stderr, "FAILED allgather of %zu B at 6 ranks on 3 hosts: chunk %d, slot %zu (expected 131072, slot 524288)\n",
+              count * sizeof(float), mixed, slot);
+      bad = 1;
+    }
+    /* An allgather of more than 2 ranks, a host each, passes every block on: whole slots. */
     for (int n = 3; n <= 8; n += 5) {
       int ag = plan_chunk_of_n(n, n, COLL_ALLGATHER, count, &slot);
       if (slot != (size_t)512 << 10 || ag != (int)slot) {
@@ -585,7 +592,7 @@ static int test_chunk(void) {
     }
   }
   unsetenv("NCCL_BUFFSIZE");
-  if (!bad) fprintf(stderr, "passed tuning chunk: 128 KiB steps for two-way collectives and chains over large socket slots, whole slots for an allgather of more than 2 ranks\n");
+  if (!bad) fprintf(stderr, "passed tuning chunk: 128 KiB steps for two-way collectives and chains over large socket slots, whole slots for an allgather of more than 2 ranks a host each\n");
   return bad;
 }
 
