@@ -551,7 +551,9 @@ static int test_chunk(void) {
       bad = 1;
     }
     /* An allgather of more than 2 ranks, a host each, passes every block on: whole slots. */
-    for (int n = 3; n <= 8; n += 5) {
+    static const int ns[] = {3, 8};
+    for (size_t k2 = 0; k2 < sizeof(ns) / sizeof(ns[0]); k2++) {
+      int n = ns[k2];
       int ag = plan_chunk_of_n(n, n, COLL_ALLGATHER, count, &slot);
       if (slot != (size_t)512 << 10 || ag != (int)slot) {
         fprintf(stderr, "FAILED allgather of %zu B at %d ranks across hosts: chunk %d, slot %zu (expected both 524288)\n",
@@ -628,7 +630,27 @@ static int test_bruck(void) {
       bad = 1;
     }
   }
-  if (!bad) fprintf(stderr, "passed tuning bruck: Bruck's alltoall where it saves messages, small blocks only\n");
+  /* The allgather by doubling in place: a power of two of ranks, a host
+   * each, up to 32 MiB in all; the ring beyond, for other counts and where
+   * hosts hold several ranks (bytes a rank). */
+  struct {
+    int nranks, per_host;
+    size_t bytes;
+    int doubling;
+  } ag[] = {{4, 1, 512 << 10, 1}, {4, 1, 8 << 20, 1},  {8, 1, 4 << 20, 1},   {8, 1, 16 << 20, 0},
+            {6, 1, 1 << 20, 0},   {8, 2, 1 << 20, 0},  {4, 1, 32 << 20, 0}};
+  for (size_t i = 0; i < sizeof(ag) / sizeof(ag[0]); i++) {
+    int got = pick_hosts(ag[i].nranks, ag[i].per_host, COLL_ALLGATHER, ag[i].bytes);
+    if ((got == ALGO_DOUBLING) != ag[i].doubling || got < 0) {
+      fprintf(stderr, "FAILED allgather of %zu B a rank at %d ranks, %d a host: %s, expected %s\n", ag[i].bytes,
+              ag[i].nranks, ag[i].per_host, got < 0 ? "none" : algo_name(got),
+              ag[i].doubling ? "Doubling" : "not Doubling");
+      bad = 1;
+    }
+  }
+  if (!bad)
+    fprintf(stderr, "passed tuning bruck: Bruck's alltoall where it saves messages, small blocks only; the "
+                    "allgather by doubling for a power of two of hosts up to 32 MiB\n");
   return bad;
 }
 
