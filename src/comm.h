@@ -84,6 +84,9 @@ struct ncclComm {
   struct conn** send_conns;
   struct conn** recv_conns;
   int nflush_sends; /* TRANSPORT_CAP_FLUSH send connectors: only they can hold unsent bytes */
+  /* Bit ch: channel ch has a TRANSPORT_CAP_PROGRESS connector (its bytes move
+   * only when a waiter of the channel progresses it: transport_push). */
+  unsigned progress_chans;
   int nslots;
   size_t slot_bytes;
   /* The step of collectives that send and receive at once or reduce

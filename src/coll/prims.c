@@ -239,6 +239,14 @@ static ncclResult_t wait_round2(struct conn* c, struct conn* also, int released,
   }
   /* Polling is over: a few yields (the peer may be runnable on this CPU),
    * then every round sleeps (the deadline is set on the first such round). */
+  /* The channel's connectors that move bytes only by progress (sockets of
+   * a ring that also crosses shared memory) need this rank too while it
+   * waits here: push them before every yield and sleep, and sleep briefly
+   * while they hold something (transport_push; a connector of that kind
+   * progressed the channel above). */
+  int owed = 0;
+  if (!(conn_caps(c) & TRANSPORT_CAP_PROGRESS)) NCCLCHECK(transport_push(comm, c->channel, &owed));
+  if (owed && wait_done(c, released)) return ncclSuccess;
   if (*deadline == 0 && it % 16 != 15) {
     /* On a crowded CPU each yield may cost a whole round of the run queue:
      * look at the stop flags (three loads) before every one. */
@@ -250,8 +258,9 @@ static ncclResult_t wait_round2(struct conn* c, struct conn* also, int released,
   }
   NCCLCHECK(prim_sleep_checks(comm, c->peer, deadline, 1));
   if (health_peer_left(comm, c->peer)) return prim_left_wait(c, released);
-  if (released) c->ops->wait_released(c, 100);
-  else if (!also || !wait_both(c, also, 100)) c->ops->wait(c, 100);
+  int ms = owed ? 1 : 100;
+  if (released) c->ops->wait_released(c, ms);
+  else if (!also || !wait_both(c, also, ms)) c->ops->wait(c, ms);
   return ncclSuccess;
 }
 

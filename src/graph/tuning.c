@@ -388,10 +388,12 @@ static size_t plan_chunk(const struct coll_args* a) {
        * ranks (prim_exchange: each rank's block crosses once) keep the
        * pipeline step, measured faster there in an earlier session, and so
        * do rings that mix shared memory and sockets (hosts of several
-       * ranks): a rank that sleeps on a shared-memory connector does not
-       * push the rest of a socket slot the kernel did not take, and with
-       * whole slots every rank of such a ring waited so at once
-       * (netns.multihost, 3 hosts of 2 ranks, hung in its allgather). */
+       * ranks; not measured with whole slots). Whole slots hung such a ring
+       * once (netns.multihost, 3 hosts of 2 ranks, its allgather): a rank
+       * asleep on a shared-memory connector did not push the rest of a
+       * socket slot the kernel had not taken; waiters push since
+       * (transport_push), and 128 KiB steps had the same hang with 64 KiB
+       * socket buffers (coll.hosts3_6_smallbuf). */
       return comm->nranks == 2 || comm->nhosts != comm->nranks ? comm->pipe_bytes : slot;
     case COLL_ALLREDUCE:
     case COLL_REDUCESCATTER: return comm->pipe_bytes;

@@ -191,6 +191,7 @@ ncclResult_t transport_connect_ch(struct ncclComm* comm, int ch, const int* send
     }
     info.len = (int32_t)len;
     recv_tab[p] = c;
+    if (conn_caps(c) & TRANSPORT_CAP_PROGRESS) comm->progress_chans |= 1u << ch;
     c->opseq = (uint64_t)-1; /* marks "not acknowledged yet" */
     NCCLCHECK(bootstrap_send(comm->bs, p, TAG_CH(TAG_CONN_INFO, ch), &info, sizeof(info)));
   }
@@ -221,6 +222,7 @@ ncclResult_t transport_connect_ch(struct ncclComm* comm, int ch, const int* send
     }
     send_tab[p] = c;
     if (conn_caps(c) & TRANSPORT_CAP_FLUSH) comm->nflush_sends++;
+    if (conn_caps(c) & TRANSPORT_CAP_PROGRESS) comm->progress_chans |= 1u << ch;
     INFO(LOG_INIT | LOG_SHM | LOG_NET, "rank %d -> rank %d channel %d via %s (%d x %zu-byte slots)", comm->rank, p, ch,
          c->tp->name, c->nslots, c->slot_bytes);
   }
@@ -259,6 +261,25 @@ ncclResult_t transport_progress(struct ncclComm* comm, int ch) {
     if (c && (conn_caps(c) & TRANSPORT_CAP_PROGRESS)) NCCLCHECK(c->ops->progress(c));
     c = rt[i];
     if (c && (conn_caps(c) & TRANSPORT_CAP_PROGRESS) && c->opseq != (uint64_t)-1) NCCLCHECK(c->ops->progress(c));
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t transport_push(struct ncclComm* comm, int ch, int* owed) {
+  *owed = 0;
+  if (!(comm->progress_chans >> ch & 1u)) return ncclSuccess;
+  NCCLCHECK(transport_progress(comm, ch));
+  struct conn** st = comm->send_conns + (size_t)ch * comm->nranks;
+  struct conn** rt = comm->recv_conns + (size_t)ch * comm->nranks;
+  for (int i = 0; i < comm->nranks && !*owed; i++) {
+    struct conn* c = st[i];
+    if (c && (conn_caps(c) & TRANSPORT_CAP_PROGRESS) && (*owed = c->ops->pending(c) != 0)) break;
+    c = rt[i];
+    /* A receiver that moves bytes by progress may have a free slot whose
+     * bytes its peer's sender cannot hand over until it is progressed
+     * (a posted receive of a net plugin or IB). */
+    *owed = c && (conn_caps(c) & TRANSPORT_CAP_PROGRESS) && !(conn_caps(c) & TRANSPORT_CAP_POLLFD) &&
+            c->opseq != (uint64_t)-1;
   }
   return ncclSuccess;
 }

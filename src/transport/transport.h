@@ -174,6 +174,15 @@ void transport_wake(struct ncclComm* comm);
 /* Progress every TRANSPORT_CAP_PROGRESS connector of channel `ch` (pending
  * sends and receives); each channel is driven by one thread at a time. */
 ncclResult_t transport_progress(struct ncclComm* comm, int ch);
+/* For a waiter of a connector that moves bytes without progress (shared
+ * memory) on channel `ch`: progresses the channel's TRANSPORT_CAP_PROGRESS
+ * connectors, if it has any, and sets *owed to 1 when one of them still needs
+ * this rank (a sender holding bytes the kernel did not take, a net receiver)
+ * so that the waiter sleeps only briefly. A rank asleep on shared memory that
+ * held the rest of a socket slot stalled a ring mixing both transports: its
+ * socket peer waited for those bytes, and through the ring so did the rank
+ * it waited for (3 hosts of 2 ranks, 64 KiB socket buffers, reduce-scatter). */
+ncclResult_t transport_push(struct ncclComm* comm, int ch, int* owed);
 /* Sleeps until an fd of a TRANSPORT_CAP_POLLFD connector of channel `ch` can
  * move bytes we want moved (data to read into a free slot, or room for a
  * pending send), or the communicator stops, or timeout_ms. */
