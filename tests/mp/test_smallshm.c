@@ -811,6 +811,55 @@ static int rank_hold(int rank, int nranks, const ncclUniqueId* ids, int nids, vo
  * waits for peers that cannot run until it gives the CPU up, so every
  * collective (all of them, 1 float to 64 Ki, values checked) must have made
  * waiters yield when the variable is unset, and none may have when it is 0. */
+/* Hosts of several ranks sharing one machine (NCCL_HOSTID) whose ranks
+ * outnumber its CPUs: every rank pinned to the same 2 CPUs, 2 hosts of
+ * nranks / 2 (at 4 ranks each host alone has a CPU per rank, so the host's
+ * own count does not decide it). Waiters must not poll shared memory
+ * (COLLIE_SPIN's default 0 there): a rank polling holds the CPU a rank of
+ * the other host needs. */
+static int rank_spin(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
+  (void)nids;
+  (void)arg;
+  char h[32];
+  snprintf(h, sizeof(h), "spinhost%d", rank % 2);
+  setenv("NCCL_HOSTID", h, 1);
+  const char* e = getenv("COLLIE_SPIN");
+  cpu_set_t mask, two;
+  MP_CHECK(sched_getaffinity(0, sizeof(mask), &mask) == 0, "rank %d: no affinity mask", rank);
+  CPU_ZERO(&two);
+  for (int c = 0, k = 0; c < CPU_SETSIZE && k < 2; c++)
+    if (CPU_ISSET(c, &mask)) {
+      CPU_SET(c, &two);
+      k++;
+    }
+  MP_CHECK(sched_setaffinity(0, sizeof(two), &two) == 0, "rank %d: could not pin itself", rank);
+  ncclComm_t comm;
+  MP_NCCL(ncclCommInitRank(&comm, nranks, ids[0], rank));
+  MP_CHECK(comm->nhosts == 2 && comm->local_size == nranks / 2 && comm->machine_size == nranks,
+           "rank %d: %d hosts, %d ranks on this host, %d on the machine; want 2, %d, %d", rank, comm->nhosts,
+           comm->local_size, comm->machine_size, nranks / 2, nranks);
+  MP_CHECK(comm->machine_cpus == 2, "rank %d: every rank on the same 2 CPUs, yet the machine counts %d", rank,
+           comm->machine_cpus);
+  int64_t want = e ? atoll(e) * 1000 : 0;
+  MP_CHECK(comm->spin_ns == want, "rank %d: %d ranks of 2 hosts on 2 CPUs, COLLIE_SPIN=%s: waiters poll %lld ns, "
+           "want %lld", rank, nranks, e ? e : "(unset)", (long long)comm->spin_ns, (long long)want);
+  /* The ring crosses shared memory and sockets: results still right. */
+  size_t count = (size_t)1 << 18;
+  float* buf = malloc(count * sizeof(float));
+  MP_CHECK(buf, "out of memory");
+  for (int k = 0; k < 4; k++) {
+    for (size_t i = 0; i < count; i++) buf[i] = (float)(rank + k + (int)(i % 7));
+    MP_NCCL(ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, comm, NULL));
+    for (size_t i = 0; i < count; i += 4099) {
+      float want_v = (float)(nranks * (k + (int)(i % 7)) + nranks * (nranks - 1) / 2);
+      MP_CHECK(buf[i] == want_v, "rank %d: allreduce %d [%zu] = %g, want %g", rank, k, i, buf[i], want_v);
+    }
+  }
+  free(buf);
+  MP_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
 static int rank_yield(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
   (void)nids;
   (void)arg;
@@ -1567,7 +1616,7 @@ static int rank_helpers(int rank, int nranks, const ncclUniqueId* ids, int nids,
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s zero|a2a|paired|delack|lag|helpers|localcc|duplex|cmaauto|adapt|runahead|rotate|spread|yield|hold NRANKS\n", argv[0]);
+    fprintf(stderr, "usage: %s zero|a2a|paired|delack|lag|helpers|localcc|duplex|cmaauto|adapt|runahead|rotate|spread|yield|spin|hold NRANKS\n", argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
@@ -1579,6 +1628,7 @@ int main(int argc, char** argv) {
   int spread = strcmp(argv[1], "spread") == 0, adapt = strcmp(argv[1], "adapt") == 0;
   int rotate = strcmp(argv[1], "rotate") == 0, lag = strcmp(argv[1], "lag") == 0;
   int yield = strcmp(argv[1], "yield") == 0, holdp = strcmp(argv[1], "hold") == 0;
+  int spin = strcmp(argv[1], "spin") == 0;
   if (lag) {
     /* Each rank pins itself to a CPU of its own (a sender on the receiver's
      * CPU turns the lag off): with fewer CPUs nothing can be judged. */
@@ -1629,6 +1679,13 @@ int main(int argc, char** argv) {
       }
     }
   }
+  if (spin) {
+    cpu_set_t mask;
+    if (n != 4 || sched_getaffinity(0, sizeof(mask), &mask) != 0 || CPU_COUNT(&mask) < 2) {
+      printf("SKIPPED: spin needs 4 ranks and 2 CPUs\n");
+      return 77;
+    }
+  }
   if (helpers) {
     /* With one CPU the main thread is pinned too: nothing to tell apart
      * (ctest: skipped). */
@@ -1639,7 +1696,7 @@ int main(int argc, char** argv) {
       return 77;
     }
   }
-  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : lag ? rank_lag : helpers ? rank_helpers : localcc ? rank_localcc : duplex ? rank_duplex : cmaauto ? rank_cmaauto : adapt ? rank_adapt : runahead ? rank_runahead : rotate ? rank_rotate : spread ? rank_spread : yield ? rank_yield : holdp ? rank_hold : rank_a2a, NULL, 600);
+  int rc = mp_run(n, zero ? rank_zero : paired ? rank_paired : delack ? rank_delack : lag ? rank_lag : helpers ? rank_helpers : localcc ? rank_localcc : duplex ? rank_duplex : cmaauto ? rank_cmaauto : adapt ? rank_adapt : runahead ? rank_runahead : rotate ? rank_rotate : spread ? rank_spread : yield ? rank_yield : spin ? rank_spin : holdp ? rank_hold : rank_a2a, NULL, 600);
   if (spread && rc == 0 && __atomic_load_n(&mp_counters[SPREAD_UNJUDGED], __ATOMIC_ACQUIRE) > 0) {
     printf("SKIPPED: spread: in each of 50 attempts another task wanted a CPU (nothing to judge)\n");
     return 77;
