@@ -349,20 +349,17 @@ static ncclResult_t comm_setup(ncclComm_t comm, int nids, const ncclUniqueId* id
      * (a rank-local choice: it changes timing, never what is computed). */
     long ncpu = bind_host_cpus(comm, comm->peers[comm->rank].host_hash);
     if (ncpu <= 0) ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    /* Socket waiters of a machine with more ranks than CPUs yield instead of
-     * polling or sleeping (the ranks' CPU sets as they came to init). */
+    /* The CPUs of the machine's ranks (their CPU sets as they came to init). */
     comm->machine_cpus = bind_machine_cpus(comm, comm->machine[comm->rank]);
     if (comm->machine_cpus <= 0) comm->machine_cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    /* Hosts of several ranks that share one machine with other hosts
-     * (NCCL_HOSTID, containers) count the machine's ranks too: a rank that
-     * polls its shared memory holds a CPU that a rank of another host may
-     * need (3 hosts of 2 ranks on 2 CPUs: allreduce of 32 KiB 5.3 ms a call
-     * polling, 0.27 ms not; 16 MiB 262 ms against 40). A host of one rank has
-     * no shared memory to poll, and its socket waiters do not poll where the
-     * machine is crowded (sock_yield_ns), so it is left as it was. */
-    int crowded = comm->local_size > ncpu ||
-                  (comm->local_size > 1 && comm->machine_size > comm->local_size &&
-                   comm->machine_size > comm->machine_cpus);
+    /* A host of several ranks counts the machine's ranks too (several hosts
+     * on one machine: NCCL_HOSTID, containers): a rank that polls its shared
+     * memory holds a CPU that a rank of another host may need (3 hosts of 2
+     * ranks on 2 CPUs: allreduce of 32 KiB 5.3 ms a call polling, 0.27 ms
+     * not; 16 MiB 262 ms against 40). A host of one rank has no shared
+     * memory to poll, and its socket waiters do not poll where the machine
+     * is crowded (sock_yield_ns), so it is left as it was. */
+    int crowded = comm->local_size > ncpu || (comm->local_size > 1 && comm->machine_size > comm->machine_cpus);
     int64_t spin_us = param_str(P_COLLIE_SPIN) ? param_int(P_COLLIE_SPIN, 0, 60 * 1000 * 1000) : (crowded ? 0 : 2000);
     comm->spin_ns = 1000 * spin_us;
     /* Waiters may move this rank off a CPU it shares with a peer
@@ -372,6 +369,8 @@ static ncclResult_t comm_setup(ncclComm_t comm, int nids, const ncclUniqueId* id
     int mycpus = sched_getaffinity(0, sizeof(mine), &mine) == 0 ? CPU_COUNT(&mine) : 0;
     comm->unpair = comm->machine_size > 1 && comm->machine_size <= mycpus && comm->spin_ns > 0 &&
                    param_int(P_COLLIE_UNPAIR, 0, 1);
+    /* Socket waiters of a machine with more ranks than CPUs yield instead of
+     * polling or sleeping. */
     comm->sock_yield_ns = 1000 * (param_str(P_COLLIE_SOCKET_YIELD_US)
                                       ? param_int(P_COLLIE_SOCKET_YIELD_US, 0, 60 * 1000 * 1000)
                                       : (comm->machine_size > comm->machine_cpus ? 1000 : 0));

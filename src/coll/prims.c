@@ -237,8 +237,6 @@ static ncclResult_t wait_round2(struct conn* c, struct conn* also, int released,
     cpu_relax();
     return ncclSuccess;
   }
-  /* Polling is over: a few yields (the peer may be runnable on this CPU),
-   * then every round sleeps (the deadline is set on the first such round). */
   /* The channel's connectors that move bytes only by progress (sockets of
    * a ring that also crosses shared memory) need this rank too while it
    * waits here: push them before every yield and sleep, and sleep briefly
@@ -247,6 +245,8 @@ static ncclResult_t wait_round2(struct conn* c, struct conn* also, int released,
   int owed = 0;
   if (!(conn_caps(c) & TRANSPORT_CAP_PROGRESS)) NCCLCHECK(transport_push(comm, c->channel, &owed));
   if (owed && wait_done(c, released)) return ncclSuccess;
+  /* Polling is over: a few yields (the peer may be runnable on this CPU),
+   * then every round sleeps (the deadline is set on the first such round). */
   if (*deadline == 0 && it % 16 != 15) {
     /* On a crowded CPU each yield may cost a whole round of the run queue:
      * look at the stop flags (three loads) before every one. */

@@ -145,6 +145,8 @@ void transport_close_all(struct ncclComm* comm) {
   free(comm->send_conns);
   free(comm->recv_conns);
   comm->send_conns = comm->recv_conns = NULL;
+  comm->nflush_sends = 0;
+  comm->progress_chans = 0;
 }
 
 static struct conn* conn_new(struct ncclComm* comm, int ch, int peer, int is_send) {
@@ -271,15 +273,16 @@ ncclResult_t transport_push(struct ncclComm* comm, int ch, int* owed) {
   NCCLCHECK(transport_progress(comm, ch));
   struct conn** st = comm->send_conns + (size_t)ch * comm->nranks;
   struct conn** rt = comm->recv_conns + (size_t)ch * comm->nranks;
-  for (int i = 0; i < comm->nranks && !*owed; i++) {
-    struct conn* c = st[i];
-    if (c && (conn_caps(c) & TRANSPORT_CAP_PROGRESS) && (*owed = c->ops->pending(c) != 0)) break;
-    c = rt[i];
-    /* A receiver that moves bytes by progress may have a free slot whose
-     * bytes its peer's sender cannot hand over until it is progressed
-     * (a posted receive of a net plugin or IB). */
-    *owed = c && (conn_caps(c) & TRANSPORT_CAP_PROGRESS) && !(conn_caps(c) & TRANSPORT_CAP_POLLFD) &&
-            c->opseq != (uint64_t)-1;
+  for (int i = 0; i < comm->nranks; i++) {
+    struct conn *s = st[i], *r = rt[i];
+    /* A receiver that moves bytes by progress without an fd to wait on (a
+     * net plugin, IB) posts its free slots only when progressed. */
+    if ((s && (conn_caps(s) & TRANSPORT_CAP_PROGRESS) && s->ops->pending(s)) ||
+        (r && (conn_caps(r) & TRANSPORT_CAP_PROGRESS) && !(conn_caps(r) & TRANSPORT_CAP_POLLFD) &&
+         r->opseq != (uint64_t)-1)) {
+      *owed = 1;
+      break;
+    }
   }
   return ncclSuccess;
 }

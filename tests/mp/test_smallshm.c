@@ -806,11 +806,6 @@ static int rank_hold(int rank, int nranks, const ncclUniqueId* ids, int nids, vo
   return 0;
 }
 
-/* Socket waiters on a machine with more ranks than CPUs yield between
- * rounds (COLLIE_SOCKET_YIELD_US): with every rank pinned to one CPU each
- * waits for peers that cannot run until it gives the CPU up, so every
- * collective (all of them, 1 float to 64 Ki, values checked) must have made
- * waiters yield when the variable is unset, and none may have when it is 0. */
 /* Hosts of several ranks sharing one machine (NCCL_HOSTID) whose ranks
  * outnumber its CPUs: every rank pinned to the same 2 CPUs, 2 hosts of
  * nranks / 2 (at 4 ranks each host alone has a CPU per rank, so the host's
@@ -860,6 +855,11 @@ static int rank_spin(int rank, int nranks, const ncclUniqueId* ids, int nids, vo
   return 0;
 }
 
+/* Socket waiters on a machine with more ranks than CPUs yield between
+ * rounds (COLLIE_SOCKET_YIELD_US): with every rank pinned to one CPU each
+ * waits for peers that cannot run until it gives the CPU up, so every
+ * collective (all of them, 1 float to 64 Ki, values checked) must have made
+ * waiters yield when the variable is unset, and none may have when it is 0. */
 static int rank_yield(int rank, int nranks, const ncclUniqueId* ids, int nids, void* arg) {
   (void)nids;
   (void)arg;
